@@ -1,0 +1,96 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ConnectConfig says how to reach and authenticate to a NATS server or cluster. At most one of
+// CredsFile, NKeyFile, User/Password and Token is used.
+type ConnectConfig struct {
+	// URL is a comma-separated list of server URLs.
+	URL string
+	// Name identifies the connection in the server's monitoring.
+	Name string
+	// CredsFile is a JWT user credentials file (decentralised auth).
+	CredsFile string
+	// NKeyFile is a file holding an NKey seed.
+	NKeyFile string
+	// User and Password authenticate with a user name and password.
+	User, Password string
+	// Token authenticates with a token.
+	Token string
+	// TLSCA is a PEM file of CAs that sign the servers' certificates.
+	TLSCA string
+	// TLSCert and TLSKey are a client certificate and key, for mutual TLS.
+	TLSCert, TLSKey string
+	// Logger receives disconnect and reconnect events; nil discards them.
+	Logger *slog.Logger
+}
+
+// Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
+// worker outlives server restarts). extra options are applied last.
+func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("nats: no server URL")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+		}),
+	}
+	auth := 0
+	if cfg.CredsFile != "" {
+		auth++
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.NKeyFile != "" {
+		auth++
+		opt, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats: nkey seed file %s: %w", cfg.NKeyFile, err)
+		}
+		opts = append(opts, opt)
+	}
+	if cfg.User != "" || cfg.Password != "" {
+		auth++
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Token != "" {
+		auth++
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	if auth > 1 {
+		return nil, errors.New("nats: give one of credentials file, nkey, user/password or token")
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return nil, errors.New("nats: a TLS client certificate needs both a certificate and a key file")
+	}
+	if cfg.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	opts = append(opts, extra...)
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect: %w", err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,91 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// EmbeddedConfig configures the in-process nats-server of the single-machine mode.
+type EmbeddedConfig struct {
+	// DataDir holds the JetStream file store. Required: the point is that work survives a restart.
+	DataDir string
+	// Host to listen on; default 127.0.0.1 (the embedded server is not meant to face a network).
+	Host string
+	// Port to listen on; 0 means the NATS default 4222, -1 a random free port.
+	Port int
+	// MaxPayload is the largest message the server accepts; default 8 MiB so that big results fit.
+	MaxPayload int32
+	// Logs turns on the server's own log output (to stderr).
+	Logs bool
+}
+
+// DefaultMaxPayload is the max payload of the embedded server: results up to this size are
+// accepted; the worker compresses larger ones and replaces any that still do not fit.
+const DefaultMaxPayload = 8 << 20
+
+// Embedded is a running in-process nats-server with JetStream on disk.
+type Embedded struct {
+	srv *server.Server
+}
+
+// StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits until it accepts
+// connections.
+func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("embedded nats: a data directory is required")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
+	}
+	opts := &server.Options{
+		ServerName:         "tinkerfleet-embedded",
+		Host:               cfg.Host,
+		Port:               cfg.Port,
+		JetStream:          true,
+		StoreDir:           dir,
+		MaxPayload:         cfg.MaxPayload,
+		NoLog:              !cfg.Logs,
+		NoSigs:             true,
+		JetStreamMaxMemory: 256 << 20,
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = DefaultMaxPayload
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	if cfg.Logs {
+		srv.ConfigureLogger()
+	}
+	go srv.Start() // owned by Embedded: Shutdown stops it.
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded nats: not ready after 30s (data dir %s)", dir)
+	}
+	return &Embedded{srv: srv}, nil
+}
+
+// ClientURL is the URL clients connect to.
+func (e *Embedded) ClientURL() string { return e.srv.ClientURL() }
+
+// Server exposes the running server, for tests that need to stop or inspect it.
+func (e *Embedded) Server() *server.Server { return e.srv }
+
+// Shutdown stops the server and waits until it has stopped.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}

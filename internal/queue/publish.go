@@ -1,0 +1,161 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Header names set on tinkerfleet messages.
+const (
+	// HeaderContentEncoding marks a compressed payload; the only value used is "zstd".
+	HeaderContentEncoding = "Content-Encoding"
+	// HeaderStatus carries a result's status (ok, error, cancelled), so that counting results
+	// needs no payload.
+	HeaderStatus = "Tinkerfleet-Status"
+	// HeaderCustomID carries the custom id of a job or result.
+	HeaderCustomID = "Tinkerfleet-Custom-Id"
+	// HeaderDeadReason says why a payload was dead-lettered.
+	HeaderDeadReason = "Tinkerfleet-Dead-Reason"
+)
+
+// DefaultCompressThreshold is the payload size above which results are zstd-compressed.
+const DefaultCompressThreshold = 64 << 10
+
+// ErrTooLarge is returned when a payload does not fit the server's max payload even compressed.
+var ErrTooLarge = errors.New("payload larger than the server's max payload")
+
+// Codec compresses large payloads. It is safe for concurrent use.
+type Codec struct {
+	threshold int
+	enc       *zstd.Encoder
+	decOnce   sync.Once
+	dec       *zstd.Decoder
+	decErr    error
+}
+
+// NewCodec returns a codec that compresses payloads larger than threshold bytes (0 means
+// DefaultCompressThreshold).
+func NewCodec(threshold int) (*Codec, error) {
+	if threshold <= 0 {
+		threshold = DefaultCompressThreshold
+	}
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		return nil, fmt.Errorf("zstd encoder: %w", err)
+	}
+	return &Codec{threshold: threshold, enc: enc}, nil
+}
+
+// Encode returns the message for data on subject, compressed with a Content-Encoding header
+// when data is over the threshold.
+func (c *Codec) Encode(subject string, data []byte) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	if len(data) > c.threshold {
+		msg.Header.Set(HeaderContentEncoding, "zstd")
+		data = c.enc.EncodeAll(data, make([]byte, 0, len(data)/4))
+	}
+	msg.Data = data
+	return msg
+}
+
+// Decode returns the payload of a message, decompressing it when its header says so.
+func (c *Codec) Decode(header nats.Header, data []byte) ([]byte, error) {
+	switch enc := header.Get(HeaderContentEncoding); enc {
+	case "":
+		return data, nil
+	case "zstd":
+		c.decOnce.Do(func() {
+			c.dec, c.decErr = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(256<<20))
+		})
+		if c.decErr != nil {
+			return nil, fmt.Errorf("zstd decoder: %w", c.decErr)
+		}
+		out, err := c.dec.DecodeAll(data, nil)
+		if err != nil {
+			return nil, fmt.Errorf("decompress payload: %w", err)
+		}
+		return out, nil
+	default:
+		return nil, fmt.Errorf("unknown content encoding %q", enc)
+	}
+}
+
+// Close releases the codec's encoder and decoder.
+func (c *Codec) Close() {
+	c.enc.Close()
+	if c.dec != nil {
+		c.dec.Close()
+	}
+}
+
+// PublishResult stores the result of customID in batch and waits for the stream's ack, so the
+// caller may ack the job afterwards (invariant 2). status goes into a header. A repeated publish
+// is dropped by the duplicate window, and in any case replaces the earlier one (one per subject).
+func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) error {
+	msg := codec.Encode(q.Names.ResultSubject(batch, customID), data)
+	msg.Header.Set(HeaderStatus, status)
+	msg.Header.Set(HeaderCustomID, customID)
+	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
+		return fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
+	}
+	if _, err := q.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(MsgID(batch, customID))); err != nil {
+		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, err)
+	}
+	return nil
+}
+
+// HasResult reports whether a result of customID in batch is already stored, so that a job
+// delivered again after its result was published (a crash between publish and ack) is acked
+// without sampling twice.
+func (q *Queue) HasResult(ctx context.Context, batch, customID string) (bool, error) {
+	_, err := q.Results.GetLastMsgForSubject(ctx, q.Names.ResultSubject(batch, customID))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("look up result of %s/%s: %w", batch, customID, err)
+	}
+}
+
+// PublishJobAsync publishes one job without waiting for its ack; the returned future settles
+// when the stream has stored it or found it a duplicate.
+func (q *Queue) PublishJobAsync(batch, customID string, data []byte) (jetstream.PubAckFuture, error) {
+	msg := nats.NewMsg(q.Names.JobSubject(batch))
+	msg.Header.Set(HeaderCustomID, customID)
+	msg.Data = data
+	f, err := q.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(batch, customID)))
+	if err != nil {
+		return nil, fmt.Errorf("publish job %s/%s: %w", batch, customID, err)
+	}
+	return f, nil
+}
+
+// PublishDead keeps the payload of a job that ran out of deliveries, with the reason.
+func (q *Queue) PublishDead(ctx context.Context, batch, customID, reason string, data []byte) error {
+	msg := nats.NewMsg(q.Names.DeadSubject(batch))
+	msg.Header.Set(HeaderCustomID, customID)
+	msg.Header.Set(HeaderDeadReason, reason)
+	msg.Data = data
+	if _, err := q.JS.PublishMsg(ctx, msg, jetstream.WithMsgID("dead/"+MsgID(batch, customID))); err != nil {
+		return fmt.Errorf("publish dead letter %s/%s: %w", batch, customID, err)
+	}
+	return nil
+}
+
+func headerSize(h nats.Header) int {
+	n := 12 // "NATS/1.0\r\n" and the final "\r\n"
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}

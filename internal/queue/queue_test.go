@@ -1,0 +1,203 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+type testBundle struct {
+	emb *Embedded
+	nc  *nats.Conn
+	q   *Queue
+}
+
+func setup(t *testing.T, cfg Config) *testBundle {
+	t.Helper()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := Setup(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{emb: emb, nc: nc, q: q}
+}
+
+func TestSetupIsIdempotentAndNamesFollowPrefix(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Prefix: "fleet-a"})
+	ctx := context.Background()
+	if _, err := Setup(ctx, b.q.JS, Config{Prefix: "fleet-a"}); err != nil {
+		t.Fatalf("second setup: %v", err)
+	}
+	info, err := b.q.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Name != "FLEET_A_JOBS" || info.Config.Retention != jetstream.WorkQueuePolicy {
+		t.Fatalf("jobs stream = %s %v", info.Config.Name, info.Config.Retention)
+	}
+	c, err := b.q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config; got.AckPolicy != jetstream.AckExplicitPolicy || got.MaxDeliver != 10 || got.AckWait != 30*time.Second {
+		t.Fatalf("consumer config = %+v", got)
+	}
+	if _, err := NewNames("Bad.Prefix"); err == nil {
+		t.Fatal("a prefix with a dot and capitals was accepted")
+	}
+}
+
+func TestPublishJobTwiceStoresItOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for range 2 {
+		f, err := b.q.PublishJobAsync("b1", "job-1", []byte(`{"custom_id":"job-1"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no ack")
+		}
+	}
+	info, err := b.q.Jobs.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("jobs stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
+func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	codec, err := NewCodec(1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+
+	if has, err := b.q.HasResult(ctx, "b1", "a.b c"); err != nil || has {
+		t.Fatalf("HasResult before publish = %v, %v", has, err)
+	}
+	big := bytes.Repeat([]byte(`{"text":"the same words again"}`), 2000)
+	if err := b.q.PublishResult(ctx, codec, "b1", "a.b c", "ok", big, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.PublishResult(ctx, codec, "b1", "a.b c", "ok", big, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if has, err := b.q.HasResult(ctx, "b1", "a.b c"); err != nil || !has {
+		t.Fatalf("HasResult after publish = %v, %v", has, err)
+	}
+	msg, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", "a.b c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Header.Get(HeaderContentEncoding) != "zstd" || len(msg.Data) >= len(big)/4 {
+		t.Fatalf("stored %d bytes with encoding %q; want zstd, well under %d", len(msg.Data), msg.Header.Get(HeaderContentEncoding), len(big))
+	}
+	if msg.Header.Get(HeaderStatus) != "ok" || msg.Header.Get(HeaderCustomID) != "a.b c" {
+		t.Fatalf("headers = %v", msg.Header)
+	}
+	got, err := codec.Decode(msg.Header, msg.Data)
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("decoded %d bytes (err %v), want the original %d", len(got), err, len(big))
+	}
+	info, err := b.q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("results stream holds %d messages, want 1", info.State.Msgs)
+	}
+
+	random := make([]byte, 128<<10)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range random {
+		random[i] = byte(rng.Uint32())
+	}
+	err = b.q.PublishResult(ctx, codec, "b1", "too-big", "ok", random, 64<<10)
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized result: err = %v, want ErrTooLarge", err)
+	}
+}
+
+func TestManifestCompareAndSwap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	m := Manifest{BatchID: "b1", Status: BatchPublishing, CreatedAt: time.Now()}
+	rev, err := b.q.PutManifest(ctx, m, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.PutManifest(ctx, m, 0); err == nil {
+		t.Fatal("creating an existing manifest succeeded")
+	}
+	m.Jobs = 5
+	if _, err := b.q.PutManifest(ctx, m, rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.PutManifest(ctx, m, rev); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		t.Fatalf("stale revision: err = %v", err)
+	}
+	got, err := b.q.UpdateManifest(ctx, "b1", func(m *Manifest) error { m.Status = BatchCancelled; return nil })
+	if err != nil || got.Status != BatchCancelled || got.Jobs != 5 {
+		t.Fatalf("UpdateManifest = %+v, %v", got, err)
+	}
+	list, err := b.q.Manifests(ctx)
+	if err != nil || len(list) != 1 || list[0].BatchID != "b1" {
+		t.Fatalf("Manifests = %+v, %v", list, err)
+	}
+	if _, _, err := b.q.GetManifest(ctx, "nope"); !errors.Is(err, ErrNoBatch) {
+		t.Fatalf("missing batch: err = %v", err)
+	}
+}
+
+func TestNamesAndTokens(t *testing.T) {
+	t.Parallel()
+	n, _ := NewNames("")
+	if got := n.ResultSubject("b", "x"); !strings.HasPrefix(got, "tinkerfleet.results.b.") || strings.Count(got, ".") != 3 {
+		t.Fatalf("ResultSubject = %q", got)
+	}
+	if JobToken("a") == JobToken("b") || JobToken("a") != JobToken("a") {
+		t.Fatal("JobToken is not a stable digest")
+	}
+	if n.BatchFromJobSubject("tinkerfleet.jobs.b-1") != "b-1" || n.BatchFromJobSubject("other.jobs.x") != "" {
+		t.Fatal("BatchFromJobSubject")
+	}
+	for _, bad := range []string{"", "a.b", "a b", "-x", strings.Repeat("x", 65)} {
+		if ValidateBatchID(bad) == nil {
+			t.Errorf("batch id %q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config sizes the streams and the consumer. Zero values take the defaults documented on each
+// field (see docs/architecture.md, "Numbers").
+type Config struct {
+	// Prefix names everything (see Names); default DefaultPrefix.
+	Prefix string
+	// Replicas of every stream and bucket: 1 for a single server, 3 on a cluster.
+	Replicas int
+	// AckWait is how long a delivered job may go without an ack or InProgress; default 30s.
+	AckWait time.Duration
+	// MaxDeliver is how many times a job is delivered before it is dead-lettered; default 10.
+	MaxDeliver int
+	// MaxAckPending caps the jobs in flight across the whole fleet; default 1000. Size it to
+	// workers × per-worker concurrency (deploy/README.md).
+	MaxAckPending int
+	// DuplicateWindow is how long job and result ids are remembered; default 2h, so re-running
+	// a submit within it publishes nothing twice.
+	DuplicateWindow time.Duration
+	// ResultsMaxAge is how long results are kept; default 7 days.
+	ResultsMaxAge time.Duration
+	// DeadMaxAge is how long dead-lettered payloads are kept; default 30 days.
+	DeadMaxAge time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 10
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 1000
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = 2 * time.Hour
+	}
+	if c.ResultsMaxAge == 0 {
+		c.ResultsMaxAge = 7 * 24 * time.Hour
+	}
+	if c.DeadMaxAge == 0 {
+		c.DeadMaxAge = 30 * 24 * time.Hour
+	}
+	return c
+}
+
+// Queue is a set-up deployment: its streams, consumer and buckets, ready to use.
+type Queue struct {
+	// Names of everything in the deployment.
+	Names Names
+	// JS is the JetStream context the queue was set up with.
+	JS jetstream.JetStream
+	// Jobs, Results and Dead are the three streams.
+	Jobs, Results, Dead jetstream.Stream
+	// Batches holds the batch manifests.
+	Batches jetstream.KeyValue
+	// Config is the configuration after defaults.
+	Config Config
+}
+
+// Setup creates or updates the streams, the shared consumer and the batch bucket, so that any
+// process (submit or worker, first or hundredth) can start in any order.
+func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, error) {
+	cfg = cfg.withDefaults()
+	names, err := NewNames(cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	q := &Queue{Names: names, JS: js, Config: cfg}
+	q.Jobs, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        names.JobsStream(),
+		Description: "tinkerfleet jobs waiting for a worker",
+		Subjects:    []string{names.Prefix + ".jobs.*"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		Duplicates:  cfg.DuplicateWindow,
+	})
+	if err != nil {
+		return nil, err
+	}
+	q.Results, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:              names.ResultsStream(),
+		Description:       "tinkerfleet results, one per job",
+		Subjects:          []string{names.Prefix + ".results.*.*"},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Replicas:          cfg.Replicas,
+		MaxAge:            cfg.ResultsMaxAge,
+		MaxMsgsPerSubject: 1,
+		Duplicates:        min(cfg.DuplicateWindow, cfg.ResultsMaxAge),
+	})
+	if err != nil {
+		return nil, err
+	}
+	q.Dead, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        names.DeadStream(),
+		Description: "tinkerfleet payloads of jobs that ran out of deliveries",
+		Subjects:    []string{names.Prefix + ".dead.*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.DeadMaxAge,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := retry(ctx, func() (jetstream.Consumer, error) {
+		return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), jetstream.ConsumerConfig{
+			Durable:       ConsumerName,
+			Description:   "shared by every tinkerfleet worker",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    cfg.MaxDeliver,
+			MaxAckPending: cfg.MaxAckPending,
+			Replicas:      cfg.Replicas,
+		})
+	}); err != nil {
+		return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
+	}
+	q.Batches, err = retry(ctx, func() (jetstream.KeyValue, error) {
+		return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      names.BatchesBucket(),
+			Description: "tinkerfleet batch manifests",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: bucket %s: %w", names.BatchesBucket(), err)
+	}
+	return q, nil
+}
+
+// Consumer binds the shared durable consumer that workers pull jobs from.
+func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
+	c, err := q.JS.Consumer(ctx, q.Names.JobsStream(), ConsumerName)
+	if err != nil {
+		return nil, fmt.Errorf("queue: consumer %s: %w", ConsumerName, err)
+	}
+	return c, nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := retry(ctx, func() (jetstream.Stream, error) { return js.CreateOrUpdateStream(ctx, cfg) })
+	if err != nil {
+		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// retry repeats a create-or-update a few times: two processes setting up the same stream at
+// once may see "already in use", and a cluster that is electing a leader answers "unavailable".
+func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	delay := 50 * time.Millisecond
+	for range 8 {
+		if v, err = f(); err == nil {
+			return v, nil
+		}
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+	return v, err
+}
