@@ -1,0 +1,92 @@
+package tinker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// APIKey is a Tinker credential: an API key starting with "tml-" or a JWT starting
+// with "eyJ" (§2.1). Every way of printing it (String, GoString, Format, LogValue,
+// MarshalText) yields a redacted form, so a key that ends up in a log line, error
+// or metric label does not leak. Use string(k) only to build the X-API-Key header.
+type APIKey string
+
+const redactedText = "[REDACTED]"
+
+// String returns a redacted form that keeps only the credential kind prefix.
+func (k APIKey) String() string {
+	switch {
+	case k == "":
+		return ""
+	case strings.HasPrefix(string(k), "tml-"):
+		return "tml-" + redactedText
+	case strings.HasPrefix(string(k), "eyJ"):
+		return "eyJ" + redactedText
+	default:
+		return redactedText
+	}
+}
+
+// GoString returns the redacted form for %#v.
+func (k APIKey) GoString() string { return fmt.Sprintf("tinker.APIKey(%q)", k.String()) }
+
+// Format makes every fmt verb print the redacted form.
+func (k APIKey) Format(f fmt.State, verb rune) {
+	switch {
+	case verb == 'v' && f.Flag('#'):
+		_, _ = io.WriteString(f, k.GoString())
+	case verb == 'q':
+		_, _ = fmt.Fprintf(f, "%q", k.String())
+	default:
+		_, _ = io.WriteString(f, k.String())
+	}
+}
+
+// LogValue makes log/slog print the redacted form.
+func (k APIKey) LogValue() slog.Value { return slog.StringValue(k.String()) }
+
+// MarshalText makes encoders (JSON, text) emit the redacted form.
+func (k APIKey) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// Validate checks the prefix rule of §2.1 without revealing the key.
+func (k APIKey) Validate() error {
+	s := string(k)
+	if s == "" {
+		return errors.New("tinker: API key is empty")
+	}
+	if !strings.HasPrefix(s, "tml-") && !strings.HasPrefix(s, "eyJ") {
+		return errors.New("tinker: API key must start with the 'tml-' prefix (or be a JWT starting with 'eyJ')")
+	}
+	return nil
+}
+
+// APIKeyFromEnv reads the credential from TINKER_API_KEY or, when that is unset or
+// empty, from the file named by TINKER_API_KEY_FILE (surrounding white space is
+// trimmed). The key is validated with [APIKey.Validate].
+func APIKeyFromEnv() (APIKey, error) {
+	return apiKeyFrom(os.Getenv)
+}
+
+func apiKeyFrom(getenv func(string) string) (APIKey, error) {
+	k := APIKey(strings.TrimSpace(getenv("TINKER_API_KEY")))
+	if k == "" {
+		path := getenv("TINKER_API_KEY_FILE")
+		if path == "" {
+			return "", errors.New("tinker: no API key: set TINKER_API_KEY or TINKER_API_KEY_FILE")
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			// The path is not secret; the content never appears in this error.
+			return "", fmt.Errorf("tinker: read TINKER_API_KEY_FILE: %w", err)
+		}
+		k = APIKey(strings.TrimSpace(string(b)))
+	}
+	if err := k.Validate(); err != nil {
+		return "", err
+	}
+	return k, nil
+}

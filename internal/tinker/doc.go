@@ -1,0 +1,36 @@
+// Package tinker is a Go client for the sampling path of the Tinker API, written
+// against the wire-protocol notes in docs/tinker-wire-protocol.md (section numbers
+// such as §4.2 in comments refer to that document).
+//
+// A [Client] is created with [Dial], which performs the start-up sequence of the
+// reference SDK (§2): POST client/config for the server flags (§3.1), POST
+// client/dynamic_config (a 404 means defaults), POST create_session (§3.3), and then
+// a heartbeat every 10 s (§3.4) owned by the client and stopped by [Client.Close].
+//
+// [Client.NewSampler] creates a sampling session (§3.5) for a base model or a
+// tinker:// model path. [Sampler.Sample] runs one sample the way §5.1 and §6.3
+// describe: estimate the prompt bytes, allocate a seq_id, pass the [Dispatcher]
+// gate, submit POST asample through the 300 s submission retry loop (§6.2),
+// back off through the Dispatcher on 429 (and on 402 inside the billing window),
+// release the gate, and long-poll POST retrieve_future (§4) with no permits held,
+// classifying every reply as the table of §4.2 says. A retryable failure re-runs
+// the whole attempt with a new seq_id (§6.3) until the 2 h no-progress limit.
+//
+// The three retry layers of §6 are separate and each has its own numbers in
+// [Timing]: the HTTP layer (§6.1, x-should-retry and Retry-After), the submission
+// loop (§6.2) and the sample-level retry (§6.3). Every HTTP request, 429, 402,
+// queue-state notification and retry is reported through [Config.OnEvent] so that
+// dispatch, backoff and metrics code can act on them.
+//
+// Sample results arrive as protobuf (§T4), decoded by hand with protowire; the
+// JSON shape of §T3 is accepted too. The schema is in schemas/tinker_public.proto.
+//
+// Errors are typed: [*StatusError], [*RequestFailedError] (with its [Category]),
+// [*ConnectionError], [*ProtocolError] and [ErrProgressTimeout]; [IsRetryable]
+// tells whether the sample-level layer would retry an error. The API key is an
+// [APIKey], whose String, GoString, Format, LogValue and MarshalText methods all
+// print a redacted form; the key only ever leaves the process in the X-API-Key
+// header.
+//
+// Every call takes a context.Context and returns promptly when it is cancelled.
+package tinker
