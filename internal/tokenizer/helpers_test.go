@@ -1,0 +1,84 @@
+package tokenizer
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// testdataDir is the repository's testdata/tokenizer directory.
+func testdataDir(t testing.TB) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer")
+}
+
+// loadQwen3 is the committed Qwen3 tokenizer, parsed once for all tests.
+var loadQwen3 = sync.OnceValues(func() (*Tokenizer, error) {
+	_, file, _, _ := runtime.Caller(0)
+	return Load(filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer", "qwen3", "tokenizer.json.zst"))
+})
+
+func qwen3(t testing.TB) *Tokenizer {
+	t.Helper()
+	tok, err := loadQwen3()
+	if err != nil {
+		t.Fatalf("load qwen3: %v", err)
+	}
+	return tok
+}
+
+// llama3Env names the tokenizer.json (or its directory) of Llama 3, which
+// is not committed because of its licence; testdata/tokenizer/fetch-llama3.sh fetches it.
+const llama3Env = "TINKERFLEET_LLAMA3_TOKENIZER"
+
+var loadLlama3 = sync.OnceValues(func() (*Tokenizer, error) {
+	return Load(os.Getenv(llama3Env))
+})
+
+func llama3(t testing.TB) *Tokenizer {
+	t.Helper()
+	if os.Getenv(llama3Env) == "" {
+		t.Skipf("%s is not set; run testdata/tokenizer/fetch-llama3.sh DIR and set %s=DIR to run the Llama 3 tests", llama3Env, llama3Env)
+	}
+	tok, err := loadLlama3()
+	if err != nil {
+		t.Fatalf("load llama3 from $%s: %v", llama3Env, err)
+	}
+	return tok
+}
+
+type golden struct {
+	Text    string `json:"text"`
+	IDs     []int  `json:"ids"`
+	Decoded string `json:"decoded"`
+}
+
+func readGolden(t testing.TB, name string) []golden {
+	t.Helper()
+	f, err := os.Open(filepath.Join(testdataDir(t), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []golden
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var g golden
+		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		out = append(out, g)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s is empty", name)
+	}
+	return out
+}

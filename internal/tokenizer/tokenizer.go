@@ -1,0 +1,447 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dlclark/regexp2"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/text/unicode/norm"
+)
+
+// Tokenizer encodes and decodes text with one HuggingFace byte-level BPE
+// tokenizer.json. It is immutable after Parse and safe for concurrent use.
+type Tokenizer struct {
+	forms          []norm.Form   // normalizer steps, in order
+	split          splitter      // pre-tokenizer Split (or ByteLevel's own regex)
+	addPrefixSpace bool          // ByteLevel add_prefix_space
+	rawAdded       *addedMatcher // added tokens matched before normalization
+	normAdded      *addedMatcher // added tokens with normalized=true
+	model          *bpe
+	added          map[string]*addedToken // content -> token
+	idBytes        []string               // id -> decoded bytes ("" for holes)
+	special        []bool                 // id -> is a special added token
+}
+
+// tokenizerFile is the part of tokenizer.json this package reads.
+type tokenizerFile struct {
+	AddedTokens  []*addedToken   `json:"added_tokens"`
+	Normalizer   *component      `json:"normalizer"`
+	PreTokenizer *component      `json:"pre_tokenizer"`
+	Decoder      *component      `json:"decoder"`
+	Model        json.RawMessage `json:"model"`
+}
+
+type component struct {
+	Type           string       `json:"type"`
+	Normalizers    []*component `json:"normalizers"`
+	Pretokenizers  []*component `json:"pretokenizers"`
+	Decoders       []*component `json:"decoders"`
+	Pattern        *splitPat    `json:"pattern"`
+	Behavior       string       `json:"behavior"`
+	Invert         bool         `json:"invert"`
+	AddPrefixSpace bool         `json:"add_prefix_space"`
+	UseRegex       *bool        `json:"use_regex"`
+}
+
+type splitPat struct {
+	Regex  *string `json:"Regex"`
+	String *string `json:"String"`
+}
+
+type bpeModel struct {
+	Type                    string           `json:"type"`
+	Vocab                   map[string]int32 `json:"vocab"`
+	Merges                  json.RawMessage  `json:"merges"`
+	IgnoreMerges            bool             `json:"ignore_merges"`
+	ByteFallback            bool             `json:"byte_fallback"`
+	Dropout                 *float64         `json:"dropout"`
+	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
+}
+
+// Load reads a tokenizer from path: a tokenizer.json, a zstd-compressed
+// tokenizer.json.zst, or a directory holding either.
+func Load(path string) (*Tokenizer, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
+	}
+	if fi.IsDir() {
+		found := ""
+		for _, name := range []string{"tokenizer.json", "tokenizer.json.zst"} {
+			if _, err := os.Stat(filepath.Join(path, name)); err == nil {
+				found = filepath.Join(path, name)
+				break
+			}
+		}
+		if found == "" {
+			return nil, fmt.Errorf("load tokenizer: no tokenizer.json or tokenizer.json.zst in %s", path)
+		}
+		path = found
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
+	}
+	if strings.HasSuffix(path, ".zst") {
+		dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			return nil, fmt.Errorf("load tokenizer: zstd: %w", err)
+		}
+		data, err = dec.DecodeAll(data, nil)
+		dec.Close()
+		if err != nil {
+			return nil, fmt.Errorf("load tokenizer %s: zstd: %w", path, err)
+		}
+	}
+	t, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// Parse builds a tokenizer from the contents of a tokenizer.json. It accepts
+// byte-level BPE models (Qwen2/2.5/3, Llama 3.x, GPT-2 style) and rejects
+// configurations it would not reproduce exactly.
+func Parse(data []byte) (*Tokenizer, error) {
+	var f tokenizerFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	t := &Tokenizer{}
+	if err := t.setNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if err := t.setPreTokenizer(f.PreTokenizer); err != nil {
+		return nil, err
+	}
+	if t.split == nil {
+		return nil, errors.New("parse tokenizer.json: pre_tokenizer has no Split or ByteLevel with use_regex; only byte-level BPE is supported")
+	}
+	if f.Decoder == nil || !hasByteLevel(f.Decoder) {
+		return nil, errors.New("parse tokenizer.json: decoder is not ByteLevel; only byte-level BPE is supported")
+	}
+	if err := t.setModel(f.Model); err != nil {
+		return nil, err
+	}
+	t.setAdded(f.AddedTokens)
+	return t, nil
+}
+
+func hasByteLevel(c *component) bool {
+	if c.Type == "ByteLevel" {
+		return true
+	}
+	for _, d := range c.Decoders {
+		if hasByteLevel(d) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tokenizer) setNormalizer(c *component) error {
+	if c == nil {
+		return nil
+	}
+	switch c.Type {
+	case "NFC":
+		t.forms = append(t.forms, norm.NFC)
+	case "NFD":
+		t.forms = append(t.forms, norm.NFD)
+	case "NFKC":
+		t.forms = append(t.forms, norm.NFKC)
+	case "NFKD":
+		t.forms = append(t.forms, norm.NFKD)
+	case "Sequence":
+		for _, n := range c.Normalizers {
+			if err := t.setNormalizer(n); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("parse tokenizer.json: unsupported normalizer %q", c.Type)
+	}
+	return nil
+}
+
+func (t *Tokenizer) setPreTokenizer(c *component) error {
+	if c == nil {
+		return errors.New("parse tokenizer.json: no pre_tokenizer")
+	}
+	switch c.Type {
+	case "Sequence":
+		for _, p := range c.Pretokenizers {
+			if err := t.setPreTokenizer(p); err != nil {
+				return err
+			}
+		}
+	case "Split":
+		if t.split != nil {
+			return errors.New("parse tokenizer.json: more than one splitting pre-tokenizer")
+		}
+		if c.Behavior != "Isolated" || c.Invert {
+			return fmt.Errorf("parse tokenizer.json: unsupported Split behavior %q (invert %v)", c.Behavior, c.Invert)
+		}
+		if c.Pattern == nil {
+			return errors.New("parse tokenizer.json: Split without pattern")
+		}
+		var pat string
+		switch {
+		case c.Pattern.Regex != nil:
+			pat = *c.Pattern.Regex
+		case c.Pattern.String != nil:
+			pat = regexp2.Escape(*c.Pattern.String)
+		default:
+			return errors.New("parse tokenizer.json: Split pattern is neither Regex nor String")
+		}
+		sp, err := splitterFor(pat)
+		if err != nil {
+			return fmt.Errorf("parse tokenizer.json: %w", err)
+		}
+		t.split = sp
+	case "ByteLevel":
+		t.addPrefixSpace = c.AddPrefixSpace
+		if c.UseRegex == nil || *c.UseRegex {
+			if t.split != nil {
+				return errors.New("parse tokenizer.json: ByteLevel use_regex after a Split")
+			}
+			sp, err := splitterFor(PatternGPT2)
+			if err != nil {
+				return fmt.Errorf("parse tokenizer.json: %w", err)
+			}
+			t.split = sp
+		}
+	default:
+		return fmt.Errorf("parse tokenizer.json: unsupported pre_tokenizer %q", c.Type)
+	}
+	return nil
+}
+
+// splitterFor picks the hand-written scanner for the two known patterns and
+// regexp2 for anything else.
+func splitterFor(pattern string) (splitter, error) {
+	switch pattern {
+	case PatternQwen2:
+		return scanner{maxDigits: 1}, nil
+	case PatternLlama3:
+		return scanner{maxDigits: 3}, nil
+	}
+	return newRegexSplitter(pattern)
+}
+
+func (t *Tokenizer) setModel(raw json.RawMessage) error {
+	var m bpeModel
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("parse tokenizer.json model: %w", err)
+	}
+	if m.Type != "BPE" {
+		return fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
+	}
+	if m.ByteFallback || m.Dropout != nil ||
+		(m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
+		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
+		return errors.New("parse tokenizer.json: BPE options byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix are not supported")
+	}
+	b := &bpe{
+		vocab:        make(map[string]int32, len(m.Vocab)),
+		ignoreMerges: m.IgnoreMerges,
+		cache:        newPieceCache(16),
+	}
+	maxID := int32(-1)
+	for tok, id := range m.Vocab {
+		raw, _ := byteLevelDecode(tok)
+		b.vocab[raw] = id
+		maxID = max(maxID, id)
+	}
+	for c := 0; c < 256; c++ {
+		id, ok := b.vocab[string([]byte{byte(c)})]
+		if !ok {
+			return fmt.Errorf("parse tokenizer.json: vocab has no token for byte 0x%02x", c)
+		}
+		b.byteID[c] = id
+	}
+	pairs, err := parseMerges(m.Merges)
+	if err != nil {
+		return err
+	}
+	b.merges = make(map[uint64]uint64, len(pairs))
+	for rank, p := range pairs {
+		a, okA := m.Vocab[p[0]]
+		c, okC := m.Vocab[p[1]]
+		merged, okM := m.Vocab[p[0]+p[1]]
+		if !okA || !okC || !okM {
+			return fmt.Errorf("parse tokenizer.json: merge %d (%q %q) uses a token missing from the vocab", rank, p[0], p[1])
+		}
+		k := pairKey(a, c)
+		if _, dup := b.merges[k]; !dup {
+			b.merges[k] = uint64(rank)<<32 | uint64(uint32(merged))
+		}
+	}
+	t.model = b
+	t.idBytes = make([]string, maxID+1)
+	for raw, id := range b.vocab {
+		t.idBytes[id] = raw
+	}
+	return nil
+}
+
+// parseMerges accepts both merge formats: "a b" strings and ["a","b"] pairs.
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		out := make([][2]string, len(strs))
+		for i, s := range strs {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("parse tokenizer.json: merge %d %q has no space", i, s)
+			}
+			out[i] = [2]string{a, b}
+		}
+		return out, nil
+	}
+	var pairs [][2]string
+	if err := json.Unmarshal(raw, &pairs); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json merges: %w", err)
+	}
+	return pairs, nil
+}
+
+func (t *Tokenizer) setAdded(toks []*addedToken) {
+	t.added = make(map[string]*addedToken, len(toks))
+	var raw, normed []*addedToken
+	for _, a := range toks {
+		t.added[a.Content] = a
+		if a.ID >= len(t.idBytes) {
+			grown := make([]string, a.ID+1)
+			copy(grown, t.idBytes)
+			t.idBytes = grown
+		}
+		dec, _ := byteLevelDecode(a.Content)
+		t.idBytes[a.ID] = dec
+		if a.Normalized && len(t.forms) > 0 {
+			c := *a
+			c.Content = t.normalize(a.Content)
+			normed = append(normed, &c)
+		} else {
+			raw = append(raw, a)
+		}
+	}
+	t.special = make([]bool, len(t.idBytes))
+	for _, a := range toks {
+		t.special[a.ID] = a.Special
+	}
+	t.rawAdded = newAddedMatcher(raw)
+	t.normAdded = newAddedMatcher(normed)
+}
+
+func (t *Tokenizer) normalize(s string) string {
+	for _, f := range t.forms {
+		s = f.String(s)
+	}
+	return s
+}
+
+// Encode returns the ids of text without adding any special tokens (HF
+// encode with add_special_tokens=false). Added and special tokens written
+// in the text, such as "<|im_end|>", are recognised as single ids.
+func (t *Tokenizer) Encode(text string) []int { return t.encode(text, false) }
+
+// EncodeText is Encode with special tokens in the text treated as plain text
+// (HF split_special_tokens=true); non-special added tokens such as "<think>"
+// are still recognised. Use it for untrusted content.
+func (t *Tokenizer) EncodeText(text string) []int { return t.encode(text, true) }
+
+// Count returns len(Encode(text)).
+func (t *Tokenizer) Count(text string) int { return len(t.Encode(text)) }
+
+func (t *Tokenizer) encode(text string, skipSpecial bool) []int {
+	out := make([]int, 0, len(text)/4+4)
+	t.rawAdded.split(text, skipSpecial, func(seg segment) {
+		if seg.tok != nil {
+			out = append(out, seg.tok.ID)
+			return
+		}
+		s := t.normalize(seg.text)
+		if t.normAdded == nil {
+			out = t.appendText(out, s)
+			return
+		}
+		t.normAdded.split(s, skipSpecial, func(seg segment) {
+			if seg.tok != nil {
+				out = append(out, seg.tok.ID)
+				return
+			}
+			out = t.appendText(out, seg.text)
+		})
+	})
+	return out
+}
+
+// appendText pre-tokenizes and BPE-encodes text that holds no added tokens.
+func (t *Tokenizer) appendText(out []int, s string) []int {
+	if s == "" {
+		return out
+	}
+	if t.addPrefixSpace && s[0] != ' ' {
+		s = " " + s
+	}
+	if sc, ok := t.split.(scanner); ok {
+		for i := 0; i < len(s); {
+			j := sc.next(s, i)
+			out = t.model.appendPiece(out, s[i:j])
+			i = j
+		}
+		return out
+	}
+	t.split.split(s, func(p string) { out = t.model.appendPiece(out, p) })
+	return out
+}
+
+// Decode turns ids back into text, keeping special tokens (HF decode with
+// skip_special_tokens=false). Unknown ids are skipped, as HF does, and byte
+// sequences that are not valid UTF-8 become U+FFFD per maximal subpart.
+func (t *Tokenizer) Decode(ids []int) string {
+	n := 0
+	for _, id := range ids {
+		if id >= 0 && id < len(t.idBytes) {
+			n += len(t.idBytes[id])
+		}
+	}
+	buf := make([]byte, 0, n)
+	for _, id := range ids {
+		if id >= 0 && id < len(t.idBytes) {
+			buf = append(buf, t.idBytes[id]...)
+		}
+	}
+	for _, c := range buf {
+		if c >= 0x80 {
+			return string(appendLossyUTF8(make([]byte, 0, n+8), buf))
+		}
+	}
+	return string(buf)
+}
+
+// TokenID returns the id of an added token by its content (e.g.
+// "<|im_end|>"), or else of the vocabulary token whose text is s.
+func (t *Tokenizer) TokenID(s string) (int, bool) {
+	if a, ok := t.added[s]; ok {
+		return a.ID, true
+	}
+	id, ok := t.model.vocab[s]
+	return int(id), ok
+}
+
+// IsSpecial reports whether id is a special added token.
+func (t *Tokenizer) IsSpecial(id int) bool {
+	return id >= 0 && id < len(t.special) && t.special[id]
+}
+
+// VocabSize returns one more than the largest id, added tokens included.
+func (t *Tokenizer) VocabSize() int { return len(t.idBytes) }
