@@ -1,0 +1,183 @@
+package tokenizer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// prose is English written for the benchmark corpus.
+const prose = `The fleet woke before dawn. Each worker pulled a job, looked at the prompt, and counted its tokens
+before asking the sampler for more. "We don't guess," said the lead, "we measure." They'd learned that
+lesson the hard way: a batch of 40,000 prompts, a context window of 32,768 tokens, and one prompt that
+was 1.5 MB of log output. It's the kind of thing you'll only see once... and then you'll see it again.
+Numbers matter: 3.14159, 2.71828, 1e-9, -42, 0x1F, 1,000,000 and 12:30 PM are all tokenized differently.
+    Indented lines keep their spaces; trailing spaces too.   
+Tabs	separate	columns	here.
+Windows line endings end this line.` + "\r\n" + `And  double  spaces,   triple   spaces, and a final question?!
+I'M SHOUTING, YOU'RE LISTENING, WE'VE WON, THEY'LL SEE, HE'D KNOW, IT'S DONE.
+`
+
+// multilingual is CJK, other scripts, emoji and unusual spaces and marks.
+const multilingual = "日本語のテキストも大丈夫です。中文测试：你好，世界！한국어 문장도 있습니다.\n" +
+	"Ελληνικά και русский текст, עברית, مرحبا بالعالم, हिन्दी पाठ, ไทย ภาษา.\n" +
+	"Emoji 🚀🔥👍🏽 and ZWJ 👨‍👩‍👧 families, flags 🇩🇪🇯🇵, keycaps 1️⃣ #️⃣.\n" +
+	"Combining: e\u0301 a\u0308 n\u0303, Ünïcödé àccents çédille naïve café.\n" +
+	"Spaces:\u00a0nbsp,\u3000ideographic,\u2003em,\u2009thin, zero\u200bwidth.\n" +
+	"Digits: ١٢٣ ४५६ ⅫⅣ ½¾ ²³ 𝟙𝟚𝟛 ０１２３４５６７８９.\n" +
+	"Symbols: © ® ™ € £ ¥ ± × ÷ → ← ∀ ∃ ∑ ∫ ≤ ≥ ≠ ∞ «quotes» „low“ ‘single’ — – …\n" +
+	"Code: if (x != nil) { return fmt.Errorf(\"%w\", err) } // it's fine\r\n\t\tx := []int{1, 22, 333, 4444, 55555}\n"
+
+// buildCorpus returns a deterministic ~size-byte text mixing the prose, the
+// multilingual lines and Go source from $GOROOT/src/net/http.
+func buildCorpus(t testing.TB, size int) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(runtime.GOROOT(), "src", "net", "http", "*.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Go source under GOROOT for the corpus: %v", err)
+	}
+	slices.Sort(files)
+	var b strings.Builder
+	for i := 0; b.Len() < size; i++ {
+		b.WriteString(prose)
+		b.WriteString(multilingual)
+		src, err := os.ReadFile(files[i%len(files)])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(src[:min(len(src), 20000)])
+		fmt.Fprintf(&b, "\n%d %d.%d\n", i*7919, i, i*31)
+	}
+	return b.String()
+}
+
+// randomText makes adversarial strings out of characters that sit on the
+// pattern's edges: every class, \r\n runs, apostrophes, invalid bytes.
+func randomText(r *rand.Rand, n int) string {
+	alphabet := []string{" ", " ", "  ", "\t", "\n", "\r", "\r\n", "'", "'s", "'LL", "'re", "'x", "a", "Z", "é",
+		"e\u0301", "日", "한", "7", "42", "١", "½", ".", "!", "?!", "(", "\"", "-", "_", "\u00a0", "\u3000", "\u2003",
+		"\u200b", "🚀", "👍🏽", "\xff", "\xe2\x82", "\v", "\f", "\u0085", "\u2028", "x", "y1", "<", "<|", "|>"}
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(alphabet[r.IntN(len(alphabet))])
+	}
+	return b.String()
+}
+
+func collect(sp splitter, s string) []string {
+	var out []string
+	sp.split(s, func(p string) { out = append(out, p) })
+	return out
+}
+
+func firstDiff(a, b []string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// TestScannerMatchesRegexp2 is the oracle for the hand-written scanner: on a
+// large mixed corpus and on random adversarial text it must cut exactly the
+// pieces that the regex (with look-ahead, via regexp2) cuts.
+func TestScannerMatchesRegexp2(t *testing.T) {
+	corpus := buildCorpus(t, 300_000)
+	if testing.Short() {
+		corpus = corpus[:60_000]
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	var fuzz []string
+	for range 300 {
+		fuzz = append(fuzz, randomText(r, 1+r.IntN(80)))
+	}
+	for _, tc := range []struct {
+		name    string
+		pattern string
+		fast    scanner
+	}{{"qwen2", PatternQwen2, scanner{maxDigits: 1}}, {"llama3", PatternLlama3, scanner{maxDigits: 3}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			re, err := newRegexSplitter(tc.pattern)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, got := collect(re, corpus), collect(tc.fast, corpus)
+			if i := firstDiff(want, got); i < len(want) || len(want) != len(got) {
+				lo := max(0, i-3)
+				t.Fatalf("corpus: piece %d differs:\nregexp2 %q\nscanner %q", i, want[lo:min(len(want), i+3)], got[lo:min(len(got), i+3)])
+			}
+			t.Logf("corpus: %d pieces identical", len(got))
+			for _, s := range fuzz {
+				want, got := collect(re, s), collect(tc.fast, s)
+				if !slices.Equal(want, got) {
+					t.Fatalf("text %q:\nregexp2 %q\nscanner %q", s, want, got)
+				}
+			}
+		})
+	}
+}
+
+// withRegexSplitter returns a copy of tok that splits with regexp2.
+func withRegexSplitter(t testing.TB, tok *Tokenizer, pattern string) *Tokenizer {
+	t.Helper()
+	re, err := newRegexSplitter(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := *tok
+	c.split = re
+	return &c
+}
+
+// TestEncodeCorpusRoundTrip encodes the corpus with the scanner and with the
+// regex, expects the same ids, and expects Decode to give the text back.
+func TestEncodeCorpusRoundTrip(t *testing.T) {
+	corpus := buildCorpus(t, 200_000)
+	check := func(t *testing.T, tok *Tokenizer, pattern string) {
+		ids := tok.Encode(corpus)
+		slow := withRegexSplitter(t, tok, pattern).Encode(corpus)
+		if !slices.Equal(ids, slow) {
+			t.Fatalf("scanner and regexp2 give different ids (%d vs %d tokens)", len(ids), len(slow))
+		}
+		// The corpus is NFC except the deliberately decomposed marks, which
+		// the Qwen3 normalizer composes.
+		if got, want := tok.Decode(ids), tok.normalize(corpus); got != want {
+			t.Fatalf("round trip differs at byte %d", firstDiff(strings.Split(got, ""), strings.Split(want, "")))
+		}
+		t.Logf("%d bytes -> %d tokens", len(corpus), len(ids))
+	}
+	t.Run("qwen3", func(t *testing.T) { check(t, qwen3(t), PatternQwen2) })
+	t.Run("llama3", func(t *testing.T) { check(t, llama3(t), PatternLlama3) })
+}
+
+// TestMergeLinearEqualsHeap checks the short-piece merge loop against HF's
+// heap algorithm on random byte strings and corpus pieces.
+func TestMergeLinearEqualsHeap(t *testing.T) {
+	m := qwen3(t).model
+	r := rand.New(rand.NewPCG(3, 4))
+	var pieces []string
+	scanner{maxDigits: 1}.split(buildCorpus(t, 50_000), func(p string) {
+		if len(p) > 1 && len(p) <= 64 {
+			pieces = append(pieces, p)
+		}
+	})
+	for range 2000 {
+		if p := randomText(r, 2+r.IntN(40)); len(p) <= 64 {
+			pieces = append(pieces, p)
+		}
+		pieces = append(pieces, strings.Repeat(" ", 2+r.IntN(62)))
+	}
+	for _, p := range pieces {
+		lin := m.mergeLinear(nil, p)
+		hp := m.mergeHeap(p)
+		if !slices.Equal(lin, hp) {
+			t.Fatalf("piece %q: linear %v, heap %v", p, lin, hp)
+		}
+	}
+}
