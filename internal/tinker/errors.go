@@ -84,7 +84,8 @@ func (e *ConnectionError) Error() string {
 func (e *ConnectionError) Unwrap() error { return e.Err }
 
 // ProtocolError is a reply the client cannot use: an undecodable result, an
-// unexpected shape, a repeated complete_metadata (§4.2). It is fatal.
+// unexpected shape, a repeated complete_metadata, or a poll status that §4.2
+// makes fatal (then Err is the *StatusError). It is never retried.
 type ProtocolError struct {
 	Endpoint string // endpoint name
 	Msg      string // what was wrong
@@ -109,6 +110,10 @@ func (e *ProtocolError) Unwrap() error { return e.Err }
 func IsRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, ErrProgressTimeout) {
+		return false
+	}
+	var pe *ProtocolError
+	if errors.As(err, &pe) {
 		return false
 	}
 	var ce *ConnectionError

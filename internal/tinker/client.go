@@ -1,0 +1,397 @@
+package tinker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client is a Tinker session: server flags, a session id and its heartbeat. It
+// is safe for concurrent use. Create it with [Dial] and stop it with Close.
+type Client struct {
+	base      string // base URL with a trailing slash (§1.1)
+	key       APIKey
+	hc        *http.Client
+	ownHC     bool
+	log       *slog.Logger
+	disp      Dispatcher
+	onEvent   func(Event)
+	clock     Clock
+	t         Timing
+	userAgent string
+	flags     Flags
+	sessionID string
+
+	samplerSeq atomic.Int64 // sampling_session_seq_id counter (§3.5)
+	bare400    atomic.Int64 // remaining bare-400 conversions (§1.4)
+	inflight   *byteSemaphore
+
+	billingMu     sync.Mutex
+	billingFirst  time.Time
+	billingLast   time.Time
+	billingLogged time.Time
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+	hbCancel  context.CancelFunc
+	hbDone    chan struct{}
+}
+
+// Dial starts a client the way the reference SDK does (§2): client/config
+// (§3.1), client/dynamic_config (404 → defaults), create_session (§3.3) and a
+// heartbeat every Timing.HeartbeatInterval (§3.4). With Config.Sessionless it
+// stops after the flags.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.start(ctx, cfg); err != nil {
+		c.closeTransport()
+		return nil, err
+	}
+	return c, nil
+}
+
+func newClient(cfg Config) (*Client, error) {
+	base := cfg.BaseURL
+	if base == "" {
+		base = os.Getenv("TINKER_BASE_URL")
+	}
+	if base == "" {
+		base = DefaultBaseURL
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("tinker: invalid base URL %q", base)
+	}
+	if !strings.HasSuffix(base, "/") {
+		base += "/" // §1.1: force a trailing slash, then append the relative path
+	}
+	key := cfg.APIKey
+	if key == "" {
+		if key, err = APIKeyFromEnv(); err != nil {
+			return nil, err
+		}
+	} else if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{
+		base:      base,
+		key:       key,
+		hc:        cfg.HTTPClient,
+		log:       cfg.Logger,
+		disp:      cfg.Dispatcher,
+		onEvent:   cfg.OnEvent,
+		t:         cfg.Timing.withDefaults(),
+		userAgent: cfg.UserAgent,
+		flags:     DefaultFlags(),
+	}
+	c.clock = c.t.Clock
+	if c.hc == nil {
+		c.hc, c.ownHC = defaultHTTPClient(), true
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if c.disp == nil {
+		c.disp = &localDispatcher{clock: c.clock}
+	}
+	if c.userAgent == "" {
+		c.userAgent = "tinkerfleet-go/" + SDKVersion
+	}
+	c.bare400.Store(int64(c.t.Bare400Budget))
+	return c, nil
+}
+
+func defaultHTTPClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.MaxIdleConns = 1024
+	tr.MaxIdleConnsPerHost = 512
+	tr.ForceAttemptHTTP2 = true
+	return &http.Client{Transport: tr}
+}
+
+type sdkVersionBody struct {
+	SDKVersion string `json:"sdk_version"`
+}
+
+func (c *Client) start(ctx context.Context, cfg Config) error {
+	body := mustJSON(sdkVersionBody{SDKVersion: SDKVersion})
+	// 1. client/config, wrapped in the 300 s loop; a 404 is fatal (§2).
+	var fw flagsWire
+	err := c.withRetries(ctx, "client/config", "", nil, func(ctx context.Context) error {
+		fw = flagsWire{}
+		return c.doJSON(ctx, &call{name: "client/config", method: http.MethodPost, path: "api/v1/client/config",
+			body: body, maxRetries: c.t.HTTPMaxRetries}, &fw)
+	})
+	if err != nil {
+		return fmt.Errorf("tinker: fetch client config: %w", err)
+	}
+	fw.apply(&c.flags)
+	if c.flags.PJWTAuthEnabled {
+		c.log.Warn("tinker: server enables JWT exchange (pjwt_auth_enabled); this client keeps using the API key")
+	}
+	// 2. client/dynamic_config: no HTTP retries, 10 s timeout, 300 s loop at start-up;
+	// 404 means defaults (§2 step 3).
+	var dyn struct {
+		RefreshIntervalSec *float64 `json:"refresh_interval_sec"`
+	}
+	err = c.withRetries(ctx, "client/dynamic_config", "", nil, func(ctx context.Context) error {
+		return c.doJSON(ctx, &call{name: "client/dynamic_config", method: http.MethodPost,
+			path: "api/v1/client/dynamic_config", body: body, timeout: 10 * time.Second}, &dyn)
+	})
+	var se *StatusError
+	switch {
+	case errors.As(err, &se) && se.StatusCode == http.StatusNotFound:
+	case err != nil:
+		return fmt.Errorf("tinker: fetch dynamic config: %w", err)
+	case dyn.RefreshIntervalSec != nil:
+		c.flags.DynamicConfigRefreshInterval = time.Duration(*dyn.RefreshIntervalSec * float64(time.Second))
+	}
+	c.inflight = newByteSemaphore(c.flags.InflightResponseBytesSemaphoreSize)
+	if cfg.Sessionless {
+		return nil
+	}
+	// 3. create_session (§3.3), 10 HTTP retries.
+	if err := c.createSession(ctx, cfg); err != nil {
+		return err
+	}
+	// 4. heartbeat (§3.4), owned by the client and stopped by Close.
+	hctx, cancel := context.WithCancel(context.Background())
+	c.hbCancel, c.hbDone = cancel, make(chan struct{})
+	go c.heartbeat(hctx)
+	return nil
+}
+
+type createSessionBody struct {
+	Tags         []string          `json:"tags"`
+	UserMetadata map[string]string `json:"user_metadata"`
+	SDKVersion   string            `json:"sdk_version"`
+	ProjectID    string            `json:"project_id,omitempty"`
+	Type         string            `json:"type"`
+}
+
+func (c *Client) createSession(ctx context.Context, cfg Config) error {
+	b := createSessionBody{Tags: cfg.Tags, UserMetadata: cfg.UserMetadata, SDKVersion: SDKVersion,
+		ProjectID: cfg.ProjectID, Type: "create_session"}
+	if b.ProjectID == "" {
+		b.ProjectID = os.Getenv("TINKER_PROJECT_ID")
+	}
+	if b.Tags == nil {
+		b.Tags = envTags(os.Getenv("TINKER_TAGS"))
+	}
+	if b.UserMetadata == nil {
+		b.UserMetadata = map[string]string{}
+	}
+	var out struct {
+		SessionID      string  `json:"session_id"`
+		InfoMessage    *string `json:"info_message"`
+		WarningMessage *string `json:"warning_message"`
+		ErrorMessage   *string `json:"error_message"`
+	}
+	cl := &call{name: "create_session", method: http.MethodPost, path: "api/v1/create_session",
+		body: mustJSON(b), maxRetries: c.t.HTTPMaxRetries}
+	if err := c.doJSON(ctx, cl, &out); err != nil {
+		return fmt.Errorf("tinker: create session: %w", err)
+	}
+	if out.SessionID == "" {
+		return &ProtocolError{Endpoint: "create_session", Msg: "reply has no session_id"}
+	}
+	if out.InfoMessage != nil {
+		c.log.Info("tinker: " + *out.InfoMessage)
+	}
+	if out.WarningMessage != nil {
+		c.log.Warn("tinker: " + *out.WarningMessage)
+	}
+	if out.ErrorMessage != nil {
+		c.log.Error("tinker: " + *out.ErrorMessage)
+	}
+	c.sessionID = out.SessionID
+	return nil
+}
+
+func envTags(s string) []string {
+	tags := []string{}
+	seen := map[string]bool{}
+	for _, t := range strings.Split(s, ",") {
+		if t = strings.TrimSpace(t); t != "" && !seen[t] {
+			seen[t] = true
+			tags = append(tags, t)
+		}
+	}
+	return tags
+}
+
+// heartbeat sends session_heartbeat every interval (sleep first), with no
+// retries and a 10 s timeout; failures are reported and, after 120 s without
+// success, logged as warnings (§3.4).
+func (c *Client) heartbeat(ctx context.Context) {
+	defer close(c.hbDone)
+	body := mustJSON(struct {
+		SessionID string `json:"session_id"`
+		Type      string `json:"type"`
+	}{c.sessionID, "session_heartbeat"})
+	cl := &call{name: "session_heartbeat", method: http.MethodPost, path: "api/v1/session_heartbeat",
+		body: body, timeout: c.t.HeartbeatTimeout}
+	lastOK := time.Now()
+	t := time.NewTimer(c.t.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.doJSON(ctx, cl, nil)
+		switch {
+		case err == nil:
+			lastOK = time.Now()
+		case ctx.Err() != nil:
+			return
+		default:
+			c.emit(Event{Kind: EventHeartbeatFailed, Endpoint: cl.name, Err: err})
+			if since := time.Since(lastOK); since > c.t.HeartbeatWarn {
+				c.log.Warn("tinker: session heartbeat failing; the session will be terminated",
+					"session_id", c.sessionID, "since", since.Round(time.Second), "err", err)
+			}
+		}
+		t.Reset(c.t.HeartbeatInterval)
+	}
+}
+
+// Close stops the heartbeat and releases idle connections of a client-owned
+// transport. It is idempotent. In-flight calls are not interrupted (cancel their
+// contexts for that); new samplers and samples fail with ErrClosed.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		if c.hbCancel != nil {
+			c.hbCancel()
+			<-c.hbDone
+		}
+		c.closeTransport()
+	})
+	return nil
+}
+
+func (c *Client) closeTransport() {
+	if c.ownHC {
+		c.hc.CloseIdleConnections()
+	}
+}
+
+// Flags returns the server flags read at Dial (§3.1).
+func (c *Client) Flags() Flags { return c.flags }
+
+// SessionID returns the session id from create_session ("" when sessionless).
+func (c *Client) SessionID() string { return c.sessionID }
+
+// SupportedModel is one entry of get_server_capabilities (§3.8).
+type SupportedModel struct {
+	ModelName        string `json:"model_name"`
+	MaxContextLength int    `json:"max_context_length"` // 0 when the server did not say
+}
+
+// Capabilities is the reply of get_server_capabilities (§3.8).
+type Capabilities struct {
+	SupportedModels []SupportedModel `json:"supported_models"`
+}
+
+// Model returns the entry for name, if the server supports it.
+func (c *Capabilities) Model(name string) (SupportedModel, bool) {
+	for _, m := range c.SupportedModels {
+		if m.ModelName == name {
+			return m, true
+		}
+	}
+	return SupportedModel{}, false
+}
+
+// Capabilities fetches the supported models (§3.8; 10 HTTP retries and the
+// 300 s loop).
+func (c *Client) Capabilities(ctx context.Context) (*Capabilities, error) {
+	var out Capabilities
+	cl := &call{name: "get_server_capabilities", method: http.MethodGet, path: "api/v1/get_server_capabilities",
+		maxRetries: c.t.HTTPMaxRetries}
+	if err := c.restJSON(ctx, cl, &out); err != nil {
+		return nil, fmt.Errorf("tinker: server capabilities: %w", err)
+	}
+	if out.SupportedModels == nil {
+		return nil, &ProtocolError{Endpoint: cl.name, Msg: "reply has no supported_models"}
+	}
+	return &out, nil
+}
+
+// SamplerInfo is the reply of samplers/{id} (§3.9).
+type SamplerInfo struct {
+	SamplerID string `json:"sampler_id"`
+	BaseModel string `json:"base_model"`
+	ModelPath string `json:"model_path"` // "" when null
+}
+
+// SamplerInfo fetches the base model of a sampler (§3.9).
+func (c *Client) SamplerInfo(ctx context.Context, samplerID string) (*SamplerInfo, error) {
+	var out SamplerInfo
+	cl := &call{name: "samplers", method: http.MethodGet, path: "api/v1/samplers/" + url.PathEscape(samplerID),
+		maxRetries: c.t.HTTPMaxRetries, samplerID: samplerID}
+	if err := c.restJSON(ctx, cl, &out); err != nil {
+		return nil, fmt.Errorf("tinker: sampler info: %w", err)
+	}
+	return &out, nil
+}
+
+// WeightsInfo is the reply of weights_info (§3.11).
+type WeightsInfo struct {
+	BaseModel    string `json:"base_model"`
+	IsLora       bool   `json:"is_lora"`
+	LoraRank     *int   `json:"lora_rank"`
+	TrainUnembed *bool  `json:"train_unembed"`
+	TrainMLP     *bool  `json:"train_mlp"`
+	TrainAttn    *bool  `json:"train_attn"`
+}
+
+// WeightsInfo fetches checkpoint metadata for a tinker:// path (§3.11).
+func (c *Client) WeightsInfo(ctx context.Context, tinkerPath string) (*WeightsInfo, error) {
+	var out WeightsInfo
+	cl := &call{name: "weights_info", method: http.MethodPost, path: "api/v1/weights_info",
+		body: mustJSON(struct {
+			TinkerPath string `json:"tinker_path"`
+		}{tinkerPath}), maxRetries: c.t.HTTPMaxRetries}
+	if err := c.restJSON(ctx, cl, &out); err != nil {
+		return nil, fmt.Errorf("tinker: weights info: %w", err)
+	}
+	return &out, nil
+}
+
+// Healthz calls GET healthz (§3.13) and checks for {"status": "ok"}.
+func (c *Client) Healthz(ctx context.Context) error {
+	var out struct {
+		Status string `json:"status"`
+	}
+	cl := &call{name: "healthz", method: http.MethodGet, path: "api/v1/healthz", maxRetries: c.t.HTTPMaxRetries}
+	if err := c.doJSON(ctx, cl, &out); err != nil {
+		return fmt.Errorf("tinker: healthz: %w", err)
+	}
+	if out.Status != "ok" {
+		return &ProtocolError{Endpoint: cl.name, Msg: fmt.Sprintf("status %q, want \"ok\"", out.Status)}
+	}
+	return nil
+}
+
+// restJSON is a REST read: doJSON (with its HTTP retries) inside the 300 s loop.
+func (c *Client) restJSON(ctx context.Context, cl *call, out any) error {
+	return c.withRetries(ctx, cl.name, cl.samplerID, nil, func(ctx context.Context) error {
+		return c.doJSON(ctx, cl, out)
+	})
+}

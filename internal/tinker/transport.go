@@ -1,0 +1,367 @@
+package tinker
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const maxErrorBody = 1024
+
+// call describes one logical API call.
+type call struct {
+	name       string // endpoint label for events and errors ("asample", "samplers", ...)
+	method     string
+	path       string // relative to the base URL, e.g. "api/v1/asample"
+	body       []byte // nil for GET
+	accept     string // "" means application/json
+	timeout    time.Duration
+	maxRetries int // HTTP-level retries (§6.1); 0 for asample, polls, heartbeat
+	samplerID  string
+	header     func(h http.Header) // extra per-request headers
+}
+
+// response is a fully read HTTP reply.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r *response) isJSON() bool {
+	return strings.Contains(r.header.Get("Content-Type"), "json") || json.Valid(r.body)
+}
+
+// newIdempotencyKey returns a fresh X-Idempotency-Key (§1.2).
+func newIdempotencyKey() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return "tinkerfleet-go-retry-" + hex.EncodeToString(b[:])
+}
+
+// roundTrip sends one HTTP request and reads the whole reply. A transport
+// failure, a per-request timeout or a bare 400 (§1.4) is a *ConnectionError; a
+// cancelled ctx returns ctx's error. Any status is returned as a response.
+func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem string) (*response, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("tinker: %s: %w", cl.name, err)
+	}
+	timeout := cl.timeout
+	if timeout == 0 {
+		timeout = c.t.RequestTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var body io.Reader
+	if cl.body != nil {
+		body = bytes.NewReader(cl.body)
+	}
+	req, err := http.NewRequestWithContext(rctx, cl.method, c.base+cl.path, body)
+	if err != nil {
+		return nil, fmt.Errorf("tinker: %s: build request: %w", cl.name, err)
+	}
+	h := req.Header
+	h["X-Api-Key"] = []string{string(c.key)}
+	accept := cl.accept
+	if accept == "" {
+		accept = "application/json"
+	}
+	h["Accept"] = []string{accept}
+	h["User-Agent"] = []string{c.userAgent}
+	h["X-Stainless-Retry-Count"] = []string{strconv.Itoa(retryCount)}
+	h["X-Stainless-Read-Timeout"] = []string{strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64)}
+	if cl.method != http.MethodGet {
+		h["Content-Type"] = []string{"application/json"}
+		if idem != "" {
+			h["X-Idempotency-Key"] = []string{idem}
+		}
+	}
+	if cl.header != nil {
+		cl.header(h)
+	}
+	start := time.Now()
+	resp, err := c.hc.Do(req)
+	var r *response
+	if err == nil {
+		r = &response{status: resp.StatusCode, header: resp.Header}
+		r.body, err = readBody(resp)
+		cl := resp.ContentLength
+		_ = resp.Body.Close()
+		if err == nil && r.status == http.StatusBadRequest && cl <= 0 {
+			// §1.4: a 400 without Content-Length (or "0") is a connection-level
+			// rejection, retried as a connection error while the budget lasts.
+			if c.bare400.Add(-1) >= 0 {
+				err = errors.New("bare HTTP 400 without a body (connection-level rejection)")
+				r = nil
+			} else {
+				c.bare400.Add(1)
+			}
+		}
+	}
+	dur := time.Since(start)
+	status := 0
+	if r != nil {
+		status = r.status
+		if status < 400 {
+			if c.bare400.Load() < int64(c.t.Bare400Budget) {
+				c.bare400.Add(1) // refill by one per success (§1.4)
+			}
+		}
+	}
+	c.emit(Event{Kind: EventRequest, Endpoint: cl.name, Method: cl.method, StatusCode: status,
+		Duration: dur, Attempt: retryCount, SamplerID: cl.samplerID})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("tinker: %s: %w", cl.name, ctx.Err())
+		}
+		var ne net.Error
+		timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+		return nil, &ConnectionError{Endpoint: cl.name, Timeout: timedOut, Err: err}
+	}
+	return r, nil
+}
+
+func readBody(resp *http.Response) ([]byte, error) {
+	if resp.ContentLength > 0 && resp.ContentLength < 64<<20 {
+		b := make([]byte, resp.ContentLength)
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// statusError turns a non-success reply into a *StatusError with a truncated
+// body from which the API key is scrubbed.
+func (c *Client) statusError(cl *call, r *response) *StatusError {
+	body := string(r.body)
+	if len(body) > maxErrorBody {
+		body = body[:maxErrorBody] + "…"
+	}
+	if k := string(c.key); k != "" && strings.Contains(body, k) {
+		body = strings.ReplaceAll(body, k, redactedText)
+	}
+	return &StatusError{Method: cl.method, Endpoint: cl.name, StatusCode: r.status, Body: strings.TrimSpace(body)}
+}
+
+// do runs the HTTP retry layer of §6.1 around roundTrip: up to cl.maxRetries
+// retries of connection errors and of replies whose x-should-retry is "true"
+// or, absent that header, whose status is 408, 409, 429 or 5xx. The delay is a
+// usable Retry-After (0 < v ≤ 60 s) or min(0.5 s·2^n, 10 s)·(1−0.25·U). One
+// idempotency key serves all retries. The final reply is returned whatever its
+// status.
+func (c *Client) do(ctx context.Context, cl *call) (*response, error) {
+	idem := ""
+	if cl.method != http.MethodGet {
+		idem = newIdempotencyKey()
+	}
+	for n := 0; ; n++ {
+		r, err := c.roundTrip(ctx, cl, n, idem)
+		if err != nil {
+			var ce *ConnectionError
+			if !errors.As(err, &ce) || n >= cl.maxRetries {
+				return nil, err
+			}
+		} else if n >= cl.maxRetries || !shouldRetry(r) {
+			return r, nil
+		}
+		var d time.Duration
+		ok := false
+		if r != nil {
+			d, ok = retryAfter(r.header, c.clock.Now())
+		}
+		if !ok {
+			d = httpBackoff(n, c.t.HTTPRetryBase, c.t.HTTPRetryMax, rand.Float64())
+		}
+		ev := Event{Kind: EventRetry, Endpoint: cl.name, Layer: LayerHTTP, Delay: d, Attempt: n, Err: err, SamplerID: cl.samplerID}
+		if r != nil {
+			ev.StatusCode = r.status
+			ev.Err = c.statusError(cl, r)
+		}
+		c.emit(ev)
+		if err := c.clock.Sleep(ctx, d); err != nil {
+			return nil, fmt.Errorf("tinker: %s: %w", cl.name, err)
+		}
+	}
+}
+
+// shouldRetry is the §6.1 rule.
+func shouldRetry(r *response) bool {
+	switch strings.ToLower(r.header.Get("X-Should-Retry")) {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	return retryableStatus(r.status)
+}
+
+// httpBackoff is the §6.1 delay before retry n: min(base·2^n, max), reduced by
+// up to 25 % (u uniform in [0,1)).
+func httpBackoff(n int, base, max time.Duration, u float64) time.Duration {
+	if n > 1000 {
+		n = 1000
+	}
+	d := float64(base) * math.Pow(2, float64(n))
+	if d > float64(max) {
+		d = float64(max)
+	}
+	return time.Duration(d * (1 - 0.25*u))
+}
+
+// retryAfter parses the server's retry hint (§6.1) in the SDK's order:
+// retry-after-ms (float milliseconds), retry-after as float seconds, then
+// retry-after as an HTTP date minus now. Only 0 < d ≤ 60 s is usable.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	var d time.Duration
+	found := false
+	if v := h.Get("Retry-After-Ms"); v != "" {
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && !math.IsNaN(f) {
+			d, found = time.Duration(f*float64(time.Millisecond)), true
+		}
+	}
+	if !found {
+		v := strings.TrimSpace(h.Get("Retry-After"))
+		if v == "" {
+			return 0, false
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(f) {
+			d, found = time.Duration(f*float64(time.Second)), true
+		} else if t, err := http.ParseTime(v); err == nil {
+			d, found = t.Sub(now), true
+		} else if t, err := time.Parse(time.RFC1123Z, v); err == nil {
+			d, found = t.Sub(now), true
+		}
+	}
+	if !found || d <= 0 || d > 60*time.Second {
+		return 0, false
+	}
+	return d, true
+}
+
+// doJSON runs do and decodes a 2xx JSON reply into out (nil: ignore the body).
+// A non-2xx reply is a *StatusError.
+func (c *Client) doJSON(ctx context.Context, cl *call, out any) error {
+	r, err := c.do(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if r.status < 200 || r.status > 299 {
+		return c.statusError(cl, r)
+	}
+	if out == nil || len(r.body) == 0 && r.status == http.StatusNoContent {
+		return nil
+	}
+	if err := json.Unmarshal(r.body, out); err != nil {
+		return &ProtocolError{Endpoint: cl.name, Msg: "decode JSON reply", Err: err}
+	}
+	return nil
+}
+
+// withRetries is execute_with_retries (§6.2): retry timeouts, connection errors
+// and HTTP 408/409/429/5xx with waits of min(2^attempt, 30) s, each truncated to
+// the 300 s deadline, giving up once the deadline passed; a 402 inside the
+// billing window sleeps 5 s without counting as an attempt. check, when not nil,
+// runs before every try (stuck detection, §6.3).
+func (c *Client) withRetries(ctx context.Context, name, samplerID string, check func() error, fn func(context.Context) error) error {
+	start := c.clock.Now()
+	deadline := start.Add(c.t.SubmitRetryDeadline)
+	attempt := 0
+	for {
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		var se *StatusError
+		if errors.As(err, &se) && se.StatusCode == http.StatusPaymentRequired {
+			if !c.billingPause(name, samplerID) {
+				return err
+			}
+			if serr := c.clock.Sleep(ctx, c.t.BillingRetry); serr != nil {
+				return fmt.Errorf("tinker: %s: %w", name, serr)
+			}
+			continue
+		}
+		var ce *ConnectionError
+		retryable := errors.As(err, &ce) || (se != nil && retryableStatus(se.StatusCode))
+		now := c.clock.Now()
+		if !retryable || !now.Before(deadline) {
+			return err
+		}
+		d := submitBackoff(attempt, c.t.SubmitRetryBase, c.t.SubmitRetryMax)
+		if rem := deadline.Sub(now); d > rem {
+			d = rem
+		}
+		c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerSubmit, Delay: d, Attempt: attempt, Err: err, SamplerID: samplerID})
+		if serr := c.clock.Sleep(ctx, d); serr != nil {
+			return fmt.Errorf("tinker: %s: %w", name, serr)
+		}
+		attempt++
+	}
+}
+
+// submitBackoff is min(base·2^attempt, max) (§6.2).
+func submitBackoff(attempt int, base, max time.Duration) time.Duration {
+	if attempt > 30 {
+		return max
+	}
+	d := base << attempt
+	if d > max || d <= 0 {
+		d = max
+	}
+	return d
+}
+
+// billingPause records a 402 (§2.3) and reports whether the billing window is
+// still open. The window is measured from the first 402 of an incident; an
+// incident ends when no 402 was seen for 300 s. A warning is logged at most
+// every 60 s and an EventBillingPaused is emitted while the window is open.
+func (c *Client) billingPause(endpoint, samplerID string) bool {
+	now := c.clock.Now()
+	c.billingMu.Lock()
+	if c.billingFirst.IsZero() || now.Sub(c.billingLast) > 300*time.Second {
+		c.billingFirst = now
+		c.billingLogged = time.Time{}
+	}
+	c.billingLast = now
+	open := now.Sub(c.billingFirst) <= c.flags.BillingExceptionMaxPauseDuration
+	logIt := open && (c.billingLogged.IsZero() || now.Sub(c.billingLogged) >= 60*time.Second)
+	if logIt {
+		c.billingLogged = now
+	}
+	c.billingMu.Unlock()
+	if logIt {
+		c.log.Warn("tinker: paused for billing (HTTP 402); retrying", "endpoint", endpoint)
+	}
+	if open {
+		c.emit(Event{Kind: EventBillingPaused, Endpoint: endpoint, StatusCode: http.StatusPaymentRequired, SamplerID: samplerID, Delay: c.t.BillingRetry})
+	}
+	return open
+}
+
+func (c *Client) emit(e Event) {
+	if c.onEvent != nil {
+		c.onEvent(e)
+	}
+}
