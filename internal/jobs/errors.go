@@ -1,0 +1,68 @@
+package jobs
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// ErrEmptyFile is wrapped by the error Reader.Next returns, once, at the end of an input that
+// held no job line at all (nothing, or only blank lines). Test for it with errors.Is.
+var ErrEmptyFile = errors.New("file has no job lines")
+
+// FieldError is a problem with one field of a job. Field is the path of the field as it is
+// spelled in the input line (for example "sampling_params.temperature", "messages[2].role" or
+// "body.max_completion_tokens"); it is empty for problems with the line as a whole.
+type FieldError struct {
+	// Field is the dotted path of the offending field, or "" for the whole line.
+	Field string
+	// Msg says what is wrong, in lower case and without a trailing period.
+	Msg string
+}
+
+// Error returns "field <path>: <msg>", or just the message when Field is empty.
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Msg
+	}
+	return "field " + e.Field + ": " + e.Msg
+}
+
+// fieldErr builds a *FieldError; it exists to keep call sites short.
+func fieldErr(field, msg string) *FieldError {
+	return &FieldError{Field: field, Msg: msg}
+}
+
+// LineError is a bad line of a JSONL input. Its Error method reads like a compiler diagnostic:
+// "prompts.jsonl:12: field sampling_params.max_tokens: must be a positive integer".
+type LineError struct {
+	// File is the name the Reader was given (may be empty).
+	File string
+	// Line is the 1-based line number in the input.
+	Line int
+	// Field is the path of the offending field as spelled in the line, or "" for line-level
+	// problems (malformed JSON, invalid UTF-8, an oversize line).
+	Field string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// Error formats the problem as "file:line: field path: message".
+func (e *LineError) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteByte(':')
+	} else {
+		b.WriteString("line ")
+	}
+	b.WriteString(strconv.Itoa(e.Line))
+	b.WriteString(": ")
+	if e.Field != "" {
+		b.WriteString("field ")
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}

@@ -1,0 +1,73 @@
+package jobs
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+)
+
+// idSet remembers custom_ids and the line of their first use, compactly enough for files of
+// millions of lines: a pointer-free map from a 64-bit hash to an offset into an append-only arena
+// of (line, id) records, so the garbage collector never scans it and there is one allocation per
+// arena chunk rather than one string per id. Hash collisions are resolved exactly: the arena holds
+// the id, and a second id with the same hash goes to a small overflow map.
+type idSet struct {
+	chunks   [][]byte
+	index    map[uint64]uint64 // hash → chunk<<32 | offset of the first id with that hash
+	overflow map[string]int    // ids whose hash collided with a different id → line
+	seed     maphash.Seed
+}
+
+// idChunkSize is the arena chunk size; ids longer than a chunk get a chunk of their own.
+const idChunkSize = 256 << 10
+
+// newIDSet returns an empty set with a random hash seed.
+func newIDSet() idSet {
+	return idSet{index: make(map[uint64]uint64), seed: maphash.MakeSeed()}
+}
+
+// add records id as used on line. If id was recorded before it returns the first line and true.
+func (s *idSet) add(id string, line int) (first int, dup bool) {
+	h := maphash.String(s.seed, id)
+	ref, ok := s.index[h]
+	if !ok {
+		s.index[h] = s.store(id, line)
+		return 0, false
+	}
+	if l, got := s.load(ref); string(got) == id {
+		return l, true
+	}
+	if l, ok := s.overflow[id]; ok {
+		return l, true
+	}
+	if s.overflow == nil {
+		s.overflow = make(map[string]int)
+	}
+	s.overflow[id] = line
+	return 0, false
+}
+
+// store appends a (line, id) record and returns its reference.
+func (s *idSet) store(id string, line int) uint64 {
+	need := 2*binary.MaxVarintLen64 + len(id)
+	if n := len(s.chunks); n == 0 || cap(s.chunks[n-1])-len(s.chunks[n-1]) < need {
+		s.chunks = append(s.chunks, make([]byte, 0, max(idChunkSize, need)))
+	}
+	ci := len(s.chunks) - 1
+	c := s.chunks[ci]
+	off := len(c)
+	c = binary.AppendUvarint(c, uint64(line))
+	c = binary.AppendUvarint(c, uint64(len(id)))
+	c = append(c, id...)
+	s.chunks[ci] = c
+	return uint64(ci)<<32 | uint64(off)
+}
+
+// load reads the record at ref; id aliases the arena.
+func (s *idSet) load(ref uint64) (line int, id []byte) {
+	c := s.chunks[ref>>32][ref&(1<<32-1):]
+	l, n := binary.Uvarint(c)
+	c = c[n:]
+	size, n := binary.Uvarint(c)
+	c = c[n:]
+	return int(l), c[:size]
+}

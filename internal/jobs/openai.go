@@ -1,0 +1,369 @@
+package jobs
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// OpenAI Batch API endpoints accepted in the url field.
+const (
+	URLChatCompletions = "/v1/chat/completions"
+	URLCompletions     = "/v1/completions"
+)
+
+// The rule for OpenAI body fields (also stated in schemas/job.schema.json):
+//
+//   - honoured: model, prompt (completions) / messages (chat), max_tokens,
+//     max_completion_tokens (chat), temperature, top_p, top_k (a vLLM extension), n (→ num_samples),
+//     stop, seed, metadata (kept as the job's metadata and returned in the result);
+//   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
+//     logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
+//   - accepted only at their OpenAI default, because any other value changes what would be sampled
+//     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
+//     logit_bias ({}), top_logprobs (0), completions logprobs (0), echo (false), suffix (""),
+//     best_of (1 or equal to n), response_format ({"type": "text"});
+//   - everything else (tools, tool_choice, functions, modalities, audio, prediction,
+//     reasoning_effort, …) is rejected with a field error naming body.<field>.
+
+// openaiUnsupported is the message for body fields outside the rule above.
+const openaiUnsupported = "is not supported: tinkerfleet cannot honour it (honoured: model, prompt or messages, " +
+	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata)"
+
+// parseOpenAI parses an OpenAI Batch API line.
+func parseOpenAI(b []byte) (Job, *fieldNames, *FieldError) {
+	var customID, method, url, body []byte
+	it := newObjIter(b)
+	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
+		var dst *[]byte
+		switch string(k) {
+		case "custom_id":
+			dst = &customID
+		case "method":
+			dst = &method
+		case "url":
+			dst = &url
+		case "body":
+			dst = &body
+		default:
+			return Job{}, nil, fieldErr(string(k), "unknown field in an OpenAI batch line (it has custom_id, method, url and body; request parameters go in body)")
+		}
+		if *dst != nil {
+			return Job{}, nil, dupKey(string(k))
+		}
+		*dst = v
+	}
+	var j Job
+	var fe *FieldError
+	if !present(customID) {
+		return Job{}, nil, fieldErr("custom_id", "is required")
+	}
+	if j.CustomID, fe = getString(customID, "custom_id"); fe != nil {
+		return Job{}, nil, fe
+	}
+	if present(method) {
+		m, fe := getString(method, "method")
+		if fe != nil {
+			return Job{}, nil, fe
+		}
+		if m != "POST" {
+			return Job{}, nil, fieldErr("method", `must be "POST"`)
+		}
+	}
+	if !present(url) {
+		return Job{}, nil, fieldErr("url", `is required ("/v1/completions" or "/v1/chat/completions")`)
+	}
+	u, fe := getString(url, "url")
+	if fe != nil {
+		return Job{}, nil, fe
+	}
+	var chat bool
+	switch u {
+	case URLChatCompletions:
+		chat = true
+		j.Format = FormatOpenAIChat
+	case URLCompletions:
+		j.Format = FormatOpenAICompletions
+	default:
+		return Job{}, nil, fieldErr("url", `must be "/v1/completions" or "/v1/chat/completions"`)
+	}
+	if !present(body) {
+		return Job{}, nil, fieldErr("body", "is required")
+	}
+	if !isObject(body) {
+		return Job{}, nil, typeErr("body", "an object", body)
+	}
+	names := completionsNames
+	if chat {
+		names = chatNames
+	}
+	j, fe = parseOpenAIBody(j, body, chat, &names)
+	if fe != nil {
+		return Job{}, nil, fe
+	}
+	return j, &names, nil
+}
+
+// parseOpenAIBody fills j from an OpenAI request body; it may rename names.maxTokens when the
+// chat line used max_completion_tokens.
+func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *FieldError) {
+	var model, prompt, messages, maxTokens, maxCompletion, temperature, topP, topK, n, stop, seed,
+		metadata, bestOf []byte
+	seen := make(map[string]struct{}, 12)
+	endpoint := URLCompletions
+	other := URLChatCompletions
+	if chat {
+		endpoint, other = URLChatCompletions, URLCompletions
+	}
+	it := newObjIter(body)
+	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
+		key := string(k)
+		path := "body." + key
+		if _, dup := seen[key]; dup {
+			return j, dupKey(path)
+		}
+		seen[key] = struct{}{}
+		wrongEndpoint := fieldErr(path, "is not valid for "+endpoint+" (it belongs to "+other+")")
+		var fe *FieldError
+		switch key {
+		case "model":
+			model = v
+		case "prompt":
+			if chat {
+				return j, wrongEndpoint
+			}
+			prompt = v
+		case "messages":
+			if !chat {
+				return j, wrongEndpoint
+			}
+			messages = v
+		case "max_tokens":
+			maxTokens = v
+		case "max_completion_tokens":
+			if !chat {
+				return j, wrongEndpoint
+			}
+			maxCompletion = v
+		case "temperature":
+			temperature = v
+		case "top_p":
+			topP = v
+		case "top_k":
+			topK = v
+		case "n":
+			n = v
+		case "stop":
+			stop = v
+		case "seed":
+			seed = v
+		case "metadata":
+			metadata = v
+		case "user", "store", "service_tier":
+			// Bookkeeping only; ignored.
+		case "logprobs":
+			if chat {
+				if present(v) {
+					_, fe = getBool(v, path) // ignored: sampled-token logprobs are always returned
+				}
+			} else {
+				fe = defaultOnly(v, path, isZeroNumber, "0 (per-token top alternatives are not returned; each sampled token's logprob always is)")
+			}
+		case "top_logprobs":
+			if !chat {
+				return j, wrongEndpoint
+			}
+			fe = defaultOnly(v, path, isZeroNumber, "0 (per-token top alternatives are not returned)")
+		case "stream":
+			fe = defaultOnly(v, path, isFalse, "false (results are delivered as a batch)")
+		case "frequency_penalty", "presence_penalty":
+			fe = defaultOnly(v, path, isZeroNumber, "0 (Tinker has no penalties)")
+		case "logit_bias":
+			fe = defaultOnly(v, path, isEmptyObject, "{} (Tinker has no logit bias)")
+		case "echo":
+			if chat {
+				return j, wrongEndpoint
+			}
+			fe = defaultOnly(v, path, isFalse, "false (use the native prompt_logprobs instead)")
+		case "suffix":
+			if chat {
+				return j, wrongEndpoint
+			}
+			fe = defaultOnly(v, path, isEmptyString, `"" (Tinker has no insertion mode)`)
+		case "best_of":
+			if chat {
+				return j, wrongEndpoint
+			}
+			bestOf = v
+		case "response_format":
+			if !chat {
+				return j, wrongEndpoint
+			}
+			fe = defaultOnly(v, path, isTextFormat, `{"type": "text"} (structured output is not supported)`)
+		default:
+			return j, fieldErr(path, openaiUnsupported)
+		}
+		if fe != nil {
+			return j, fe
+		}
+	}
+
+	var fe *FieldError
+	j.NumSamples = 1
+	if !present(model) {
+		return j, fieldErr("body.model", "is required")
+	}
+	m, fe := getString(model, "body.model")
+	if fe != nil {
+		return j, fe
+	}
+	if m == "" {
+		return j, fieldErr("body.model", "must not be empty")
+	}
+	if strings.HasPrefix(m, "tinker://") {
+		j.ModelPath = m
+	} else {
+		j.Model = m
+	}
+	if chat {
+		if !present(messages) {
+			return j, fieldErr("body.messages", "is required")
+		}
+		if j.Messages, fe = parseMessages(messages, "body.messages", true); fe != nil {
+			return j, fe
+		}
+	} else {
+		if !present(prompt) {
+			return j, fieldErr("body.prompt", "is required")
+		}
+		if j.Prompt, j.PromptTokens, fe = parseCompletionsPrompt(prompt); fe != nil {
+			return j, fe
+		}
+	}
+	if present(maxTokens) && present(maxCompletion) {
+		return j, fieldErr("body.max_completion_tokens", "must not be set together with body.max_tokens")
+	}
+	if present(maxCompletion) {
+		names.maxTokens = "body.max_completion_tokens"
+		maxTokens = maxCompletion
+	}
+	if j.Params.MaxTokens, fe = intPtr(maxTokens, names.maxTokens); fe != nil {
+		return j, fe
+	}
+	if j.Params.Temperature, fe = floatPtr(temperature, "body.temperature"); fe != nil {
+		return j, fe
+	}
+	if j.Params.TopP, fe = floatPtr(topP, "body.top_p"); fe != nil {
+		return j, fe
+	}
+	if j.Params.TopK, fe = intPtr(topK, "body.top_k"); fe != nil {
+		return j, fe
+	}
+	if j.Params.Seed, fe = int64Ptr(seed, "body.seed"); fe != nil {
+		return j, fe
+	}
+	if present(stop) {
+		if j.Params.Stop, fe = parseStop(stop, "body.stop"); fe != nil {
+			return j, fe
+		}
+	}
+	if present(n) {
+		np, fe := intPtr(n, "body.n")
+		if fe != nil {
+			return j, fe
+		}
+		j.NumSamples = *np
+	}
+	if present(bestOf) {
+		bo, fe := getInt(bestOf, "body.best_of")
+		if fe != nil {
+			return j, fe
+		}
+		if bo != 1 && bo != int64(j.NumSamples) {
+			return j, fieldErr("body.best_of", "is only accepted when it is 1 or equal to n (Tinker cannot rank samples)")
+		}
+	}
+	if metadata != nil {
+		j.Metadata = append(json.RawMessage(nil), metadata...)
+	}
+	return j, nil
+}
+
+// parseCompletionsPrompt maps an OpenAI completions prompt: a string, a list of one string, a list
+// of token ids, or a list of one list of token ids. Several prompts in one request are rejected.
+func parseCompletionsPrompt(v []byte) (string, []int, *FieldError) {
+	const path = "body.prompt"
+	if isString(v) {
+		s, fe := getString(v, path)
+		if fe == nil && s == "" {
+			fe = fieldErr(path, "must not be empty")
+		}
+		return s, nil, fe
+	}
+	if !isArray(v) {
+		return "", nil, typeErr(path, "a string or a list of token ids", v)
+	}
+	it := newArrIter(v)
+	first, ok := it.next()
+	if !ok {
+		return "", nil, fieldErr(path, "must not be empty")
+	}
+	if isNumber(first) {
+		toks, fe := parseTokens(v, path)
+		return "", toks, fe
+	}
+	if _, more := it.next(); more {
+		return "", nil, fieldErr(path, "holds several prompts; put each prompt on its own line with its own custom_id")
+	}
+	switch {
+	case isString(first):
+		s, fe := getString(first, path+"[0]")
+		if fe == nil && s == "" {
+			fe = fieldErr(path+"[0]", "must not be empty")
+		}
+		return s, nil, fe
+	case isArray(first):
+		toks, fe := parseTokens(first, path+"[0]")
+		return "", toks, fe
+	}
+	return "", nil, typeErr(path+"[0]", "a string or a list of token ids", first)
+}
+
+// defaultOnly accepts v when it is absent, null or satisfies isDefault.
+func defaultOnly(v []byte, path string, isDefault func([]byte) bool, want string) *FieldError {
+	if !present(v) || isDefault(v) {
+		return nil
+	}
+	return fieldErr(path, "is only accepted at its default "+want)
+}
+
+func isFalse(v []byte) bool       { return string(v) == "false" }
+func isEmptyString(v []byte) bool { return string(v) == `""` }
+
+func isZeroNumber(v []byte) bool {
+	f, ok := decFloat(v)
+	return ok && f == 0
+}
+
+func isEmptyObject(v []byte) bool {
+	if !isObject(v) {
+		return false
+	}
+	it := newObjIter(v)
+	_, _, ok := it.next()
+	return !ok
+}
+
+func isTextFormat(v []byte) bool {
+	if !isObject(v) {
+		return false
+	}
+	it := newObjIter(v)
+	n := 0
+	for k, val, ok := it.next(); ok; k, val, ok = it.next() {
+		if string(k) != "type" || string(val) != `"text"` {
+			return false
+		}
+		n++
+	}
+	return n == 1
+}

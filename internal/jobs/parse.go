@@ -1,0 +1,516 @@
+package jobs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// checkSyntax rejects lines that are not UTF-8 or not a single valid JSON object.
+func checkSyntax(b []byte) *FieldError {
+	if !utf8.Valid(b) {
+		off := 0
+		for off < len(b) {
+			r, size := utf8.DecodeRune(b[off:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			off += size
+		}
+		return fieldErr("", fmt.Sprintf("invalid UTF-8 at byte %d (lines must be UTF-8 JSON)", off+1))
+	}
+	if !json.Valid(b) {
+		var raw json.RawMessage
+		err := json.Unmarshal(b, &raw)
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return fieldErr("", fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, se.Error()))
+		}
+		return fieldErr("", "malformed JSON")
+	}
+	if !isObject(b) {
+		return fieldErr("", "a line must be a JSON object, not "+jsonType(b))
+	}
+	return nil
+}
+
+// parseLine turns one syntactically unchecked, trimmed, non-blank line into a Job, detecting its
+// format: a line with any of body, url or method is an OpenAI Batch API line, any other line is a
+// native tinkerfleet line. It also returns the field names to validate the job with.
+func parseLine(b []byte) (Job, *fieldNames, *FieldError) {
+	if fe := checkSyntax(b); fe != nil {
+		return Job{}, nil, fe
+	}
+	it := newObjIter(b)
+	for k, _, ok := it.next(); ok; k, _, ok = it.next() {
+		switch string(k) {
+		case "body", "url", "method":
+			return parseOpenAI(b)
+		}
+	}
+	j, fe := parseNativeJob(b, false)
+	return j, &nativeNames, fe
+}
+
+// present reports whether a raw member value was given and is not null. Null is treated like an
+// absent field everywhere except metadata (which is returned as given).
+func present(v []byte) bool { return v != nil && !isNull(v) }
+
+// typeErr says what a value should have been.
+func typeErr(path, want string, v []byte) *FieldError {
+	return fieldErr(path, "must be "+want+", not "+jsonType(v))
+}
+
+// getString decodes a present value that must be a string.
+func getString(v []byte, path string) (string, *FieldError) {
+	s, ok := decString(v)
+	if !ok {
+		return "", typeErr(path, "a string", v)
+	}
+	return s, nil
+}
+
+// getInt decodes a present value that must be an integer.
+func getInt(v []byte, path string) (int64, *FieldError) {
+	n, msg := decInt(v)
+	if msg != "" {
+		if msg == errNotInt && !isNumber(v) {
+			return 0, typeErr(path, "an integer", v)
+		}
+		return 0, fieldErr(path, msg)
+	}
+	return n, nil
+}
+
+// getFloat decodes a present value that must be a number.
+func getFloat(v []byte, path string) (float64, *FieldError) {
+	f, ok := decFloat(v)
+	if !ok {
+		return 0, typeErr(path, "a number", v)
+	}
+	return f, nil
+}
+
+// getBool decodes a present value that must be a boolean.
+func getBool(v []byte, path string) (bool, *FieldError) {
+	b, ok := decBool(v)
+	if !ok {
+		return false, typeErr(path, "true or false", v)
+	}
+	return b, nil
+}
+
+// intPtr decodes an optional integer into a new *int (nil when absent or null).
+func intPtr(v []byte, path string) (*int, *FieldError) {
+	if !present(v) {
+		return nil, nil
+	}
+	n, fe := getInt(v, path)
+	if fe != nil {
+		return nil, fe
+	}
+	if n > int64(^uint(0)>>1) || n < -int64(^uint(0)>>1)-1 {
+		return nil, fieldErr(path, errIntRange)
+	}
+	i := int(n)
+	return &i, nil
+}
+
+// floatPtr decodes an optional number into a new *float64.
+func floatPtr(v []byte, path string) (*float64, *FieldError) {
+	if !present(v) {
+		return nil, nil
+	}
+	f, fe := getFloat(v, path)
+	if fe != nil {
+		return nil, fe
+	}
+	return &f, nil
+}
+
+// int64Ptr decodes an optional integer into a new *int64.
+func int64Ptr(v []byte, path string) (*int64, *FieldError) {
+	if !present(v) {
+		return nil, nil
+	}
+	n, fe := getInt(v, path)
+	if fe != nil {
+		return nil, fe
+	}
+	return &n, nil
+}
+
+// dupKey and unknownKey are the two errors of a key walk.
+func dupKey(path string) *FieldError { return fieldErr(path, "appears more than once") }
+
+// nativeTopLevelHint explains an unknown top-level field of a native line, with a hint for the
+// ones users commonly misplace.
+func nativeTopLevelHint(key string) string {
+	switch key {
+	case "max_tokens", "temperature", "top_p", "top_k", "seed", "stop":
+		return "unknown field (sampling parameters go in sampling_params)"
+	case "n":
+		return "unknown field (use num_samples)"
+	}
+	return "unknown field"
+}
+
+// parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job).
+func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
+	var r struct {
+		customID, format, model, modelPath, prompt, promptTokens, messages, params,
+		numSamples, promptLogprobs, topk, metadata []byte
+	}
+	it := newObjIter(b)
+	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
+		var dst *[]byte
+		switch string(k) {
+		case "custom_id":
+			dst = &r.customID
+		case "model":
+			dst = &r.model
+		case "model_path":
+			dst = &r.modelPath
+		case "prompt":
+			dst = &r.prompt
+		case "prompt_tokens":
+			dst = &r.promptTokens
+		case "messages":
+			dst = &r.messages
+		case "sampling_params":
+			dst = &r.params
+		case "num_samples":
+			dst = &r.numSamples
+		case "prompt_logprobs":
+			dst = &r.promptLogprobs
+		case "topk_prompt_logprobs":
+			dst = &r.topk
+		case "metadata":
+			dst = &r.metadata
+		case "format":
+			if allowFormat {
+				dst = &r.format
+			}
+		}
+		if dst == nil {
+			return Job{}, fieldErr(string(k), nativeTopLevelHint(string(k)))
+		}
+		if *dst != nil {
+			return Job{}, dupKey(string(k))
+		}
+		*dst = v
+	}
+
+	j := Job{Format: FormatNative, NumSamples: 1}
+	var fe *FieldError
+	if !present(r.customID) {
+		return Job{}, fieldErr("custom_id", "is required")
+	}
+	if j.CustomID, fe = getString(r.customID, "custom_id"); fe != nil {
+		return Job{}, fe
+	}
+	if present(r.format) {
+		if j.Format, fe = getString(r.format, "format"); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.model) {
+		if j.Model, fe = getString(r.model, "model"); fe != nil {
+			return Job{}, fe
+		}
+		if j.Model == "" {
+			return Job{}, fieldErr("model", "must not be empty")
+		}
+	}
+	if present(r.modelPath) {
+		if j.ModelPath, fe = getString(r.modelPath, "model_path"); fe != nil {
+			return Job{}, fe
+		}
+		if j.ModelPath == "" {
+			return Job{}, fieldErr("model_path", "must not be empty")
+		}
+	}
+	if present(r.prompt) {
+		if j.Prompt, fe = getString(r.prompt, "prompt"); fe != nil {
+			return Job{}, fe
+		}
+		if j.Prompt == "" {
+			return Job{}, fieldErr("prompt", "must not be empty")
+		}
+	}
+	if present(r.promptTokens) {
+		if j.PromptTokens, fe = parseTokens(r.promptTokens, "prompt_tokens"); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.messages) {
+		if j.Messages, fe = parseMessages(r.messages, "messages", false); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.params) {
+		if j.Params, fe = parseParams(r.params); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.numSamples) {
+		n, fe := intPtr(r.numSamples, "num_samples")
+		if fe != nil {
+			return Job{}, fe
+		}
+		j.NumSamples = *n
+	}
+	if present(r.promptLogprobs) {
+		if j.PromptLogprobs, fe = getBool(r.promptLogprobs, "prompt_logprobs"); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.topk) {
+		k, fe := intPtr(r.topk, "topk_prompt_logprobs")
+		if fe != nil {
+			return Job{}, fe
+		}
+		j.TopKPromptLogprobs = *k
+	}
+	if r.metadata != nil {
+		j.Metadata = append(json.RawMessage(nil), r.metadata...)
+	}
+	return j, nil
+}
+
+// parseParams parses the native sampling_params object.
+func parseParams(v []byte) (SamplingParams, *FieldError) {
+	var p SamplingParams
+	if !isObject(v) {
+		return p, typeErr("sampling_params", "an object", v)
+	}
+	var seen [6]bool
+	var fe *FieldError
+	it := newObjIter(v)
+	for k, val, ok := it.next(); ok; k, val, ok = it.next() {
+		idx := -1
+		switch string(k) {
+		case "max_tokens":
+			idx = 0
+			p.MaxTokens, fe = intPtr(val, "sampling_params.max_tokens")
+		case "temperature":
+			idx = 1
+			p.Temperature, fe = floatPtr(val, "sampling_params.temperature")
+		case "top_p":
+			idx = 2
+			p.TopP, fe = floatPtr(val, "sampling_params.top_p")
+		case "top_k":
+			idx = 3
+			p.TopK, fe = intPtr(val, "sampling_params.top_k")
+		case "seed":
+			idx = 4
+			p.Seed, fe = int64Ptr(val, "sampling_params.seed")
+		case "stop":
+			idx = 5
+			if present(val) {
+				p.Stop, fe = parseStop(val, "sampling_params.stop")
+			}
+		default:
+			return p, fieldErr("sampling_params."+string(k), "unknown field")
+		}
+		if seen[idx] {
+			return p, dupKey("sampling_params." + string(k))
+		}
+		seen[idx] = true
+		if fe != nil {
+			return p, fe
+		}
+	}
+	return p, nil
+}
+
+// parseStop parses a stop value: a string, a list of strings or a list of token ids (§T2).
+func parseStop(v []byte, path string) (Stop, *FieldError) {
+	var s Stop
+	const want = "a string, a list of strings or a list of token ids"
+	switch {
+	case isString(v):
+		str, fe := getString(v, path)
+		if fe != nil {
+			return s, fe
+		}
+		s.Strings = []string{str}
+		return s, nil
+	case isArray(v):
+	case isNull(v):
+		return s, nil
+	default:
+		return s, typeErr(path, want, v)
+	}
+	it := newArrIter(v)
+	i := 0
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		ep := path + "[" + strconv.Itoa(i) + "]"
+		switch {
+		case isString(e):
+			if len(s.TokenIDs) > 0 {
+				return s, fieldErr(ep, "must not mix stop strings and stop token ids")
+			}
+			str, fe := getString(e, ep)
+			if fe != nil {
+				return s, fe
+			}
+			s.Strings = append(s.Strings, str)
+		case isNumber(e):
+			if len(s.Strings) > 0 {
+				return s, fieldErr(ep, "must not mix stop strings and stop token ids")
+			}
+			n, fe := getInt(e, ep)
+			if fe != nil {
+				return s, fe
+			}
+			if n < 0 || n > maxTokenID {
+				return s, fieldErr(ep, "must be a token id (0 to 2147483647)")
+			}
+			s.TokenIDs = append(s.TokenIDs, int(n))
+		default:
+			return s, typeErr(ep, "a string or a token id", e)
+		}
+		i++
+	}
+	return s, nil
+}
+
+// maxTokenID is the largest token id: token ids travel as int32 (§T4).
+const maxTokenID = 1<<31 - 1
+
+// parseTokens parses a non-empty list of token ids.
+func parseTokens(v []byte, path string) ([]int, *FieldError) {
+	if !isArray(v) {
+		return nil, typeErr(path, "a list of token ids", v)
+	}
+	toks := make([]int, 0, arrayLen(v))
+	it := newArrIter(v)
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		n, msg := decInt(e)
+		if msg != "" || n < 0 || n > maxTokenID {
+			return nil, fieldErr(path+"["+strconv.Itoa(len(toks))+"]", "must be a token id (an integer from 0 to 2147483647), not "+string(truncate(e)))
+		}
+		toks = append(toks, int(n))
+	}
+	if len(toks) == 0 {
+		return nil, fieldErr(path, "must not be empty")
+	}
+	return toks, nil
+}
+
+// truncate shortens a raw value for an error message.
+func truncate(v []byte) []byte {
+	if len(v) > 40 {
+		return append(v[:37:37], "..."...)
+	}
+	return v
+}
+
+// parseMessages parses a non-empty chat message list. OpenAI lines may use the "developer" role
+// (mapped to system) and content given as a list of text parts (joined with "\n", like vLLM).
+func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) {
+	if !isArray(v) {
+		return nil, typeErr(path, "a list of messages", v)
+	}
+	msgs := make([]Message, 0, arrayLen(v))
+	it := newArrIter(v)
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		mp := path + "[" + strconv.Itoa(len(msgs)) + "]"
+		if !isObject(e) {
+			return nil, typeErr(mp, "an object with role and content", e)
+		}
+		var role, content []byte
+		mit := newObjIter(e)
+		for k, val, ok := mit.next(); ok; k, val, ok = mit.next() {
+			switch string(k) {
+			case "role":
+				if role != nil {
+					return nil, dupKey(mp + ".role")
+				}
+				role = val
+			case "content":
+				if content != nil {
+					return nil, dupKey(mp + ".content")
+				}
+				content = val
+			default:
+				return nil, fieldErr(mp+"."+string(k), "unknown field (a message has only role and content)")
+			}
+		}
+		var m Message
+		var fe *FieldError
+		if !present(role) {
+			return nil, fieldErr(mp+".role", "is required")
+		}
+		if m.Role, fe = getString(role, mp+".role"); fe != nil {
+			return nil, fe
+		}
+		if openai && m.Role == "developer" {
+			m.Role = RoleSystem
+		}
+		if !present(content) {
+			return nil, fieldErr(mp+".content", "is required")
+		}
+		if m.Content, fe = parseContent(content, mp+".content", openai); fe != nil {
+			return nil, fe
+		}
+		msgs = append(msgs, m)
+	}
+	if len(msgs) == 0 {
+		return nil, fieldErr(path, "must not be empty")
+	}
+	return msgs, nil
+}
+
+// parseContent parses message content: a string, or in OpenAI lines a list of text parts.
+func parseContent(v []byte, path string, openai bool) (string, *FieldError) {
+	if isString(v) || !openai {
+		return getString(v, path)
+	}
+	if !isArray(v) {
+		return "", typeErr(path, "a string or a list of text parts", v)
+	}
+	var parts []string
+	it := newArrIter(v)
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		pp := path + "[" + strconv.Itoa(len(parts)) + "]"
+		if !isObject(e) {
+			return "", typeErr(pp, `an object {"type": "text", "text": ...}`, e)
+		}
+		var typ, text []byte
+		pit := newObjIter(e)
+		for k, val, ok := pit.next(); ok; k, val, ok = pit.next() {
+			switch string(k) {
+			case "type":
+				typ = val
+			case "text":
+				text = val
+			default:
+				return "", fieldErr(pp+"."+string(k), "unknown field (only text parts are supported)")
+			}
+		}
+		if !present(typ) {
+			return "", fieldErr(pp+".type", "is required")
+		}
+		if !present(text) {
+			return "", fieldErr(pp+".text", "is required")
+		}
+		t, fe := getString(typ, pp+".type")
+		if fe != nil {
+			return "", fe
+		}
+		if t != "text" {
+			return "", fieldErr(pp+".type", fmt.Sprintf("only text content parts are supported, not %q", t))
+		}
+		s, fe := getString(text, pp+".text")
+		if fe != nil {
+			return "", fe
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "\n"), nil
+}

@@ -1,0 +1,149 @@
+package jobs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// Reader reads jobs from a JSONL input, one line at a time, through a buffer of
+// Limits.MaxLineBytes (+2 for the line end): memory does not grow with the file, except for the
+// set of custom_ids seen (about 16 bytes plus the id's length per job, see idSet).
+//
+// A line may be a native tinkerfleet job or an OpenAI Batch API request (detected per line by the
+// presence of body, url or method). Blank lines are skipped, CRLF line ends and a UTF-8 byte order
+// mark on the first line are accepted.
+type Reader struct {
+	br       *bufio.Reader
+	err      error // sticky: io.EOF or a read error
+	file     string
+	ids      idSet
+	limits   Limits
+	line     int // number of the last line read
+	nonBlank int // lines that were not blank
+}
+
+// NewReader returns a Reader of r. file names the input in errors (it may be empty); zero fields
+// of l take their defaults.
+func NewReader(r io.Reader, file string, l Limits) *Reader {
+	l = l.withDefaults()
+	return &Reader{
+		br:     bufio.NewReaderSize(r, l.MaxLineBytes+2),
+		file:   file,
+		ids:    newIDSet(),
+		limits: l,
+	}
+}
+
+// Line returns the 1-based number of the line the last Next call returned a job or a *LineError
+// for (0 before the first line).
+func (r *Reader) Line() int { return r.line }
+
+// Next returns the next valid job. For a bad line it returns a *LineError naming the file, line and
+// field; the next call goes on with the following line. At the end it returns io.EOF, except for
+// an input without a single non-blank line, where it first returns an error wrapping ErrEmptyFile.
+// A failure of the underlying reader is returned wrapped, and again on every later call.
+//
+// Bad lines include: oversize lines (skipped up to the next newline without being buffered),
+// invalid UTF-8, malformed JSON, a line that is not an object, unknown, repeated or mistyped
+// fields, values out of range, both or neither of model and model_path, zero or several prompt
+// kinds, and a custom_id already used by an earlier valid line of this Reader (the error names the
+// line of its first use).
+func (r *Reader) Next() (Job, error) {
+	for {
+		if r.err != nil {
+			return Job{}, r.err
+		}
+		raw, tooLong, err := r.readLine()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				r.err = io.EOF
+				if r.nonBlank == 0 {
+					return Job{}, fmt.Errorf("%s: %w", r.name(), ErrEmptyFile)
+				}
+				return Job{}, io.EOF
+			}
+			r.err = fmt.Errorf("read %s after line %d: %w", r.name(), r.line, err)
+			return Job{}, r.err
+		}
+		r.line++
+		if tooLong {
+			r.nonBlank++
+			return Job{}, r.lineErr(fieldErr("", fmt.Sprintf("line is longer than the limit of %d bytes", r.limits.MaxLineBytes)))
+		}
+		if r.line == 1 {
+			raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))
+		}
+		b := trimASCIISpace(raw)
+		if len(b) == 0 {
+			continue
+		}
+		r.nonBlank++
+		j, names, fe := parseLine(b)
+		if fe == nil {
+			fe = j.validate(r.limits, names)
+		}
+		if fe != nil {
+			return Job{}, r.lineErr(fe)
+		}
+		if first, dup := r.ids.add(j.CustomID, r.line); dup {
+			return Job{}, r.lineErr(fieldErr("custom_id",
+				fmt.Sprintf("duplicate %s (first used on line %d)", strconv.Quote(j.CustomID), first)))
+		}
+		return j, nil
+	}
+}
+
+// name is the file name for error messages.
+func (r *Reader) name() string {
+	if r.file == "" {
+		return "input"
+	}
+	return r.file
+}
+
+// lineErr places a field error at the current line.
+func (r *Reader) lineErr(fe *FieldError) *LineError {
+	return &LineError{File: r.file, Line: r.line, Field: fe.Field, Msg: fe.Msg}
+}
+
+// readLine returns the next line without its line end. tooLong reports a line over
+// MaxLineBytes, which has been skipped. err is io.EOF only when no line is left.
+func (r *Reader) readLine() (line []byte, tooLong bool, err error) {
+	line, err = r.br.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		for errors.Is(err, bufio.ErrBufferFull) {
+			_, err = r.br.ReadSlice('\n')
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil // the long line was the last one; the next call sees EOF
+		}
+		return nil, err == nil, err
+	}
+	if err != nil {
+		if !errors.Is(err, io.EOF) || len(line) == 0 {
+			return nil, false, err
+		}
+		err = nil // a last line without a line end
+	}
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	return line, len(line) > r.limits.MaxLineBytes, nil
+}
+
+// trimASCIISpace trims JSON whitespace from both ends.
+func trimASCIISpace(b []byte) []byte {
+	i, j := 0, len(b)
+	for i < j && isSpace(b[i]) {
+		i++
+	}
+	for j > i && isSpace(b[j-1]) {
+		j--
+	}
+	return b[i:j]
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }

@@ -1,0 +1,330 @@
+package jobs
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Status is the outcome of a job in its result line.
+type Status string
+
+// The three outcomes; every accepted job ends with exactly one result line carrying one of them.
+const (
+	StatusCancelled Status = "cancelled"
+	StatusError     Status = "error"
+	StatusOK        Status = "ok"
+)
+
+// Category says whose fault a failure is, with the wire values of the SDK's
+// RequestErrorCategory (§7.2).
+type Category string
+
+// Failure categories (§7.2); anything unrecognised is CategoryUnknown.
+const (
+	CategoryServer  Category = "server"
+	CategoryUnknown Category = "unknown"
+	CategoryUser    Category = "user"
+)
+
+// Error codes of ResultError.Code.
+const (
+	// CodeAPIError: the Tinker API refused the request with a non-retryable HTTP status
+	// (400/401/403/404/422, §6.1, §7.1).
+	CodeAPIError = "api_error"
+	// CodeCancelled: the batch was cancelled before the job was sampled.
+	CodeCancelled = "cancelled"
+	// CodeContextTooLong: prompt tokens + max_tokens exceed the model's context window.
+	CodeContextTooLong = "context_too_long"
+	// CodeDeadLetter: the job was delivered the maximum number of times without a result
+	// (workers crashed or timed out on it).
+	CodeDeadLetter = "dead_letter"
+	// CodeFailedFuture: the sampling future completed with a RequestFailedResponse (§T5, §7.2);
+	// the SDK never retries these.
+	CodeFailedFuture = "failed_future"
+	// CodeInternal: a tinkerfleet bug or an unexpected condition.
+	CodeInternal = "internal"
+	// CodeInvalidJob: the job failed validation in the worker (or could not be decoded).
+	CodeInvalidJob = "invalid_job"
+	// CodeRateLimited: the account stayed rate limited (429 / 402) past the worker's patience.
+	CodeRateLimited = "rate_limited"
+	// CodeTimeout: no progress within the stuck-detection window (§6.3).
+	CodeTimeout = "timeout"
+	// CodeTokenize: the prompt could not be tokenized or rendered with the chat template.
+	CodeTokenize = "tokenize_failed"
+)
+
+// Stop reasons of a Sample (§T3).
+const (
+	StopReasonLength = "length"
+	StopReasonStop   = "stop"
+)
+
+// Result is one result line (schemas/result.schema.json), also the body of a RESULTS message.
+type Result struct {
+	// CustomID is the job's custom_id.
+	CustomID string `json:"custom_id"`
+	// BatchID is the batch the job belongs to.
+	BatchID string `json:"batch_id"`
+	// Status is ok, error or cancelled.
+	Status Status `json:"status"`
+	// Model is the job's model, or its model_path.
+	Model string `json:"model,omitempty"`
+	// Samples are the completions (num_samples of them) when Status is ok.
+	Samples []Sample `json:"samples,omitempty"`
+	// PromptLogprobs has one entry per prompt token when the job asked for prompt_logprobs; NaN
+	// (written as null) where not computed, always at position 0 (§T3).
+	PromptLogprobs Logprobs `json:"prompt_logprobs,omitempty"`
+	// TopKPromptLogprobs has one entry per prompt position when topk_prompt_logprobs > 0: nil
+	// (null) or up to k (token, logprob) pairs (§T3).
+	TopKPromptLogprobs [][]TokenLogprob `json:"topk_prompt_logprobs,omitempty"`
+	// Usage counts tokens; set for ok results.
+	Usage *Usage `json:"usage,omitempty"`
+	// Error describes the failure when Status is error or cancelled.
+	Error *ResultError `json:"error,omitempty"`
+	// Attempts is the number of sampling attempts made (0 if none was).
+	Attempts int `json:"attempts"`
+	// LatencyMS is the time from the worker taking the job to the result, in milliseconds.
+	LatencyMS int64 `json:"latency_ms"`
+	// Metadata is the job's metadata, byte for byte.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
+
+// Sample is one completion.
+type Sample struct {
+	// Text is the decoded completion.
+	Text string `json:"text"`
+	// Tokens are the sampled token ids.
+	Tokens []int `json:"tokens"`
+	// Logprobs holds the log-probability of each sampled token (same length as Tokens), or nil
+	// when the service returned none.
+	Logprobs Logprobs `json:"logprobs,omitempty"`
+	// StopReason is StopReasonStop or StopReasonLength.
+	StopReason string `json:"stop_reason"`
+}
+
+// Usage counts the tokens of one job.
+type Usage struct {
+	// PromptTokens is the prompt length in tokens.
+	PromptTokens int `json:"prompt_tokens"`
+	// CompletionTokens is the sum of the samples' lengths.
+	CompletionTokens int `json:"completion_tokens"`
+	// CacheHitTokens are prompt tokens billed as prefix-cache hits (§T3 prompt_cache_hit_tokens).
+	CacheHitTokens int `json:"cache_hit_tokens"`
+}
+
+// ResultError describes why a job has no samples.
+type ResultError struct {
+	// Code is one of the Code* constants.
+	Code string `json:"code"`
+	// Message is a human-readable explanation (never contains credentials).
+	Message string `json:"message"`
+	// Category says whose fault it is (§7.2).
+	Category Category `json:"category"`
+	// Retryable says whether resubmitting the same job may succeed.
+	Retryable bool `json:"retryable"`
+}
+
+// Error returns "code: message", so a ResultError can travel as an error.
+func (e ResultError) Error() string { return e.Code + ": " + e.Message }
+
+// TokenLogprob is a (token id, logprob) pair, written as a two-element JSON array [id, logprob].
+type TokenLogprob struct {
+	// Token is the token id.
+	Token int
+	// Logprob is its log-probability.
+	Logprob float64
+}
+
+// MarshalJSON writes [token, logprob].
+func (t TokenLogprob) MarshalJSON() ([]byte, error) {
+	b := append([]byte{'['}, strconv.Itoa(t.Token)...)
+	b = append(b, ',')
+	b = appendLogprob(b, t.Logprob)
+	return append(b, ']'), nil
+}
+
+// UnmarshalJSON reads [token, logprob].
+func (t *TokenLogprob) UnmarshalJSON(b []byte) error {
+	var pair []json.Number
+	if err := json.Unmarshal(b, &pair); err != nil || len(pair) != 2 {
+		return fmt.Errorf("token logprob must be a [token_id, logprob] pair")
+	}
+	tok, err := pair[0].Int64()
+	if err != nil {
+		return fmt.Errorf("token logprob: token id: %w", err)
+	}
+	lp, err := pair[1].Float64()
+	if err != nil {
+		return fmt.Errorf("token logprob: logprob: %w", err)
+	}
+	t.Token, t.Logprob = int(tok), lp
+	return nil
+}
+
+// Logprobs is a list of log-probabilities in which NaN marks a missing value (§T4). It is written
+// as a JSON array with null for NaN, with float32 precision (the service computes float32, §T4),
+// and ±Inf as ±3.4028235e+38; null elements read back as NaN.
+type Logprobs []float64
+
+// MarshalJSON writes the list with null for NaN.
+func (l Logprobs) MarshalJSON() ([]byte, error) {
+	if l == nil {
+		return []byte("null"), nil
+	}
+	b := make([]byte, 0, 2+len(l)*10)
+	b = append(b, '[')
+	for i, f := range l {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendLogprob(b, f)
+	}
+	return append(b, ']'), nil
+}
+
+// UnmarshalJSON reads a list of numbers and nulls.
+func (l *Logprobs) UnmarshalJSON(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" {
+		*l = nil
+		return nil
+	}
+	var raw []*float64
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("logprobs: %w", err)
+	}
+	out := make(Logprobs, len(raw))
+	for i, p := range raw {
+		if p == nil {
+			out[i] = math.NaN()
+		} else {
+			out[i] = *p
+		}
+	}
+	*l = out
+	return nil
+}
+
+// appendLogprob appends one logprob as JSON.
+func appendLogprob(b []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(b, "null"...)
+	case math.IsInf(f, 1):
+		return append(b, "3.4028235e+38"...)
+	case math.IsInf(f, -1):
+		return append(b, "-3.4028235e+38"...)
+	}
+	return strconv.AppendFloat(b, f, 'g', -1, 32)
+}
+
+// NewResult starts a result for j: custom_id, batch id, model and metadata filled in, status ok.
+func NewResult(j Job, batchID string) Result {
+	model := j.Model
+	if model == "" {
+		model = j.ModelPath
+	}
+	return Result{
+		CustomID: j.CustomID,
+		BatchID:  batchID,
+		Status:   StatusOK,
+		Model:    model,
+		Metadata: j.Metadata,
+	}
+}
+
+// ErrorResult is the result of a job that failed with e.
+func ErrorResult(j Job, batchID string, e ResultError) Result {
+	r := NewResult(j, batchID)
+	r.Status = StatusError
+	r.Error = &e
+	return r
+}
+
+// CancelledResult is the result of a job whose batch was cancelled before it was sampled.
+func CancelledResult(j Job, batchID, reason string) Result {
+	r := NewResult(j, batchID)
+	r.Status = StatusCancelled
+	if reason == "" {
+		reason = "batch cancelled"
+	}
+	r.Error = &ResultError{Code: CodeCancelled, Message: reason, Category: CategoryUser}
+	return r
+}
+
+// InvalidJobResult is the result for a job message the worker could not decode or validate; err
+// is typically a *FieldError from DecodeJob or Validate.
+func InvalidJobResult(j Job, batchID string, err error) Result {
+	return ErrorResult(j, batchID, ResultError{
+		Code: CodeInvalidJob, Message: err.Error(), Category: CategoryUser,
+	})
+}
+
+// resultNoMethods has Result's fields without its methods, for the default JSON codec.
+type resultNoMethods Result
+
+// Encode returns the compact one-line JSON of the result; metadata is written byte for byte
+// (compacted only if it contains a newline).
+func (r Result) Encode() ([]byte, error) {
+	meta := r.Metadata
+	r.Metadata = nil
+	b, err := encodeWithMetadata(resultNoMethods(r), meta)
+	if err != nil {
+		return nil, fmt.Errorf("encode result %q: %w", r.CustomID, err)
+	}
+	return b, nil
+}
+
+// MarshalJSON is Encode.
+func (r Result) MarshalJSON() ([]byte, error) { return r.Encode() }
+
+// DecodeResult reads one result line and checks it with Validate.
+func DecodeResult(data []byte) (Result, error) {
+	var r resultNoMethods
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Result{}, fmt.Errorf("decode result: %w", err)
+	}
+	res := Result(r)
+	if err := res.Validate(); err != nil {
+		return Result{}, fmt.Errorf("decode result: %w", err)
+	}
+	return res, nil
+}
+
+// Validate checks the invariants of a result line: a custom_id, a known status, an error for
+// failures and none for successes.
+func (r *Result) Validate() error {
+	if r.CustomID == "" {
+		return fieldErr("custom_id", "must not be empty")
+	}
+	switch r.Status {
+	case StatusOK:
+		if r.Error != nil {
+			return fieldErr("error", `must be absent when status is "ok"`)
+		}
+	case StatusError, StatusCancelled:
+		if r.Error == nil {
+			return fieldErr("error", "is required when status is "+string(r.Status))
+		}
+		switch r.Error.Category {
+		case CategoryUser, CategoryServer, CategoryUnknown:
+		default:
+			return fieldErr("error.category", "must be user, server or unknown")
+		}
+	default:
+		return fieldErr("status", `must be "ok", "error" or "cancelled"`)
+	}
+	for i, s := range r.Samples {
+		if s.StopReason != StopReasonStop && s.StopReason != StopReasonLength {
+			return fieldErr("samples["+strconv.Itoa(i)+"].stop_reason", `must be "stop" or "length"`)
+		}
+		if s.Logprobs != nil && len(s.Logprobs) != len(s.Tokens) {
+			return fieldErr("samples["+strconv.Itoa(i)+"].logprobs", "must have one entry per token")
+		}
+	}
+	return nil
+}
