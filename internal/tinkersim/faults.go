@@ -1,0 +1,300 @@
+package tinkersim
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FaultKind names one kind of injected fault.
+type FaultKind string
+
+// The fault kinds. Each applies to a default set of endpoints (overridable with
+// Fault.Endpoints where it makes sense).
+const (
+	// FaultRateLimit answers 429 with Retry-After and a JSON body (default endpoint asample, §5.3).
+	FaultRateLimit FaultKind = "429"
+	// FaultServerError answers a 5xx (Fault.Status, default 500) with the production body shape
+	// {"error","message"} (§7.1); default endpoints asample and retrieve_future.
+	FaultServerError FaultKind = "5xx"
+	// FaultTimeout answers 408; on retrieve_future with a try_again body (§4.2) at once instead
+	// of long-polling. Default endpoint retrieve_future.
+	FaultTimeout FaultKind = "408"
+	// FaultTryAgain200 answers retrieve_future with a 200 try_again at once (§3.7 reply 2).
+	FaultTryAgain200 FaultKind = "try_again_200"
+	// FaultExpired answers retrieve_future with 410: the future is dropped, so later polls also
+	// get 410 and the client must resubmit (§4.2).
+	FaultExpired FaultKind = "410"
+	// FaultPaymentRequired answers 402 (billing pause, §2.3); default endpoint asample.
+	FaultPaymentRequired FaultKind = "402"
+	// FaultPausedCapacity is a paused_capacity queue state: polls answer try_again with that
+	// queue_state and Fault.Reason, and no future completes while it lasts (§4.3).
+	FaultPausedCapacity FaultKind = "paused_capacity"
+	// FaultPausedRateLimit is the paused_rate_limit queue state, otherwise like FaultPausedCapacity.
+	FaultPausedRateLimit FaultKind = "paused_rate_limit"
+	// FaultNeverComplete makes accepted samples never complete (polls long-poll forever); the
+	// capacity slot is released at once. Default endpoint asample.
+	FaultNeverComplete FaultKind = "never_complete"
+	// FaultFailed makes accepted samples complete as failed futures, 200
+	// {"error","category"} with Fault.Category user|server|unknown (§7.2).
+	FaultFailed FaultKind = "failed"
+	// FaultBare400 answers 400 with no body and Content-Length 0, the "Cloudflare reject" of
+	// §1.4; default endpoints asample and retrieve_future.
+	FaultBare400 FaultKind = "bare_400"
+	// FaultSlowHeartbeat delays session_heartbeat replies by Fault.Delay (§3.4).
+	FaultSlowHeartbeat FaultKind = "slow_heartbeat"
+)
+
+// Fault is one injected misbehaviour. It is active from Start (zero: when injected) for
+// Duration (zero: until cleared). Within that window it hits each matching request with
+// probability Rate (zero or ≥ 1: every request), drawn from the server's seeded RNG.
+type Fault struct {
+	// Kind selects the misbehaviour.
+	Kind FaultKind
+	// Endpoints restricts the fault to these endpoint names ("asample", "retrieve_future",
+	// "create_session", "client/config", … or "*"); empty means the kind's default.
+	Endpoints []string
+	// Rate is the probability per matching request; 0 means always.
+	Rate float64
+	// Start is when the window opens; zero means at injection.
+	Start time.Time
+	// Duration is the window length; zero means until cleared.
+	Duration time.Duration
+	// Reason is the queue_state_reason of a pause, or the message of an error body.
+	Reason string
+	// Category is the failure category of FaultFailed: "user", "server" or "unknown".
+	Category string
+	// Status is the HTTP status of FaultServerError (500–599, default 500).
+	Status int
+	// Delay is the added latency of FaultSlowHeartbeat.
+	Delay time.Duration
+	// RetryAfter overrides Config.RetryAfter for FaultRateLimit.
+	RetryAfter time.Duration
+}
+
+// FaultID identifies an injected fault.
+type FaultID int
+
+// defaultEndpoints lists where each kind applies when Fault.Endpoints is empty.
+var defaultEndpoints = map[FaultKind][]string{
+	FaultRateLimit:       {epAsample},
+	FaultServerError:     {epAsample, epRetrieveFuture},
+	FaultTimeout:         {epRetrieveFuture},
+	FaultTryAgain200:     {epRetrieveFuture},
+	FaultExpired:         {epRetrieveFuture},
+	FaultPaymentRequired: {epAsample},
+	FaultPausedCapacity:  {epRetrieveFuture},
+	FaultPausedRateLimit: {epRetrieveFuture},
+	FaultNeverComplete:   {epAsample},
+	FaultFailed:          {epAsample},
+	FaultBare400:         {epAsample, epRetrieveFuture},
+	FaultSlowHeartbeat:   {epHeartbeat},
+}
+
+// fixedEndpointKinds cannot be moved to other endpoints: their effect is specific to one.
+var fixedEndpointKinds = map[FaultKind]bool{
+	FaultTryAgain200: true, FaultExpired: true, FaultPausedCapacity: true, FaultPausedRateLimit: true,
+	FaultNeverComplete: true, FaultFailed: true, FaultSlowHeartbeat: true,
+}
+
+// validate checks f and fills in defaults.
+func (f Fault) validate() (Fault, error) {
+	def, ok := defaultEndpoints[f.Kind]
+	if !ok {
+		return f, fmt.Errorf("unknown fault kind %q", f.Kind)
+	}
+	if f.Rate < 0 {
+		return f, fmt.Errorf("fault %s: rate must not be negative", f.Kind)
+	}
+	if f.Duration < 0 || f.Delay < 0 || f.RetryAfter < 0 {
+		return f, fmt.Errorf("fault %s: durations must not be negative", f.Kind)
+	}
+	if len(f.Endpoints) == 0 {
+		f.Endpoints = def
+	} else if fixedEndpointKinds[f.Kind] && !slices.Equal(f.Endpoints, def) {
+		return f, fmt.Errorf("fault %s only applies to %s", f.Kind, strings.Join(def, ","))
+	}
+	switch f.Kind {
+	case FaultServerError:
+		if f.Status == 0 {
+			f.Status = 500
+		}
+		if f.Status < 500 || f.Status > 599 {
+			return f, fmt.Errorf("fault 5xx: status %d is not 5xx", f.Status)
+		}
+	case FaultFailed:
+		if f.Category == "" {
+			f.Category = "unknown"
+		}
+		if f.Category != "user" && f.Category != "server" && f.Category != "unknown" {
+			return f, fmt.Errorf("fault failed: category %q is not user, server or unknown", f.Category)
+		}
+	case FaultSlowHeartbeat:
+		if f.Delay == 0 {
+			return f, errors.New("fault slow_heartbeat: needs a delay")
+		}
+	case FaultPausedCapacity, FaultPausedRateLimit:
+		if f.Rate != 0 && f.Rate < 1 {
+			return f, fmt.Errorf("fault %s: is a window, a rate makes no sense", f.Kind)
+		}
+	}
+	return f, nil
+}
+
+// windowed reports whether the stats keep a per-window count of asample calls for this kind.
+func (k FaultKind) windowed() bool {
+	switch k {
+	case FaultRateLimit, FaultPaymentRequired, FaultPausedCapacity, FaultPausedRateLimit:
+		return true
+	}
+	return false
+}
+
+// pause reports whether the kind is a paused queue state.
+func (k FaultKind) pause() bool { return k == FaultPausedCapacity || k == FaultPausedRateLimit }
+
+// activeFault is an injected fault with its window resolved.
+type activeFault struct {
+	id    FaultID
+	f     Fault
+	start time.Time
+	end   time.Time // zero: open
+	win   *windowStat
+}
+
+func (a *activeFault) activeAt(now time.Time) bool {
+	return !now.Before(a.start) && (a.end.IsZero() || now.Before(a.end))
+}
+
+func (a *activeFault) appliesTo(endpoint string) bool {
+	for _, e := range a.f.Endpoints {
+		if e == endpoint || e == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseFault reads the command-line form of a fault: comma-separated key=value pairs, e.g.
+// "kind=429,duration=30s", "kind=5xx,rate=0.05,status=503,endpoints=asample+retrieve_future",
+// "kind=paused_capacity,start=10s,duration=20s,reason=short on capacity",
+// "kind=failed,category=user,rate=0.1", "kind=slow_heartbeat,delay=15s".
+// Keys: kind, rate, start (delay from injection), duration, reason, category, status, delay,
+// retry_after, endpoints (joined by "+"). The reason must come last if it contains commas.
+func ParseFault(spec string, now time.Time) (Fault, error) {
+	var f Fault
+	rest := spec
+	for rest != "" {
+		var part string
+		part, rest, _ = strings.Cut(rest, ",")
+		key, val, ok := strings.Cut(part, "=")
+		if !ok {
+			return f, fmt.Errorf("fault %q: %q is not key=value", spec, part)
+		}
+		key = strings.TrimSpace(key)
+		var err error
+		switch key {
+		case "kind":
+			f.Kind = FaultKind(val)
+		case "rate":
+			f.Rate, err = strconv.ParseFloat(val, 64)
+		case "start":
+			var d time.Duration
+			d, err = time.ParseDuration(val)
+			f.Start = now.Add(d)
+		case "duration":
+			f.Duration, err = time.ParseDuration(val)
+		case "reason":
+			f.Reason = val
+			if rest != "" {
+				f.Reason += "," + rest
+				rest = ""
+			}
+		case "category":
+			f.Category = val
+		case "status":
+			f.Status, err = strconv.Atoi(val)
+		case "delay":
+			f.Delay, err = time.ParseDuration(val)
+		case "retry_after":
+			f.RetryAfter, err = time.ParseDuration(val)
+		case "endpoints":
+			f.Endpoints = strings.Split(val, "+")
+		default:
+			return f, fmt.Errorf("fault %q: unknown key %q", spec, key)
+		}
+		if err != nil {
+			return f, fmt.Errorf("fault %q: key %s: %w", spec, key, err)
+		}
+	}
+	v, err := f.validate()
+	if err != nil {
+		return f, fmt.Errorf("fault %q: %w", spec, err)
+	}
+	return v, nil
+}
+
+// faultJSON is the admin-endpoint form of a Fault (durations as Go duration strings).
+type faultJSON struct {
+	Kind       *string  `json:"kind"`
+	Endpoints  []string `json:"endpoints,omitempty"`
+	Rate       float64  `json:"rate,omitempty"`
+	StartIn    string   `json:"start_in,omitempty"`
+	Duration   string   `json:"duration,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+	Category   string   `json:"category,omitempty"`
+	Status     int      `json:"status,omitempty"`
+	Delay      string   `json:"delay,omitempty"`
+	RetryAfter string   `json:"retry_after,omitempty"`
+}
+
+// toFault converts the admin form, resolving start_in against now.
+func (j *faultJSON) toFault(now time.Time) (Fault, error) {
+	if j.Kind == nil {
+		return Fault{}, errors.New("field \"kind\" is required")
+	}
+	f := Fault{Kind: FaultKind(*j.Kind), Endpoints: j.Endpoints, Rate: j.Rate, Reason: j.Reason, Category: j.Category, Status: j.Status}
+	parse := func(name, v string, dst *time.Duration) error {
+		if v == "" {
+			return nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("field %q: %w", name, err)
+		}
+		*dst = d
+		return nil
+	}
+	var startIn time.Duration
+	if err := errors.Join(parse("start_in", j.StartIn, &startIn), parse("duration", j.Duration, &f.Duration),
+		parse("delay", j.Delay, &f.Delay), parse("retry_after", j.RetryAfter, &f.RetryAfter)); err != nil {
+		return Fault{}, err
+	}
+	if startIn > 0 {
+		f.Start = now.Add(startIn)
+	}
+	return f, nil
+}
+
+// FaultInfo describes an injected fault, as listed by Faults and GET /admin/faults.
+type FaultInfo struct {
+	// ID identifies the fault for RemoveFault.
+	ID FaultID `json:"id"`
+	// Kind is the fault kind.
+	Kind FaultKind `json:"kind"`
+	// Endpoints are the endpoints it applies to.
+	Endpoints []string `json:"endpoints"`
+	// Rate is the per-request probability (0: always).
+	Rate float64 `json:"rate,omitempty"`
+	// Start is when the window opens.
+	Start time.Time `json:"start"`
+	// End is when it closes; nil when open-ended.
+	End *time.Time `json:"end,omitempty"`
+	// Reason, Category, Status: as in Fault.
+	Reason   string `json:"reason,omitempty"`
+	Category string `json:"category,omitempty"`
+	Status   int    `json:"status,omitempty"`
+}

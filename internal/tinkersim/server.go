@@ -1,0 +1,405 @@
+package tinkersim
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Endpoint names, as used in Stats.Requests and Fault.Endpoints.
+const (
+	epClientConfig          = "client/config"
+	epDynamicConfig         = "client/dynamic_config"
+	epCreateSession         = "create_session"
+	epHeartbeat             = "session_heartbeat"
+	epCreateSamplingSession = "create_sampling_session"
+	epAsample               = "asample"
+	epRetrieveFuture        = "retrieve_future"
+	epTelemetry             = "telemetry"
+	epSamplers              = "samplers"
+	epCapabilities          = "get_server_capabilities"
+	epHealthz               = "healthz"
+	epWeightsInfo           = "weights_info"
+	epCheckpoints           = "checkpoints"
+	epTrainingRuns          = "training_runs"
+	epSessions              = "sessions"
+	epAdmin                 = "admin"
+	epUnknown               = "unknown"
+)
+
+// apiPrefix marks the API part of a request path (§1.1): everything before it is a mount
+// prefix and is ignored.
+const apiPrefix = "/api/v1/"
+
+// Server is the simulated Tinker service. It is an http.Handler; create it with New and stop
+// it with Close (or Shutdown).
+type Server struct {
+	cfg  Config
+	gen  generator
+	runs []trainingRun
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	sessions map[string]*session
+	samplers map[string]*sampler
+	futures  map[string]*future
+	running  int
+	queue    []*future
+	deferred map[*future]struct{}
+	// windowTimers release deferred futures when pause windows end; Close stops them.
+	windowTimers map[*time.Timer]struct{}
+	faults       []*activeFault
+	nextID       FaultID
+	st           stats
+	idSeq        uint64
+
+	closed    chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+	httpSrvs  []*http.Server
+}
+
+// session is a client session (§3.3).
+type session struct {
+	id            string
+	created       time.Time
+	lastHeartbeat time.Time
+	samplerIDs    []string
+}
+
+// sampler is a sampling session (§3.5).
+type sampler struct {
+	id        string
+	baseModel string
+	modelPath *string
+	maxCtx    int
+}
+
+// New validates cfg, fills in defaults and returns a running Server (its janitor goroutine
+// runs until Close).
+func New(cfg Config) (*Server, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("tinkersim config: %w", err)
+	}
+	s := &Server{
+		cfg:          c,
+		gen:          generator{minGen: c.MinGenTokens, tokenMin: c.TokenMin, tokenMax: c.TokenMax, stopProb: c.StopTokenProbability},
+		rng:          rand.New(rand.NewPCG(uint64(c.Seed), 0x5eed)),
+		sessions:     map[string]*session{},
+		samplers:     map[string]*sampler{},
+		futures:      map[string]*future{},
+		deferred:     map[*future]struct{}{},
+		windowTimers: map[*time.Timer]struct{}{},
+		st:           newStats(),
+		closed:       make(chan struct{}),
+	}
+	s.runs = syntheticRuns(c)
+	for _, f := range c.Faults {
+		if _, err := s.Inject(f); err != nil {
+			return nil, fmt.Errorf("tinkersim config: %w", err)
+		}
+	}
+	s.wg.Add(1)
+	go s.janitor()
+	return s, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (s *Server) Config() Config { return s.cfg }
+
+// Listen serves s on addr (e.g. "127.0.0.1:0") in the background until ctx is done or the
+// server is closed, and returns the base URL, e.g. "http://127.0.0.1:41234".
+func (s *Server) Listen(ctx context.Context, addr string) (string, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("tinkersim listen on %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	s.mu.Lock()
+	select {
+	case <-s.closed:
+		s.mu.Unlock()
+		_ = ln.Close()
+		return "", errors.New("tinkersim listen: server closed")
+	default:
+	}
+	s.httpSrvs = append(s.httpSrvs, hs)
+	s.mu.Unlock()
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.cfg.Logger.Error("tinkersim serve", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-ctx.Done():
+			_ = hs.Close()
+		case <-s.closed:
+		}
+	}()
+	return "http://" + ln.Addr().String(), nil
+}
+
+// Shutdown stops the listeners started by Listen gracefully: it wakes held long polls (they
+// answer 408 try_again), waits for in-flight requests until ctx is done, then closes s.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	s.mu.Lock()
+	srvs := s.httpSrvs
+	s.mu.Unlock()
+	var errs []error
+	for _, hs := range srvs {
+		if err := hs.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("tinkersim shutdown: %w", err))
+		}
+	}
+	s.Close()
+	return errors.Join(errs...)
+}
+
+// Close stops the server's goroutines, timers and listeners at once. Held long polls answer
+// 408 try_again; later requests answer 503. Close is idempotent.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { close(s.closed) })
+	s.mu.Lock()
+	for _, f := range s.futures {
+		if f.timer != nil {
+			f.timer.Stop()
+		}
+	}
+	for t := range s.windowTimers {
+		t.Stop()
+	}
+	srvs := s.httpSrvs
+	s.mu.Unlock()
+	for _, hs := range srvs {
+		_ = hs.Close()
+	}
+	s.wg.Wait()
+}
+
+func (s *Server) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// janitor drops futures finished longer than ResultTTL ago (they then answer 410).
+func (s *Server) janitor() {
+	defer s.wg.Done()
+	every := min(s.cfg.ResultTTL/4, time.Minute)
+	t := time.NewTicker(max(every, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			for id, f := range s.futures {
+				if f.state == futureDone && now.Sub(f.doneAt) > s.cfg.ResultTTL {
+					delete(s.futures, id)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// statusRecorder captures the status code for Stats.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	n, err := r.ResponseWriter.Write(b)
+	if err != nil {
+		return n, fmt.Errorf("tinkersim write reply: %w", err)
+	}
+	return n, nil
+}
+
+// ServeHTTP serves the API under any path containing /api/v1/ (so the handler works at the
+// root, under http.StripPrefix, or directly under a prefix such as /services/tinker-prod, §1.1)
+// and the admin endpoints under any path containing /admin/.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &statusRecorder{ResponseWriter: w}
+	endpoint := epUnknown
+	defer func() {
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		s.mu.Lock()
+		s.st.record(endpoint, rec.status)
+		s.mu.Unlock()
+	}()
+	if s.isClosed() {
+		writeJSONError(rec, http.StatusServiceUnavailable, "simulator is shutting down")
+		return
+	}
+	path := r.URL.Path
+	if i := strings.Index(path, apiPrefix); i >= 0 {
+		rest := path[i+len(apiPrefix):]
+		endpoint = endpointName(rest)
+		s.serveAPI(rec, r, endpoint, rest)
+		return
+	}
+	if i := strings.Index(path, "/admin/"); i >= 0 {
+		endpoint = epAdmin
+		s.serveAdmin(rec, r, path[i+len("/admin/"):])
+		return
+	}
+	writeJSONError(rec, http.StatusNotFound, "not found: "+path)
+}
+
+// endpointName maps the path after /api/v1/ to the endpoint name used in stats and faults.
+func endpointName(rest string) string {
+	switch rest {
+	case epClientConfig, epDynamicConfig, epCreateSession, epHeartbeat, epCreateSamplingSession,
+		epAsample, epRetrieveFuture, epTelemetry, epCapabilities, epHealthz, epWeightsInfo, epCheckpoints,
+		epTrainingRuns, epSessions:
+		return rest
+	}
+	first, _, _ := strings.Cut(rest, "/")
+	switch first {
+	case epSamplers, epTrainingRuns, epSessions:
+		return first
+	}
+	return epUnknown
+}
+
+// authorized checks X-API-Key (§1.2, §12) in constant time; the key is never logged.
+func (s *Server) authorized(r *http.Request) bool {
+	key := r.Header.Get("X-API-Key")
+	if !strings.HasPrefix(key, "tml-") || len(key) <= len("tml-") {
+		return false
+	}
+	if len(s.cfg.APIKeys) == 0 {
+		return true
+	}
+	ok := false
+	for _, k := range s.cfg.APIKeys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
+			ok = true
+		}
+	}
+	return ok
+}
+
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest string) {
+	if endpoint == epUnknown {
+		writeJSONError(w, http.StatusNotFound, "no such endpoint: /api/v1/"+rest)
+		return
+	}
+	if !s.authorized(r) {
+		writeJSONError(w, http.StatusUnauthorized, "invalid or missing X-API-Key")
+		return
+	}
+	now := time.Now()
+	if endpoint == epAsample {
+		s.countAsampleInWindows(now)
+	}
+	if endpoint != epRetrieveFuture && s.genericFault(w, endpoint, "", now) {
+		return
+	}
+	switch endpoint {
+	case epClientConfig:
+		s.handleClientConfig(w, r)
+	case epDynamicConfig:
+		s.handleDynamicConfig(w, r)
+	case epCreateSession:
+		s.handleCreateSession(w, r)
+	case epHeartbeat:
+		s.handleHeartbeat(w, r)
+	case epCreateSamplingSession:
+		s.handleCreateSamplingSession(w, r)
+	case epAsample:
+		s.handleAsample(w, r)
+	case epRetrieveFuture:
+		s.handleRetrieveFuture(w, r)
+	case epTelemetry:
+		s.handleTelemetry(w, r)
+	case epCapabilities:
+		s.handleCapabilities(w, r)
+	case epHealthz:
+		if requireMethod(w, r, http.MethodGet) {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		}
+	case epWeightsInfo:
+		s.handleWeightsInfo(w, r)
+	case epSamplers:
+		s.handleGetSampler(w, r, strings.TrimPrefix(rest, epSamplers+"/"))
+	case epCheckpoints, epTrainingRuns, epSessions:
+		s.handleREST(w, r, rest)
+	}
+}
+
+// requireMethod answers 405 unless r uses method.
+func requireMethod(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	writeJSONError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed, use %s", r.Method, method))
+	return false
+}
+
+// writeJSON writes v with Content-Type and Content-Length.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"Internal Server Error","message":"encoding reply failed"}`)
+	}
+	writeBody(w, status, "application/json", body)
+}
+
+// writeBody writes a body with an explicit Content-Length (§1.4).
+func writeBody(w http.ResponseWriter, status int, contentType string, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeJSONError writes {"detail": msg}, FastAPI's error shape, always with a Content-Length.
+func writeJSONError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"detail": msg})
+}
+
+func writeHTTPError(w http.ResponseWriter, e *httpError) { writeJSONError(w, e.status, e.msg) }
+
+// newID returns a UUID-shaped id from the seeded RNG (callers hold s.mu).
+func (s *Server) newIDLocked() string {
+	a, b := s.rng.Uint64(), s.rng.Uint64()
+	return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", uint32(a>>32), uint16(a>>16), uint16(a)&0x0fff|0x4000,
+		uint16(b>>48)&0x3fff|0x8000, b&0xffffffffffff)
+}
