@@ -1,0 +1,509 @@
+package backoff
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultBucket is the KV bucket used when Config.Bucket is empty.
+const DefaultBucket = "tinkerfleet_backoff"
+
+// Defaults for the watch loop.
+const (
+	// DefaultResync is how often the watcher re-reads the key and re-probes
+	// the server clock, catching a watch that went silent (JS notes §6).
+	DefaultResync = 10 * time.Second
+	minRetry      = 50 * time.Millisecond
+	maxRetry      = 5 * time.Second
+	maxCASRetries = 1000
+)
+
+// Config configures Open.
+type Config struct {
+	// Bucket is the KV bucket (default "tinkerfleet_backoff"); created with
+	// History 1 if missing, bound otherwise.
+	Bucket string
+	// Account is the KV key, normally AccountKey(baseURL, apiKey). Required.
+	Account string
+	// Replicas of the bucket when it is created (default 1).
+	Replicas int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the local clock (default time.Now). Tests inject a skewed one.
+	Now func() time.Time
+	// OnChange, if set, is called (serialised, from the goroutine that
+	// learned it) whenever the in-memory deadline moves forward.
+	OnChange func(State)
+	// Resync is the period of the safety re-read (default 10 s).
+	Resync time.Duration
+}
+
+var validKey = regexp.MustCompile(`^[-/_=\.a-zA-Z0-9]+$`)
+
+// record is the JSON value stored under the account key. Times are the
+// server's (unix ns). The deadline it stands for is
+// max(Floor, Created + D), where Created is the server-assigned timestamp
+// of the entry itself, so no writer's clock enters it.
+type record struct {
+	Floor       int64  `json:"floor_ns"`
+	D           int64  `json:"d_ns"`
+	Reason      string `json:"reason,omitempty"`
+	FloorReason string `json:"floor_reason,omitempty"`
+}
+
+func (r record) deadline(created time.Time) (int64, string) {
+	own := created.UnixNano() + r.D
+	if r.Floor >= own {
+		return r.Floor, r.FloorReason
+	}
+	return own, r.Reason
+}
+
+// Fleet is the backoff deadline of one Tinker account shared by every worker
+// through a JetStream KV key, kept in memory by a watch. Until, Active and
+// Recent are atomic loads; Signal and Open do network I/O.
+type Fleet struct {
+	kv       jetstream.KeyValue
+	nc       *nats.Conn
+	key      string
+	log      *slog.Logger
+	now      func() time.Time
+	onChange func(State)
+	resync   time.Duration
+
+	deadline atomic.Int64 // server unix ns, 0 = none; only moves forward
+	offLo    atomic.Int64 // lower bound of server − local clock, ns
+	offHi    atomic.Int64 // upper bound of server − local clock, ns
+
+	mu      sync.Mutex // guards reason and lastRev
+	reason  string
+	lastRev uint64
+	cbMu    sync.Mutex // serialises OnChange
+	n       notifier
+
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// Open binds (or creates) the bucket, learns the server clock offset and the
+// current state, and starts the watch goroutine; Close stops it.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, error) {
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultBucket
+	}
+	if !validKey.MatchString(cfg.Account) {
+		return nil, fmt.Errorf("backoff: invalid account key %q", cfg.Account)
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	kv, err := bindBucket(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{
+		kv:       kv,
+		nc:       js.Conn(),
+		key:      cfg.Account,
+		log:      cfg.Logger.With("bucket", cfg.Bucket, "account", cfg.Account),
+		now:      cfg.Now,
+		onChange: cfg.OnChange,
+		resync:   cfg.Resync,
+		done:     make(chan struct{}),
+	}
+	if err := f.probe(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := f.reread(ctx); err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	go f.run(runCtx)
+	return f, nil
+}
+
+func bindBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("backoff: bind bucket %s: %w", cfg.Bucket, err)
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "tinkerfleet fleet-wide backoff deadlines per Tinker account",
+		History:     1,
+		Replicas:    cfg.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) { // lost a creation race
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// Close stops the watch goroutine. It is idempotent.
+func (f *Fleet) Close() error {
+	f.closeOnce.Do(func() {
+		f.cancel()
+		<-f.done
+	})
+	return nil
+}
+
+// Until returns the deadline in local clock terms (zero = none): the server
+// deadline minus the lower bound of the offset, so an offset error can only
+// lengthen a pause, by at most the one-way latency of the probe. Atomic loads
+// only; safe for the dispatch fast path.
+func (f *Fleet) Until() time.Time {
+	d := f.deadline.Load()
+	if d == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, d-f.offLo.Load())
+}
+
+// Active reports whether a backoff is in force now.
+func (f *Fleet) Active() bool { return State{Until: f.Until()}.Active(f.now()) }
+
+// Recent reports whether a backoff is active or ended less than window ago (§5.2).
+func (f *Fleet) Recent(window time.Duration) bool { return recent(f.Until(), f.now(), window) }
+
+// Wait blocks until no backoff is active: it returns at once if none is,
+// otherwise when the deadline passes, re-blocking if the deadline was
+// extended meanwhile (woken by the watch, not by a polling loop). It returns
+// ctx.Err() if ctx ends first.
+func (f *Fleet) Wait(ctx context.Context) error {
+	return waitUntil(ctx, &f.n, f.now, f.Until)
+}
+
+// State returns the current state.
+func (f *Fleet) State() State {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return State{Until: f.Until(), Reason: f.reason, Revision: f.lastRev}
+}
+
+// Signal extends the fleet's deadline to at least (server now) + d. It never
+// shortens it: the new entry's floor is the current deadline, written with a
+// compare-and-swap on the revision read (kv.Create for the first write), and
+// retried on conflict. It returns without writing if the deadline known in
+// memory already covers now + d for sure. On success the local copy is
+// extended at once to a lower bound of the new deadline; the watch then
+// delivers the exact one.
+func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if f.covers(f.deadline.Load(), d) {
+		return nil
+	}
+	for range maxCASRetries {
+		var (
+			rev    uint64
+			cur    int64
+			curWhy string
+		)
+		e, err := f.kv.Get(ctx, f.key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return fmt.Errorf("backoff: signal %s: read: %w", reason, err)
+		default:
+			f.apply(e, f.now())
+			rev = e.Revision()
+			if r, ok := decode(e); ok {
+				cur, curWhy = r.deadline(e.Created())
+			}
+		}
+		if f.covers(cur, d) {
+			return nil
+		}
+		val, err := json.Marshal(record{Floor: cur, D: int64(d), Reason: reason, FloorReason: curWhy})
+		if err != nil {
+			return fmt.Errorf("backoff: signal %s: encode: %w", reason, err)
+		}
+		t0 := f.now()
+		if rev == 0 {
+			_, err = f.kv.Create(ctx, f.key, val)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		} else {
+			_, err = f.kv.Update(ctx, f.key, val, rev)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("backoff: signal %s: write: %w", reason, err)
+		}
+		// The entry's server timestamp is ≥ t0 + offLo, so this is a lower
+		// bound of the deadline just stored: safe to apply before the watch
+		// delivers the exact value.
+		f.extend(max(cur, t0.UnixNano()+f.offLo.Load()+int64(d)), reason, 0)
+		f.log.Debug("backoff signalled", "reason", reason, "duration", d)
+		return nil
+	}
+	return fmt.Errorf("backoff: signal %s: gave up after %d conflicting writes", reason, maxCASRetries)
+}
+
+// covers reports whether a server deadline is surely ≥ server now + d, using
+// the upper bound of the clock offset (server now ≤ local now + offHi).
+func (f *Fleet) covers(deadline int64, d time.Duration) bool {
+	return deadline != 0 && deadline >= f.now().UnixNano()+f.offHi.Load()+int64(d)
+}
+
+func decode(e jetstream.KeyValueEntry) (record, bool) {
+	if e.Operation() != jetstream.KeyValuePut {
+		return record{}, false
+	}
+	var r record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return record{}, false
+	}
+	return r, true
+}
+
+// apply learns from an entry received at local time recv: a clock-offset
+// lower bound (the entry was created before it was received) and, if the
+// revision is new, its deadline. It reports whether the revision was new.
+func (f *Fleet) apply(e jetstream.KeyValueEntry, recv time.Time) bool {
+	f.learnLo(e.Created().UnixNano() - recv.UnixNano())
+	f.mu.Lock()
+	if e.Revision() <= f.lastRev {
+		f.mu.Unlock()
+		return false
+	}
+	f.lastRev = e.Revision()
+	f.mu.Unlock()
+	if r, ok := decode(e); ok {
+		dl, why := r.deadline(e.Created())
+		f.extend(dl, why, e.Revision())
+	} else if e.Operation() == jetstream.KeyValuePut {
+		f.log.Warn("backoff: undecodable entry ignored", "revision", e.Revision())
+	}
+	return true
+}
+
+// extend moves the in-memory deadline forward to dl (server ns), never back.
+func (f *Fleet) extend(dl int64, reason string, rev uint64) {
+	f.mu.Lock()
+	if dl <= f.deadline.Load() {
+		f.mu.Unlock()
+		return
+	}
+	f.deadline.Store(dl)
+	f.reason = reason
+	f.mu.Unlock()
+	f.n.notify()
+	if f.onChange != nil {
+		f.cbMu.Lock()
+		defer f.cbMu.Unlock()
+		st := f.State()
+		if rev != 0 {
+			st.Revision = max(st.Revision, rev)
+		}
+		f.onChange(st)
+	}
+}
+
+// learnLo raises the lower bound of the offset (keeping hi ≥ lo).
+func (f *Fleet) learnLo(sample int64) {
+	for {
+		old := f.offLo.Load()
+		if sample <= old || f.offLo.CompareAndSwap(old, sample) {
+			break
+		}
+	}
+	for {
+		hi := f.offHi.Load()
+		lo := f.offLo.Load()
+		if hi >= lo || f.offHi.CompareAndSwap(hi, lo) {
+			return
+		}
+	}
+}
+
+// probe measures the server clock: the bucket's stream info carries the
+// server's timestamp ts, taken between local t0 and t1, so the offset is in
+// [ts − t1, ts − t0]. The bounds are reset by every probe (the clocks drift).
+func (f *Fleet) probe(ctx context.Context) error {
+	t0 := f.now()
+	st, err := f.kv.Status(ctx)
+	t1 := f.now()
+	if err != nil {
+		return fmt.Errorf("backoff: probe server clock: %w", err)
+	}
+	var ts time.Time
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+		ts = bs.StreamInfo().TimeStamp
+	}
+	if ts.IsZero() {
+		// Server too old to report its time: trust the local clock.
+		f.log.Warn("backoff: server reports no timestamp; assuming synchronised clocks")
+		f.offLo.Store(0)
+		f.offHi.Store(0)
+		return nil
+	}
+	f.offLo.Store(ts.UnixNano() - t1.UnixNano())
+	f.offHi.Store(ts.UnixNano() - t0.UnixNano())
+	return nil
+}
+
+// reread gets the key and applies it. It reports whether the watch must be
+// restarted: the entry was newer than anything the watch delivered (the
+// watch is silent), or older than the last revision seen (the stream was
+// recreated, so resuming from lastRev+1 would wait forever).
+func (f *Fleet) reread(ctx context.Context) (rewatch bool, err error) {
+	e, err := f.kv.Get(ctx, f.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("backoff: read %s: %w", f.key, err)
+	}
+	f.mu.Lock()
+	last := f.lastRev
+	if e.Revision() < last {
+		f.lastRev = 0 // store reset: follow the new revisions
+	}
+	f.mu.Unlock()
+	isNew := f.apply(e, f.now())
+	return isNew && last != 0 || e.Revision() < last, nil
+}
+
+// run owns the watch: it (re)creates the watcher from the last revision
+// seen, with bounded exponential back-off, re-reads the key after every
+// (re)watch, on reconnect and every Resync, and stops the old watcher
+// before making a new one, so no consumer leaks.
+func (f *Fleet) run(ctx context.Context) {
+	defer close(f.done)
+	var status chan nats.Status
+	if f.nc != nil {
+		status = f.nc.StatusChanged(nats.CONNECTED)
+		defer f.nc.RemoveStatusListener(status)
+	}
+	ticker := time.NewTicker(f.resync)
+	defer ticker.Stop()
+	retry := minRetry
+	for ctx.Err() == nil {
+		w, err := f.watch(ctx)
+		if err == nil {
+			_, err = f.reread(ctx)
+		}
+		if err != nil {
+			if w != nil {
+				_ = w.Stop()
+			}
+			f.log.Debug("backoff: watch not ready, retrying", "err", err, "in", retry)
+			if !sleep(ctx, retry) {
+				return
+			}
+			retry = min(2*retry, maxRetry)
+			continue
+		}
+		healthy := f.follow(ctx, w, status, ticker)
+		_ = w.Stop()
+		if healthy {
+			retry = minRetry
+		} else {
+			if !sleep(ctx, retry) {
+				return
+			}
+			retry = min(2*retry, maxRetry)
+		}
+	}
+}
+
+func (f *Fleet) watch(ctx context.Context) (jetstream.KeyWatcher, error) {
+	f.mu.Lock()
+	last := f.lastRev
+	f.mu.Unlock()
+	var opts []jetstream.WatchOpt
+	if last > 0 {
+		opts = append(opts, jetstream.ResumeFromRevision(last+1))
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	w, err := f.kv.Watch(wctx, f.key, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("backoff: watch %s: %w", f.key, err)
+	}
+	return w, nil
+}
+
+// follow applies watch updates until the watch must be replaced: its channel
+// closed (not healthy), the connection reconnected, or a re-read found that
+// it missed an update. It returns whether the watch had been working.
+func (f *Fleet) follow(ctx context.Context, w jetstream.KeyWatcher, status chan nats.Status, ticker *time.Ticker) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return true
+		case e, ok := <-w.Updates():
+			if !ok {
+				f.log.Info("backoff: watch closed; re-watching")
+				return false
+			}
+			if e != nil {
+				f.apply(e, f.now())
+			}
+		case <-status:
+			f.log.Info("backoff: reconnected; re-reading and re-watching")
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = f.probe(rctx)
+			cancel()
+			return true
+		case <-ticker.C:
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = f.probe(rctx)
+			rewatch, err := f.reread(rctx)
+			cancel()
+			if err != nil {
+				f.log.Debug("backoff: re-read failed", "err", err)
+				continue
+			}
+			if rewatch {
+				f.log.Info("backoff: watch missed an update; re-watching")
+				return true
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
