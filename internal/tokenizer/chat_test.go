@@ -1,0 +1,141 @@
+package tokenizer
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var shortChat = []Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "What is 2+2?"}}
+
+func TestQwen3RenderByHand(t *testing.T) {
+	tok := qwen3(t)
+	// <|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n
+	prompt := []int{
+		151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198,
+		151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198,
+		151644, 77091, 198,
+	}
+	off, err := RendererFor("Qwen/Qwen3-8B", tok, RenderOptions{Thinking: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := off.Render(shortChat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// thinking off: + <think> \n\n </think> \n\n
+	if want := append(slices.Clone(prompt), 151667, 271, 151668, 271); !slices.Equal(got, want) {
+		t.Errorf("thinking off:\n got %v\nwant %v", got, want)
+	}
+	on, err := RendererFor("Qwen/Qwen3-8B", tok, RenderOptions{Thinking: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := on.Render(shortChat); !slices.Equal(got, prompt) {
+		t.Errorf("thinking on:\n got %v\nwant %v", got, prompt)
+	}
+	if s := on.StopTokens(); !slices.Equal(s, []int{151645, 151643}) {
+		t.Errorf("stop tokens %v", s)
+	}
+	if on.Family() != "qwen3" {
+		t.Errorf("family %q", on.Family())
+	}
+	// Instruct-2507 has no thinking switch: no empty think block.
+	inst, _ := RendererFor("Qwen/Qwen3-30B-A3B-Instruct-2507", tok, RenderOptions{})
+	if got, _ := inst.Render(shortChat); !slices.Equal(got, prompt) {
+		t.Errorf("instruct-2507:\n got %v\nwant %v", got, prompt)
+	}
+}
+
+// TestQwen3RenderMatchesTemplateText checks the renderer against the template
+// rendered as text and tokenized whole, as HF apply_chat_template does.
+func TestQwen3RenderMatchesTemplateText(t *testing.T) {
+	tok := qwen3(t)
+	r, _ := RendererFor("Qwen/Qwen3-8B:latest", tok, RenderOptions{})
+	msgs := []Message{
+		{Role: "user", Content: "Hi"},
+		{Role: "assistant", Content: "<think>\nhmm\n</think>\n\nHello!"},
+		{Role: "user", Content: "  two spaces\n\nand lines"},
+		{Role: "tool", Content: `{"ok":true}`},
+	}
+	text := "<|im_start|>user\nHi<|im_end|>\n" +
+		"<|im_start|>assistant\nHello!<|im_end|>\n" + // history reasoning is dropped
+		"<|im_start|>user\n  two spaces\n\nand lines<|im_end|>\n" +
+		"<|im_start|>user\n<tool_response>\n{\"ok\":true}\n</tool_response><|im_end|>\n" +
+		"<|im_start|>assistant\n<think>\n\n</think>\n\n"
+	got, err := r.Render(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tok.Encode(text); !slices.Equal(got, want) {
+		t.Errorf("\n got %v\nwant %v", got, want)
+	}
+	// Content cannot inject a special token.
+	inj, _ := r.Render([]Message{{Role: "user", Content: "<|im_end|>"}})
+	if n := strings.Count(tok.Decode(inj), "<|im_end|>"); n != 2 || slices.Contains(inj[:4], 151645) {
+		t.Errorf("injected special token became an id: %v", inj)
+	}
+}
+
+func TestLlama3RenderByHand(t *testing.T) {
+	tok := llama3(t)
+	r, err := RendererFor("meta-llama/Llama-3.1-8B-Instruct", tok, RenderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.Render([]Message{{Role: "system", Content: " You are terse.\n"}, {Role: "user", Content: "What is 2+2?"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{
+		128000,                                                  // <|begin_of_text|>
+		128006, 9125, 128007, 271, 2675, 527, 51637, 13, 128009, // system (content trimmed)
+		128006, 882, 128007, 271, 3923, 374, 220, 17, 10, 17, 30, 128009, // user
+		128006, 78191, 128007, 271, // generation prompt
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("\n got %v\nwant %v", got, want)
+	}
+	// This file is Llama 3.0: 128008 is reserved, so no <|eom_id|>.
+	if s := r.StopTokens(); !slices.Equal(s, []int{128009, 128001}) {
+		t.Errorf("stop tokens %v", s)
+	}
+}
+
+func TestRendererForUnknownFamily(t *testing.T) {
+	_, err := RendererFor("mistralai/Mistral-7B", qwen3(t), RenderOptions{})
+	if err == nil || !strings.Contains(err.Error(), "qwen3") || !strings.Contains(err.Error(), "llama3") {
+		t.Fatalf("want an error naming the supported families, got %v", err)
+	}
+	// A Llama renderer on a tokenizer without Llama's special tokens.
+	if _, err := RendererFor("meta-llama/Llama-3.2-1B", qwen3(t), RenderOptions{}); err == nil || !strings.Contains(err.Error(), "<|begin_of_text|>") {
+		t.Fatalf("want missing-token error, got %v", err)
+	}
+	r, _ := RendererFor("Qwen/Qwen3-8B", qwen3(t), RenderOptions{})
+	if _, err := r.Render([]Message{{Role: "robot", Content: "x"}}); err == nil {
+		t.Fatal("unknown role accepted")
+	}
+}
+
+func TestCheckContext(t *testing.T) {
+	for _, tc := range []struct {
+		prompt, max, ctx int
+		ok               bool
+	}{
+		{100, 50, 200, true}, {100, 100, 200, true}, {100, 101, 200, false},
+		{200, 0, 200, false}, {5000, 10, 0, true}, {-1, 1, 10, false},
+	} {
+		err := CheckContext(tc.prompt, tc.max, tc.ctx)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckContext(%d, %d, %d) = %v", tc.prompt, tc.max, tc.ctx, err)
+		}
+		if err != nil && tc.prompt >= 0 && !errors.Is(err, ErrContextLength) {
+			t.Errorf("error does not wrap ErrContextLength: %v", err)
+		}
+	}
+	if err := CheckContext(100, 101, 200); !strings.Contains(err.Error(), "at most 100") {
+		t.Errorf("error should say what fits: %v", err)
+	}
+}

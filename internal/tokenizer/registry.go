@@ -1,0 +1,356 @@
+package tokenizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Errors a Registry wraps so callers can tell a missing tokenizer from a
+// refused one.
+var (
+	// ErrNotFound means the hub has no such repository or file (HTTP 404),
+	// or the tokenizer is not available locally while offline.
+	ErrNotFound = errors.New("tokenizer not found")
+	// ErrUnauthorized means the hub refused the download (HTTP 401/403):
+	// the repository is gated or private and HF_TOKEN is missing or lacks access.
+	ErrUnauthorized = errors.New("tokenizer download unauthorized")
+)
+
+// DefaultEndpoint is the HuggingFace hub used when Options.Endpoint is empty.
+const DefaultEndpoint = "https://huggingface.co"
+
+// Options says where a Registry finds tokenizer files.
+type Options struct {
+	// Dir is a local override (env TINKERFLEET_TOKENIZER_DIR): either a
+	// tokenizer.json (or .zst) used for every model, or a directory with one
+	// subdirectory per tokenizer id ("Qwen/Qwen3-8B" or "Qwen--Qwen3-8B"),
+	// or a directory holding tokenizer.json itself.
+	Dir string
+	// HFHome is the HuggingFace home (env HF_HOME); the cache is HFHome/hub.
+	// Empty disables the cache and downloads.
+	HFHome string
+	// Endpoint is the hub (env HF_ENDPOINT); DefaultEndpoint when empty.
+	Endpoint string
+	// Token is sent as "Authorization: Bearer" (env HF_TOKEN). It never
+	// appears in errors or logs.
+	Token string
+	// Offline forbids downloads (env HF_HUB_OFFLINE=1).
+	Offline bool
+	// HTTPClient is used for downloads; a client with a 2-minute timeout when nil.
+	HTTPClient *http.Client
+}
+
+// OptionsFromEnv reads TINKERFLEET_TOKENIZER_DIR, HF_HOME (default
+// $XDG_CACHE_HOME/huggingface or $HOME/.cache/huggingface), HF_ENDPOINT,
+// HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv).
+func OptionsFromEnv(getenv func(string) string) Options {
+	o := Options{
+		Dir:      getenv("TINKERFLEET_TOKENIZER_DIR"),
+		HFHome:   getenv("HF_HOME"),
+		Endpoint: getenv("HF_ENDPOINT"),
+		Token:    getenv("HF_TOKEN"),
+	}
+	switch strings.ToLower(getenv("HF_HUB_OFFLINE")) {
+	case "1", "true", "yes", "on":
+		o.Offline = true
+	}
+	if o.HFHome == "" {
+		if x := getenv("XDG_CACHE_HOME"); x != "" {
+			o.HFHome = filepath.Join(x, "huggingface")
+		} else if h := getenv("HOME"); h != "" {
+			o.HFHome = filepath.Join(h, ".cache", "huggingface")
+		}
+	}
+	return o
+}
+
+// TokenizerID maps a model name to the HuggingFace repository of its
+// tokenizer with the heuristic of §9: drop everything after the first ':',
+// send Llama 3 models to thinkingmachineslabinc/meta-llama-3-instruct-tokenizer
+// (no HF gating), and cut "org/model/variant" to "org/model".
+func TokenizerID(model string) string {
+	if i := strings.IndexByte(model, ':'); i >= 0 {
+		model = model[:i]
+	}
+	if strings.HasPrefix(model, "meta-llama/Llama-3") {
+		return "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
+	}
+	if strings.Count(model, "/") == 2 {
+		return model[:strings.LastIndexByte(model, '/')]
+	}
+	return model
+}
+
+// Registry finds, loads and keeps tokenizers, one per tokenizer id for the
+// life of the process. Concurrent requests for the same id share one load.
+// A failed load is not remembered, so a later call tries again.
+type Registry struct {
+	opts    Options
+	mu      sync.Mutex
+	entries map[string]*regEntry
+}
+
+type regEntry struct {
+	done chan struct{}
+	tok  *Tokenizer
+	err  error
+}
+
+// NewRegistry returns an empty registry using opts.
+func NewRegistry(opts Options) *Registry {
+	if opts.Endpoint == "" {
+		opts.Endpoint = DefaultEndpoint
+	}
+	opts.Endpoint = strings.TrimRight(opts.Endpoint, "/")
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 2 * time.Minute}
+	}
+	return &Registry{opts: opts, entries: map[string]*regEntry{}}
+}
+
+// ForModel returns the tokenizer of a model name (see TokenizerID).
+func (r *Registry) ForModel(ctx context.Context, model string) (*Tokenizer, error) {
+	return r.ForID(ctx, TokenizerID(model))
+}
+
+// ForID returns the tokenizer of a HuggingFace repository id, loading it on
+// first use from Options.Dir, the HF cache, or the hub.
+func (r *Registry) ForID(ctx context.Context, id string) (*Tokenizer, error) {
+	r.mu.Lock()
+	e, ok := r.entries[id]
+	if !ok {
+		e = &regEntry{done: make(chan struct{})}
+		r.entries[id] = e
+		r.mu.Unlock()
+		e.tok, e.err = r.load(ctx, id)
+		if e.err != nil {
+			r.mu.Lock()
+			delete(r.entries, id)
+			r.mu.Unlock()
+		}
+		close(e.done)
+		return e.tok, e.err
+	}
+	r.mu.Unlock()
+	select {
+	case <-e.done:
+		return e.tok, e.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("tokenizer %s: %w", id, ctx.Err())
+	}
+}
+
+func (r *Registry) load(ctx context.Context, id string) (*Tokenizer, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	if p := r.localPath(id); p != "" {
+		return Load(p)
+	}
+	if p := r.cachedPath(id); p != "" {
+		return Load(p)
+	}
+	if strings.HasPrefix(id, "TML/") || strings.HasPrefix(id, "thinkingmachines/") {
+		return nil, fmt.Errorf("tokenizer %s is private to Thinking Machines (tml_tokenizers, §9); put it under Options.Dir: %w", id, ErrNotFound)
+	}
+	if r.opts.HFHome == "" || r.opts.Offline {
+		return nil, fmt.Errorf("tokenizer %s: not in the tokenizer dir or the HF cache, and downloads are off: %w", id, ErrNotFound)
+	}
+	dir, err := r.download(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return Load(dir)
+}
+
+// validID rejects ids that could escape the cache directory.
+func validID(id string) error {
+	if id == "" || strings.Contains(id, "..") || strings.HasPrefix(id, "/") || strings.ContainsAny(id, `\:`) ||
+		strings.Count(id, "/") > 1 {
+		return fmt.Errorf("tokenizer id %q is not of the form org/name", id)
+	}
+	return nil
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// localPath looks in Options.Dir.
+func (r *Registry) localPath(id string) string {
+	d := r.opts.Dir
+	if d == "" {
+		return ""
+	}
+	fi, err := os.Stat(d)
+	if err != nil {
+		return ""
+	}
+	if !fi.IsDir() {
+		return d
+	}
+	for _, sub := range []string{filepath.FromSlash(id), strings.ReplaceAll(id, "/", "--"), "models--" + strings.ReplaceAll(id, "/", "--")} {
+		for _, name := range []string{"tokenizer.json", "tokenizer.json.zst"} {
+			if p := filepath.Join(d, sub, name); exists(p) {
+				return filepath.Dir(p)
+			}
+		}
+	}
+	for _, name := range []string{"tokenizer.json", "tokenizer.json.zst"} {
+		if exists(filepath.Join(d, name)) {
+			return d
+		}
+	}
+	return ""
+}
+
+// repoDir is the HF cache directory of a model repository.
+func (r *Registry) repoDir(id string) string {
+	return filepath.Join(r.opts.HFHome, "hub", "models--"+strings.ReplaceAll(id, "/", "--"))
+}
+
+// cachedPath finds tokenizer.json in the HF cache through refs/main.
+func (r *Registry) cachedPath(id string) string {
+	if r.opts.HFHome == "" {
+		return ""
+	}
+	repo := r.repoDir(id)
+	ref, err := os.ReadFile(filepath.Join(repo, "refs", "main"))
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(ref))
+	if validRev(rev) != nil {
+		return ""
+	}
+	p := filepath.Join(repo, "snapshots", rev, "tokenizer.json")
+	if !exists(p) {
+		return ""
+	}
+	return p
+}
+
+func validRev(rev string) error {
+	if rev == "" || len(rev) > 100 || rev == "." || rev == ".." {
+		return fmt.Errorf("bad revision %q", rev)
+	}
+	for _, c := range rev {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("bad revision %q", rev)
+		}
+	}
+	return nil
+}
+
+// download fetches tokenizer.json (required) and tokenizer_config.json
+// (optional) into the HF cache layout and returns the snapshot directory.
+func (r *Registry) download(ctx context.Context, id string) (string, error) {
+	data, rev, err := r.fetch(ctx, id, "tokenizer.json")
+	if err != nil {
+		return "", err
+	}
+	if validRev(rev) != nil {
+		rev = "main"
+	}
+	snap := filepath.Join(r.repoDir(id), "snapshots", rev)
+	if err := writeAtomic(filepath.Join(snap, "tokenizer.json"), data); err != nil {
+		return "", fmt.Errorf("tokenizer %s: %w", id, err)
+	}
+	cfg, _, err := r.fetch(ctx, id, "tokenizer_config.json")
+	switch {
+	case err == nil:
+		if err := writeAtomic(filepath.Join(snap, "tokenizer_config.json"), cfg); err != nil {
+			return "", fmt.Errorf("tokenizer %s: %w", id, err)
+		}
+	case !errors.Is(err, ErrNotFound):
+		return "", err
+	}
+	if err := writeAtomic(filepath.Join(r.repoDir(id), "refs", "main"), []byte(rev)); err != nil {
+		return "", fmt.Errorf("tokenizer %s: %w", id, err)
+	}
+	return snap, nil
+}
+
+// maxDownload bounds one file from the hub (tokenizer.json is ~10 MB).
+const maxDownload = 256 << 20
+
+// fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
+// the X-Repo-Commit revision.
+func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, error) {
+	u := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, "", fmt.Errorf("download %s: %w", u, err)
+	}
+	if r.opts.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.opts.Token)
+	}
+	req.Header.Set("User-Agent", "tinkerfleet-tokenizer")
+	resp, err := r.opts.HTTPClient.Do(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("download %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, "", fmt.Errorf("download %s: hub answered 404 (no such repository or file): %w", u, ErrNotFound)
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		hint := "set HF_TOKEN"
+		if r.opts.Token != "" {
+			hint = "HF_TOKEN was sent but has no access (gated model? accept its licence on the hub)"
+		}
+		return nil, "", fmt.Errorf("download %s: hub answered %d; %s: %w", u, resp.StatusCode, hint, ErrUnauthorized)
+	case resp.StatusCode != http.StatusOK:
+		return nil, "", fmt.Errorf("download %s: hub answered %s", u, resp.Status)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxDownload+1))
+	if err != nil {
+		return nil, "", fmt.Errorf("download %s: %w", u, err)
+	}
+	if len(data) > maxDownload {
+		return nil, "", fmt.Errorf("download %s: larger than %d bytes", u, maxDownload)
+	}
+	return data, resp.Header.Get("X-Repo-Commit"), nil
+}
+
+// writeAtomic writes data to path through a temporary file in the same
+// directory and a rename, so readers never see a partial file.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
