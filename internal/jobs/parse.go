@@ -481,7 +481,7 @@ func parseContent(v []byte, path string, openai bool) (string, *FieldError) {
 		if !isObject(e) {
 			return "", typeErr(pp, `an object {"type": "text", "text": ...}`, e)
 		}
-		var typ, text []byte
+		var typ, text, unknown []byte
 		pit := newObjIter(e)
 		for k, val, ok := pit.next(); ok; k, val, ok = pit.next() {
 			switch string(k) {
@@ -490,14 +490,13 @@ func parseContent(v []byte, path string, openai bool) (string, *FieldError) {
 			case "text":
 				text = val
 			default:
-				return "", fieldErr(pp+"."+string(k), "unknown field (only text parts are supported)")
+				if unknown == nil {
+					unknown = k
+				}
 			}
 		}
 		if !present(typ) {
 			return "", fieldErr(pp+".type", "is required")
-		}
-		if !present(text) {
-			return "", fieldErr(pp+".text", "is required")
 		}
 		t, fe := getString(typ, pp+".type")
 		if fe != nil {
@@ -505,6 +504,12 @@ func parseContent(v []byte, path string, openai bool) (string, *FieldError) {
 		}
 		if t != "text" {
 			return "", fieldErr(pp+".type", fmt.Sprintf("only text content parts are supported, not %q", t))
+		}
+		if unknown != nil {
+			return "", fieldErr(pp+"."+string(unknown), "unknown field (a text part has only type and text)")
+		}
+		if !present(text) {
+			return "", fieldErr(pp+".text", "is required")
 		}
 		s, fe := getString(text, pp+".text")
 		if fe != nil {
