@@ -1,0 +1,254 @@
+package tokenizer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"unicode/utf8"
+)
+
+// miniTokenizerJSON is a tiny but complete byte-level BPE tokenizer.json:
+// the 256 byte tokens, merges h+e, l+l, he+ll, and one special token.
+func miniTokenizerJSON(t testing.TB) []byte {
+	t.Helper()
+	vocab := map[string]int{}
+	for b := 0; b < 256; b++ {
+		vocab[string(byteToRune[b])] = b
+	}
+	vocab["he"], vocab["ll"], vocab["hell"] = 256, 257, 258
+	doc := map[string]any{
+		"added_tokens": []map[string]any{
+			{"id": 300, "content": "<|end|>", "special": true},
+			{"id": 301, "content": "[W]", "special": false, "single_word": true},
+			{"id": 302, "content": "[L]", "special": false, "lstrip": true, "rstrip": true},
+		},
+		"normalizer": map[string]any{"type": "NFC"},
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []map[string]any{
+			{"type": "Split", "pattern": map[string]any{"Regex": PatternQwen2}, "behavior": "Isolated", "invert": false},
+			{"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+		}},
+		"decoder": map[string]any{"type": "ByteLevel"},
+		"model":   map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{"h e", "l l", "he ll"}},
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestMiniTokenizerAddedTokenFlags(t *testing.T) {
+	tok, err := Parse(miniTokenizerJSON(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		in   string
+		want []int
+	}{
+		{"hello", []int{258, 'o'}},
+		{"hello<|end|>", []int{258, 'o', 300}},
+		{"a [W] b", []int{'a', ' ', 301, ' ', 'b'}}, // single word: matched
+		{"a[W]b", []int{'a', '[', 'W', ']', 'b'}},   // inside a word: not a token
+		{"a  [L]  b", []int{'a', 302, 'b'}},         // lstrip and rstrip eat the spaces
+	} {
+		if got := tok.Encode(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	if got := tok.EncodeText("<|end|>"); slices.Contains(got, 300) {
+		t.Errorf("EncodeText recognised a special token: %v", got)
+	}
+	// Rust's from_utf8_lossy: one U+FFFD per maximal invalid subpart.
+	if got := tok.Decode([]int{0xE2, 0x82, 'A', 0xFF, 9999}); got != "\uFFFDA\uFFFD" {
+		t.Errorf("lossy decode = %q", got)
+	}
+}
+
+func TestTokenizerID(t *testing.T) {
+	for in, want := range map[string]string{
+		"Qwen/Qwen3-8B":                       "Qwen/Qwen3-8B",
+		"Qwen/Qwen3-8B:peft:abc":              "Qwen/Qwen3-8B",
+		"meta-llama/Llama-3.1-8B-Instruct":    "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer",
+		"meta-llama/Llama-3.3-70B-Instruct:x": "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer",
+		"deepseek-ai/DeepSeek-V3.1/base":      "deepseek-ai/DeepSeek-V3.1",
+		"gpt2":                                "gpt2",
+		"moonshotai/Kimi-K2-Thinking":         "moonshotai/Kimi-K2-Thinking",
+	} {
+		if got := TokenizerID(in); got != want {
+			t.Errorf("TokenizerID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// hub is an httptest stand-in for the HuggingFace hub.
+type hub struct {
+	data     []byte
+	token    string // required bearer token, if set
+	requests atomic.Int64
+}
+
+func (h *hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.requests.Add(1)
+	if h.token != "" && r.Header.Get("Authorization") != "Bearer "+h.token {
+		http.Error(w, "gated", http.StatusUnauthorized)
+		return
+	}
+	switch r.URL.Path {
+	case "/org/mini/resolve/main/tokenizer.json":
+		w.Header().Set("X-Repo-Commit", "0123abcd")
+		w.Write(h.data)
+	case "/org/mini/resolve/main/tokenizer_config.json":
+		w.Write([]byte(`{"eos_token":"<|end|>"}`))
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func TestRegistryDownloadsIntoHFCache(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t)}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	home := t.TempDir()
+	reg := NewRegistry(Options{HFHome: home, Endpoint: srv.URL})
+
+	// Many goroutines ask at once: one download, one shared tokenizer.
+	const n = 32
+	toks := make([]*Tokenizer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			tok, err := reg.ForModel(context.Background(), "org/mini/variant:tag")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			toks[i] = tok
+			if got := tok.Encode("hello"); !slices.Equal(got, []int{258, 'o'}) {
+				t.Errorf("Encode = %v", got)
+			}
+		})
+	}
+	wg.Wait()
+	for _, tok := range toks {
+		if tok != toks[0] {
+			t.Fatal("goroutines got different tokenizers")
+		}
+	}
+	if got := h.requests.Load(); got != 2 {
+		t.Errorf("hub saw %d requests, want 2 (tokenizer.json + tokenizer_config.json)", got)
+	}
+	snap := filepath.Join(home, "hub", "models--org--mini", "snapshots", "0123abcd")
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		if _, err := os.Stat(filepath.Join(snap, f)); err != nil {
+			t.Errorf("cache file missing: %v", err)
+		}
+	}
+	if ref, _ := os.ReadFile(filepath.Join(home, "hub", "models--org--mini", "refs", "main")); string(ref) != "0123abcd" {
+		t.Errorf("refs/main = %q", ref)
+	}
+	left, _ := filepath.Glob(filepath.Join(snap, ".tmp-*"))
+	if len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+
+	// A new registry (a new process) finds it in the cache, offline.
+	srv.Close()
+	tok, err := NewRegistry(Options{HFHome: home, Offline: true}).ForID(context.Background(), "org/mini")
+	if err != nil || tok.Count("hello") != 2 {
+		t.Fatalf("from cache: %v", err)
+	}
+}
+
+func TestRegistryHubErrors(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t), token: "hf_secret_value"}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	_, err := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: srv.URL}).ForID(context.Background(), "org/mini")
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "HF_TOKEN") {
+		t.Errorf("no token: want a 401 ErrUnauthorized naming HF_TOKEN, got %v", err)
+	}
+	_, err = NewRegistry(Options{HFHome: t.TempDir(), Endpoint: srv.URL, Token: "wrong_token_xyz"}).ForID(context.Background(), "org/mini")
+	if !errors.Is(err, ErrUnauthorized) || strings.Contains(err.Error(), "wrong_token_xyz") {
+		t.Errorf("bad token: want ErrUnauthorized without the token in it, got %v", err)
+	}
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: srv.URL, Token: "hf_secret_value"})
+	_, err = reg.ForID(context.Background(), "org/missing")
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "404") {
+		t.Errorf("want a 404 ErrNotFound, got %v", err)
+	}
+	if _, err := reg.ForID(context.Background(), "org/mini"); err != nil {
+		t.Errorf("with the token: %v", err)
+	}
+	if _, err := reg.ForID(context.Background(), "../etc"); err == nil {
+		t.Error("path-escaping id accepted")
+	}
+	if _, err := NewRegistry(Options{}).ForID(context.Background(), "org/mini"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("no dir, no cache: want ErrNotFound, got %v", err)
+	}
+}
+
+func TestRegistryLocalDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "org", "mini"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "org", "mini", "tokenizer.json"), miniTokenizerJSON(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg := NewRegistry(Options{Dir: dir})
+	if tok, err := reg.ForModel(context.Background(), "org/mini"); err != nil || tok.Count("hello") != 2 {
+		t.Fatalf("per-model subdirectory: %v", err)
+	}
+	// A direct file serves every model: the committed Qwen3 .zst.
+	q := filepath.Join(testdataDir(t), "qwen3", "tokenizer.json.zst")
+	tok, err := NewRegistry(Options{Dir: q}).ForModel(context.Background(), "Qwen/Qwen3-8B")
+	if err != nil || tok.Count("Hello, world! This is a test.") != 9 {
+		t.Fatalf("direct file: %v", err)
+	}
+	env := OptionsFromEnv(func(k string) string {
+		return map[string]string{"TINKERFLEET_TOKENIZER_DIR": dir, "HOME": "/h", "HF_TOKEN": "t", "HF_HUB_OFFLINE": "1"}[k]
+	})
+	if env.Dir != dir || env.HFHome != "/h/.cache/huggingface" || env.Token != "t" || !env.Offline {
+		t.Errorf("OptionsFromEnv = %+v", env)
+	}
+}
+
+// TestConcurrentEncode shares one tokenizer (and its piece cache) between
+// goroutines; run with -race.
+func TestConcurrentEncode(t *testing.T) {
+	tok := qwen3(t)
+	corpus := buildCorpus(t, 40_000)
+	want := tok.Encode(corpus)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 3 {
+				k := (g*997 + i*131) % 1000
+				for !utf8.RuneStart(corpus[k]) {
+					k++
+				}
+				part := corpus[k:]
+				ids := tok.Encode(part)
+				if tok.Decode(ids) != tok.normalize(part) {
+					t.Error("round trip failed under concurrency")
+					return
+				}
+			}
+			if !slices.Equal(tok.Encode(corpus), want) {
+				t.Error("concurrent encode differs")
+			}
+		})
+	}
+	wg.Wait()
+}
