@@ -18,8 +18,8 @@ import (
 // Client is a Tinker session: server flags, a session id and its heartbeat. It
 // is safe for concurrent use. Create it with [Dial] and stop it with Close.
 type Client struct {
-	base      string // base URL with a trailing slash (§1.1)
-	key       APIKey
+	base      string  // base URL with a trailing slash (§1.1)
+	key       *APIKey // a pointer, so that printing the struct shows an address
 	hc        *http.Client
 	ownHC     bool
 	log       *slog.Logger
@@ -87,7 +87,7 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		base:      base,
-		key:       key,
+		key:       &key,
 		hc:        cfg.HTTPClient,
 		log:       cfg.Logger,
 		disp:      cfg.Dispatcher,

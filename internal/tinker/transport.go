@@ -73,7 +73,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		return nil, fmt.Errorf("tinker: %s: build request: %w", cl.name, err)
 	}
 	h := req.Header
-	h["X-Api-Key"] = []string{string(c.key)}
+	h["X-Api-Key"] = []string{string(*c.key)}
 	accept := cl.accept
 	if accept == "" {
 		accept = "application/json"
@@ -151,7 +151,7 @@ func (c *Client) statusError(cl *call, r *response) *StatusError {
 	if len(body) > maxErrorBody {
 		body = body[:maxErrorBody] + "…"
 	}
-	if k := string(c.key); k != "" && strings.Contains(body, k) {
+	if k := string(*c.key); k != "" && strings.Contains(body, k) {
 		body = strings.ReplaceAll(body, k, redactedText)
 	}
 	return &StatusError{Method: cl.method, Endpoint: cl.name, StatusCode: r.status, Body: strings.TrimSpace(body)}

@@ -1,0 +1,358 @@
+package tinker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// §2: client/config, client/dynamic_config (404 → defaults), create_session,
+// then a heartbeat owned by the client and stopped by Close; the base URL keeps
+// its path prefix (§1.1).
+func TestDialStartupAndHeartbeat(t *testing.T) {
+	f := newFake(t)
+	f.set("client/config", jsonReply(200, `{"sample_dispatch_bytes_semaphore_size": 2048, "sample_no_retries": false,
+		"billing_exception_max_pause_duration_sec": 60, "some_future_flag": {"x": 1}, "sample_max_concurrent_requests": null}`))
+	var beats atomic.Int32
+	f.set("session_heartbeat", func(w http.ResponseWriter, r *http.Request, b []byte) {
+		beats.Add(1)
+		jsonReply(200, `{"type":"session_heartbeat"}`)(w, r, b)
+	})
+	c, _, _ := dial(t, f, func(cfg *Config) {
+		cfg.Timing.HeartbeatInterval = 5 * time.Millisecond
+		cfg.Tags = []string{"a"}
+		cfg.ProjectID = "proj-1"
+	})
+	var order []string
+	for _, r := range f.requests("") {
+		order = append(order, r.Endpoint)
+	}
+	if got := strings.Join(order[:3], ","); got != "client/config,client/dynamic_config,create_session" {
+		t.Fatalf("start-up order %v", order)
+	}
+	cfgReq := f.requests("client/config")[0]
+	if string(cfgReq.Body) != `{"sdk_version":"0.25.0"}` || cfgReq.Method != "POST" ||
+		cfgReq.Header.Get("Content-Type") != "application/json" || cfgReq.Header.Get("X-Idempotency-Key") == "" {
+		t.Fatalf("client/config request %+v", cfgReq)
+	}
+	if got := string(f.requests("create_session")[0].Body); got != `{"tags":["a"],"user_metadata":{},"sdk_version":"0.25.0","project_id":"proj-1","type":"create_session"}` {
+		t.Fatalf("create_session body %s", got)
+	}
+	fl := c.Flags()
+	if fl.SampleDispatchBytesSemaphoreSize != 2048 || fl.BillingExceptionMaxPauseDuration != time.Minute ||
+		fl.SampleMaxConcurrentRequests != 2000 || !fl.SampleEnableStuckDetection || fl.InflightResponseBytesSemaphoreSize != 52428800 ||
+		fl.DynamicConfigRefreshInterval != 300*time.Second {
+		t.Fatalf("flags %+v", fl)
+	}
+	if c.SessionID() != "sess-1" {
+		t.Fatalf("session %q", c.SessionID())
+	}
+	waitFor(t, func() bool { return beats.Load() >= 3 })
+	hb := f.requests("session_heartbeat")[0]
+	if string(hb.Body) != `{"session_id":"sess-1","type":"session_heartbeat"}` {
+		t.Fatalf("heartbeat body %s", hb.Body)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := beats.Load()
+	time.Sleep(30 * time.Millisecond)
+	if beats.Load() != after {
+		t.Fatalf("heartbeat continued after Close: %d -> %d", after, beats.Load())
+	}
+	if _, err := c.NewSampler(context.Background(), SamplerSpec{BaseModel: "m"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("NewSampler after Close: %v", err)
+	}
+	_ = c.Close() // idempotent
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10 s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestDialDynamicConfigAndFatal404(t *testing.T) {
+	f := newFake(t)
+	f.set("client/dynamic_config", jsonReply(200, `{"refresh_interval_sec": 42}`))
+	c, _, _ := dial(t, f, nil)
+	if c.Flags().DynamicConfigRefreshInterval != 42*time.Second {
+		t.Fatalf("refresh %v", c.Flags().DynamicConfigRefreshInterval)
+	}
+	// A 404 on client/config is fatal (§2 step 1).
+	f2 := newFake(t)
+	f2.set("client/config", jsonReply(404, `{"detail":"nope"}`))
+	_, err := Dial(testCtx(t), Config{BaseURL: f2.url(), APIKey: testKey, Timing: Timing{Clock: newFakeClock()}})
+	var se *StatusError
+	if !errors.As(err, &se) || se.StatusCode != 404 || len(f2.requests("client/config")) != 1 {
+		t.Fatalf("Dial with config 404: %v", err)
+	}
+}
+
+func TestDialSessionlessAndBaseURLFromEnv(t *testing.T) {
+	f := newFake(t)
+	t.Setenv("TINKER_BASE_URL", f.url()+"/")
+	c, err := Dial(testCtx(t), Config{APIKey: testKey, Sessionless: true, Timing: Timing{Clock: newFakeClock()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if len(f.requests("create_session")) != 0 || c.SessionID() != "" {
+		t.Fatal("sessionless client created a session")
+	}
+	if _, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"}); err == nil {
+		t.Fatal("sessionless NewSampler succeeded")
+	}
+	if _, err := Dial(testCtx(t), Config{BaseURL: f.url(), APIKey: "sk-bad"}); err == nil {
+		t.Fatal("bad key prefix accepted")
+	}
+}
+
+func TestNewSamplerRequests(t *testing.T) {
+	f := newFake(t)
+	f.push("create_sampling_session", jsonReply(200, `{"sampling_session_id":"sess-1:sample:0"}`),
+		jsonReply(200, `{"sampling_session_id":"sess-1:sample:1"}`))
+	c, _, _ := dial(t, f, nil)
+	s0, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := c.NewSampler(testCtx(t), SamplerSpec{ModelPath: "tinker://sess-1:train:0/sampler_weights/step-100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s0.ID() != "sess-1:sample:0" || s1.ID() != "sess-1:sample:1" {
+		t.Fatalf("ids %s %s", s0.ID(), s1.ID())
+	}
+	reqs := f.requests("create_sampling_session")
+	if got := string(reqs[0].Body); got != `{"session_id":"sess-1","sampling_session_seq_id":0,"base_model":"Qwen/Qwen3-8B","type":"create_sampling_session"}` {
+		t.Fatalf("body 0 %s", got)
+	}
+	if got := string(reqs[1].Body); got != `{"session_id":"sess-1","sampling_session_seq_id":1,"model_path":"tinker://sess-1:train:0/sampler_weights/step-100","type":"create_sampling_session"}` {
+		t.Fatalf("body 1 %s", got)
+	}
+	if _, err := c.NewSampler(testCtx(t), SamplerSpec{ModelPath: "s3://x"}); err == nil {
+		t.Fatal("non-tinker model path accepted")
+	}
+	if _, err := c.NewSampler(testCtx(t), SamplerSpec{}); err == nil {
+		t.Fatal("empty spec accepted")
+	}
+	// Distinct random seq_id bases per object (§8).
+	if s0.seq.Load() == s1.seq.Load() || s0.seq.Load() < 1_000_000_000 {
+		t.Fatalf("seq bases %d %d", s0.seq.Load(), s1.seq.Load())
+	}
+}
+
+// §6.1: retries on 5xx with the exponential delay, x-should-retry overrides,
+// Retry-After used exactly, at most 10 retries, one idempotency key, and
+// x-stainless-retry-count counting up.
+func TestHTTPRetryLayer(t *testing.T) {
+	f := newFake(t)
+	c, fc, ev := dial(t, f, nil)
+	f.push("create_sampling_session",
+		jsonReply(503, `{"detail":"busy"}`),
+		withHeader("Retry-After", "3", jsonReply(429, `{"detail":"slow"}`)),
+		withHeader("retry-after-ms", "1500", jsonReply(500, `{}`)),
+		func(w http.ResponseWriter, r *http.Request, b []byte) { // HTTP-date, whole seconds
+			w.Header().Set("Retry-After", fc.Now().Add(7*time.Second).Format(http.TimeFormat))
+			jsonReply(502, `{}`)(w, r, b)
+		},
+		withHeader("x-should-retry", "true", jsonReply(400, `{"detail":"retry me"}`)),
+	)
+	if _, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	sl := fc.Sleeps()
+	if len(sl) != 5 || sl[0] < 375*time.Millisecond || sl[0] > 500*time.Millisecond || sl[1] != 3*time.Second ||
+		sl[2] != 1500*time.Millisecond || sl[3] <= 6*time.Second || sl[3] > 7*time.Second || sl[4] < 6*time.Second || sl[4] > 8*time.Second {
+		t.Fatalf("sleeps %v", sl)
+	}
+	reqs := f.requests("create_sampling_session")
+	for i, r := range reqs {
+		if r.Header.Get("X-Stainless-Retry-Count") != fmt.Sprint(i) || r.Header.Get("X-Idempotency-Key") != reqs[0].Header.Get("X-Idempotency-Key") {
+			t.Fatalf("request %d headers %v", i, r.Header)
+		}
+	}
+	if n := len(ev.of(EventRetry)); n != 5 {
+		t.Fatalf("%d retry events", n)
+	}
+	if e := ev.of(EventRetry)[1]; e.Layer != LayerHTTP || e.StatusCode != 429 || e.Delay != 3*time.Second {
+		t.Fatalf("retry event %+v", e)
+	}
+
+	// x-should-retry: false forbids retrying a 503.
+	f.push("create_sampling_session", withHeader("x-should-retry", "false", jsonReply(503, `{}`)))
+	_, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"})
+	var se *StatusError
+	if !errors.As(err, &se) || se.StatusCode != 503 {
+		t.Fatalf("x-should-retry false: %v", err)
+	}
+
+	// At most 10 retries (11 requests), then the status error.
+	before := len(f.requests("create_sampling_session"))
+	f.set("create_sampling_session", jsonReply(500, `{"error":"Internal Server Error"}`))
+	_, err = c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"})
+	if !errors.As(err, &se) || se.StatusCode != 500 || len(f.requests("create_sampling_session"))-before != 11 {
+		t.Fatalf("exhausted: %v after %d requests", err, len(f.requests("create_sampling_session"))-before)
+	}
+}
+
+// A server that echoes the key in an error body, a logger, events: the key
+// appears nowhere but in the X-API-Key header.
+func TestKeyNeverLeaks(t *testing.T) {
+	f := newFake(t)
+	var logs bytes.Buffer
+	c, _, ev := dial(t, f, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	f.set("create_sampling_session", jsonReply(403, `{"detail":"key `+string(testKey)+` is not allowed"}`))
+	_, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"})
+	if err == nil {
+		t.Fatal("403 accepted")
+	}
+	c.log.Info("client", "client", c, "cfg", fmt.Sprintf("%+v", c))
+	var all strings.Builder
+	all.WriteString(err.Error())
+	all.WriteString(fmt.Sprintf("%+v %#v", err, err))
+	all.WriteString(logs.String())
+	for _, e := range ev.ev {
+		all.WriteString(fmt.Sprintf("%+v", e))
+	}
+	if strings.Contains(all.String(), "TESTSECRET") {
+		t.Fatalf("key leaked: %s", all.String())
+	}
+	if !strings.Contains(err.Error(), redactedText) {
+		t.Fatalf("echoed key not redacted: %v", err)
+	}
+	if got := f.requests("create_sampling_session")[0].Header.Get("X-Api-Key"); got != string(testKey) {
+		t.Fatalf("X-API-Key header %q", got)
+	}
+}
+
+func TestCapabilitiesInfoHealth(t *testing.T) {
+	f := newFake(t)
+	f.set("get_server_capabilities", jsonReply(200, `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768},{"model_name":"old"}]}`))
+	f.set("samplers", jsonReply(200, `{"sampler_id":"sess-1:sample:0","base_model":"Qwen/Qwen3-8B","model_path":null}`))
+	f.set("weights_info", jsonReply(200, `{"base_model":"Qwen/Qwen3-8B","is_lora":true,"lora_rank":32}`))
+	f.set("healthz", jsonReply(200, `{"status":"ok"}`))
+	f.push("get_server_capabilities", jsonReply(503, `{}`)) // retried
+	c, _, _ := dial(t, f, nil)
+	ctx := testCtx(t)
+	caps, err := c.Capabilities(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := caps.Model("Qwen/Qwen3-8B"); !ok || m.MaxContextLength != 32768 {
+		t.Fatalf("caps %+v", caps)
+	}
+	if m, _ := caps.Model("old"); m.MaxContextLength != 0 {
+		t.Fatalf("old %+v", m)
+	}
+	if r := f.requests("get_server_capabilities")[0]; r.Method != "GET" || r.Header.Get("Content-Type") != "" {
+		t.Fatalf("GET headers %v", r.Header)
+	}
+	s := sampler(t, c)
+	info, err := s.Info(ctx)
+	if err != nil || info.BaseModel != "Qwen/Qwen3-8B" || info.ModelPath != "" {
+		t.Fatalf("info %+v %v", info, err)
+	}
+	wi, err := c.WeightsInfo(ctx, "tinker://run/weights/w")
+	if err != nil || !wi.IsLora || *wi.LoraRank != 32 || string(f.requests("weights_info")[0].Body) != `{"tinker_path":"tinker://run/weights/w"}` {
+		t.Fatalf("weights %+v %v", wi, err)
+	}
+	if err := c.Healthz(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.set("healthz", jsonReply(200, `{"status":"degraded"}`))
+	if err := c.Healthz(ctx); err == nil {
+		t.Fatal("degraded health accepted")
+	}
+}
+
+func TestListingPagesLazily(t *testing.T) {
+	f := newFake(t)
+	total := 250
+	f.set("checkpoints", func(w http.ResponseWriter, r *http.Request, b []byte) {
+		var off, lim int
+		fmt.Sscan(r.URL.Query().Get("offset"), &off)
+		fmt.Sscan(r.URL.Query().Get("limit"), &lim)
+		var items []string
+		for i := off; i < min(off+lim, total); i++ {
+			items = append(items, fmt.Sprintf(`{"checkpoint_id":"weights/%d","checkpoint_type":"training","time":"2026-07-01T12:00:00Z","tinker_path":"tinker://r/weights/%d","public":false,"expires_at":null}`, i, i))
+		}
+		jsonReply(200, fmt.Sprintf(`{"checkpoints":[%s],"cursor":{"offset":%d,"limit":%d,"total_count":%d}}`, strings.Join(items, ","), off, lim, total))(w, r, b)
+	})
+	c, _, _ := dial(t, f, nil)
+	ctx := testCtx(t)
+	n := 0
+	for cp, err := range c.Checkpoints(ctx, ListOptions{}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cp.CheckpointID != fmt.Sprintf("weights/%d", n) || cp.Time.IsZero() {
+			t.Fatalf("item %d: %+v", n, cp)
+		}
+		n++
+	}
+	reqs := f.requests("checkpoints")
+	if n != total || len(reqs) != 3 || reqs[2].Query.Get("offset") != "200" || reqs[0].Query.Get("limit") != "100" {
+		t.Fatalf("got %d items in %d requests", n, len(reqs))
+	}
+	// Stop early: no further page is fetched.
+	n = 0
+	for range c.Checkpoints(ctx, ListOptions{}) {
+		n++
+		if n == 150 {
+			break
+		}
+	}
+	if got := len(f.requests("checkpoints")) - 3; got != 2 {
+		t.Fatalf("early stop fetched %d pages", got)
+	}
+
+	// Training runs: total_count ends the listing; errors are yielded once.
+	f.push("training_runs",
+		jsonReply(200, `{"training_runs":[{"training_run_id":"s:train:0","base_model":"m","model_owner":"o","is_lora":true,"corrupted":false,"lora_rank":8,"last_request_time":"2026-07-01T12:00:00Z","last_checkpoint":null,"last_sampler_checkpoint":null,"user_metadata":{"k":"v"}},{"training_run_id":"s:train:1","base_model":"m","model_owner":"o","is_lora":false,"corrupted":false,"last_request_time":"2026-07-01T12:00:00Z"}],"cursor":{"offset":0,"limit":2,"total_count":3}}`),
+		jsonReply(200, `{"training_runs":[{"training_run_id":"s:train:2","base_model":"m","model_owner":"o","is_lora":false,"corrupted":false,"last_request_time":"2026-07-01T12:00:00Z"}],"cursor":{"offset":2,"limit":2,"total_count":3}}`),
+	)
+	var ids []string
+	for tr, err := range c.TrainingRuns(ctx, ListOptions{PageSize: 2}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, tr.TrainingRunID)
+	}
+	tr := f.requests("training_runs")
+	if strings.Join(ids, ",") != "s:train:0,s:train:1,s:train:2" || len(tr) != 2 || tr[0].Query.Get("access_scope") != "owned" {
+		t.Fatalf("runs %v in %d requests", ids, len(tr))
+	}
+	f.set("training_runs", jsonReply(403, `{"detail":"no"}`))
+	var errs int
+	for _, err := range c.TrainingRuns(ctx, ListOptions{}) {
+		var se *StatusError
+		if !errors.As(err, &se) || se.StatusCode != 403 {
+			t.Fatalf("listing error %v", err)
+		}
+		errs++
+	}
+	if errs != 1 {
+		t.Fatalf("%d errors yielded", errs)
+	}
+	f.set("training_runs/r1/checkpoints", jsonReply(200, `{"checkpoints":[{"checkpoint_id":"sampler_weights/a","checkpoint_type":"sampler","time":"2026-07-01T12:00:00Z","tinker_path":"tinker://r1/sampler_weights/a"}],"cursor":null}`))
+	cps, err := c.RunCheckpoints(ctx, "r1")
+	if err != nil || len(cps) != 1 || cps[0].CheckpointType != "sampler" {
+		t.Fatalf("run checkpoints %+v %v", cps, err)
+	}
+}
