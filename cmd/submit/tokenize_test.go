@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+)
+
+func qwen3Path(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer", "qwen3", "tokenizer.json.zst")
+}
+
+func runTok(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := runTokenize(context.Background(), args, strings.NewReader(stdin), &out, &errb)
+	return out.String(), err
+}
+
+func TestTokenizeEncodeCountDecode(t *testing.T) {
+	p := qwen3Path(t)
+	in := "Hello, world! This is a test.\n<|im_start|>user\n\nlast line without newline"
+	got, err := runTok(t, in, "--tokenizer", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "[9707,11,1879,0,1096,374,264,1273,13]\n[151644,872]\n[]\n[4259,1555,2041,39027]\n"
+	if got != want {
+		t.Errorf("encode:\n got %q\nwant %q", got, want)
+	}
+	ids := "[9707,11,1879,0]\n[151644,872,198]\n"
+	if got, _ := runTok(t, ids, "--tokenizer", p, "--decode"); got != "\"Hello, world!\"\n\"<|im_start|>user\\n\"\n" {
+		t.Errorf("decode = %q", got)
+	}
+}
+
+// miniTokenizer writes a byte-level BPE tokenizer.json with the 256 byte
+// tokens (id = byte value), merges "h e" and "he l", and <|end|> = 300.
+func miniTokenizer(t *testing.T) string {
+	var vocab = map[string]int{}
+	n := 0
+	for b := 0; b < 256; b++ {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE) {
+			r = rune(256 + n)
+			n++
+		}
+		vocab[string(r)] = b
+	}
+	vocab["he"], vocab["hel"] = 256, 257
+	data, err := json.Marshal(map[string]any{
+		"added_tokens": []map[string]any{{"id": 300, "content": "<|end|>", "special": true}},
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []map[string]any{
+			{"type": "Split", "pattern": map[string]any{"Regex": tokenizer.PatternQwen2}, "behavior": "Isolated"},
+			{"type": "ByteLevel", "use_regex": false},
+		}},
+		"decoder": map[string]any{"type": "ByteLevel"},
+		"model":   map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{"h e", "he l"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(p)
+}
+
+func TestTokenizeModes(t *testing.T) {
+	p := miniTokenizer(t)
+	if got, _ := runTok(t, "help<|end|>\n\nhe", "--tokenizer", p); got != "[257,112,300]\n[]\n[256]\n" {
+		t.Errorf("encode = %q", got)
+	}
+	if got, _ := runTok(t, "help<|end|>\n\nhe", "--tokenizer", p, "--count"); got != "3\n0\n1\n" {
+		t.Errorf("count = %q", got)
+	}
+	if got, _ := runTok(t, `"a\nb"`+"\n", "--tokenizer", p, "--json"); got != "[97,10,98]\n" {
+		t.Errorf("json input = %q", got)
+	}
+	ids := "[257,112,300]\n[97,10,98]\n"
+	if got, _ := runTok(t, ids, "--tokenizer", p, "--decode"); got != "\"help<|end|>\"\n\"a\\nb\"\n" {
+		t.Errorf("decode = %q", got)
+	}
+	if got, _ := runTok(t, ids, "--tokenizer", p, "--decode", "--raw"); got != "help<|end|>\na\nb\n" {
+		t.Errorf("decode --raw = %q", got)
+	}
+}
+
+func TestTokenizeModelFromEnvDir(t *testing.T) {
+	t.Setenv("TINKERFLEET_TOKENIZER_DIR", qwen3Path(t))
+	t.Setenv("HF_HUB_OFFLINE", "1")
+	got, err := runTok(t, "Hi\n", "--model", "Qwen/Qwen3-8B")
+	if err != nil || got != "[13048]\n" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+}
+
+func TestTokenizeErrors(t *testing.T) {
+	p := miniTokenizer(t)
+	for _, tc := range []struct {
+		args []string
+		in   string
+		msg  string
+	}{
+		{nil, "", "exactly one of --model or --tokenizer"},
+		{[]string{"--tokenizer", p, "--decode", "--count"}, "", "exclude"},
+		{[]string{"--tokenizer", p, "--decode"}, "[1]\nnot json\n", "line 2"},
+		{[]string{"--tokenizer", filepath.Join(t.TempDir(), "nope.json")}, "", "load tokenizer"},
+	} {
+		if _, err := runTok(t, tc.in, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%v: want error containing %q, got %v", tc.args, tc.msg, err)
+		}
+	}
+}
