@@ -1,8 +1,14 @@
 package tokenizer
 
 import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 func checkGolden(t *testing.T, tok *Tokenizer, file string) {
@@ -26,3 +32,25 @@ func checkGolden(t *testing.T, tok *Tokenizer, file string) {
 func TestGoldenQwen3(t *testing.T) { checkGolden(t, qwen3(t), "qwen3-golden.jsonl") }
 
 func TestGoldenLlama3(t *testing.T) { checkGolden(t, llama3(t), "llama3-golden.jsonl") }
+
+// TestCommittedQwen3Checksum checks that the committed .zst decompresses to
+// the tokenizer.json named in testdata/tokenizer/README.md.
+func TestCommittedQwen3Checksum(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testdataDir(t), "qwen3", "tokenizer.json.zst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	raw, err := dec.DecodeAll(data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+	if got := fmt.Sprintf("%x", sha256.Sum256(raw)); got != want || len(raw) != 11422654 {
+		t.Fatalf("tokenizer.json sha256 %s (%d bytes), want %s (11422654 bytes)", got, len(raw), want)
+	}
+}

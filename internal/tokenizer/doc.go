@@ -1,0 +1,25 @@
+// Package tokenizer is a pure-Go HuggingFace tokenizer for the byte-level BPE
+// models Tinker serves (Qwen2/2.5/3, Llama 3.x), plus their chat formats and
+// the lookup of a model's tokenizer files.
+//
+// Encoding follows the Rust tokenizers library step by step, so ids equal
+// HF's encode(text, add_special_tokens=false):
+//
+//  1. added tokens are cut out first (leftmost-longest, honouring
+//     single_word, lstrip, rstrip and normalized);
+//  2. the rest is normalized (NFC for Qwen) and split by the pre-tokenizer
+//     pattern; the Qwen2 and Llama 3 patterns, which need look-ahead, run on
+//     a hand-written scanner proved equal to the regex (regexp2 is the
+//     fallback for any other pattern);
+//  3. each piece is merged by BPE rank, with a lock-free cache of pieces.
+//
+// Decode joins the tokens' bytes and replaces invalid UTF-8 as Rust's
+// from_utf8_lossy does.
+//
+// A Tokenizer is immutable and safe for concurrent use. A Registry loads each
+// tokenizer once per process: from a local directory, the HuggingFace cache
+// (HF_HOME), or the hub, after mapping the model name as §9 of the wire
+// protocol notes says (TokenizerID). RendererFor returns a chat Renderer
+// (Qwen3 or Llama 3) and CheckContext checks prompt plus max_tokens against a
+// context window.
+package tokenizer
