@@ -184,16 +184,15 @@ func bareStatus(status int) reply {
 	return func(w http.ResponseWriter, _ *http.Request, _ []byte) { w.WriteHeader(status) }
 }
 
-// hangUp closes the connection without a reply: a connection error.
-func hangUp(w http.ResponseWriter, _ *http.Request, _ []byte) {
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		panic("no hijacker")
-	}
-	conn, _, err := hj.Hijack()
-	if err == nil {
-		_ = conn.Close()
-	}
+// truncated promises a body it does not deliver: the reply breaks after the
+// headers, a connection error Go's transport cannot silently retry (it does
+// retry a request with X-Idempotency-Key that fails before any reply on a
+// reused connection, which would make a bare hang-up nondeterministic here).
+func truncated(w http.ResponseWriter, _ *http.Request, _ []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", "100")
+	w.WriteHeader(200)
+	_, _ = w.Write([]byte(`{"type":`))
 }
 
 // block holds the request until the client gives up.
