@@ -170,7 +170,7 @@ func TestPoll408And5xxRepollImmediately(t *testing.T) {
 func TestPoll429AndConnectionBackoff(t *testing.T) {
 	res, err, _, fc, ev := runSample(t, nil,
 		jsonReply(429, `{"detail":"slow"}`), jsonReply(429, `{}`), truncated, jsonReply(429, `{}`),
-		jsonReply(500, `{}`), // any reply outside the backoff class resets the exponent
+		jsonReply(500, `{}`),       // any reply outside the backoff class resets the exponent
 		truncated, bareStatus(400)) // a bare 400 is a connection error (§1.4)
 	if err != nil || res.Response == nil {
 		t.Fatal(err)
@@ -455,9 +455,11 @@ func TestSampleNoRetriesFlag(t *testing.T) {
 
 type blockingDispatcher struct{}
 
-func (blockingDispatcher) Acquire(ctx context.Context, _ int64) (func(), error) { return func() {}, nil }
-func (blockingDispatcher) Wait(ctx context.Context) error                      { <-ctx.Done(); return ctx.Err() }
-func (blockingDispatcher) Backoff(context.Context, string, time.Duration)       {}
+func (blockingDispatcher) Acquire(ctx context.Context, _ int64) (func(), error) {
+	return func() {}, nil
+}
+func (blockingDispatcher) Wait(ctx context.Context) error                 { <-ctx.Done(); return ctx.Err() }
+func (blockingDispatcher) Backoff(context.Context, string, time.Duration) {}
 
 func TestCancellationIsPrompt(t *testing.T) {
 	f := newFake(t)
