@@ -32,8 +32,8 @@ type RenderOptions struct {
 	Thinking bool
 }
 
-// Families lists the chat formats RendererFor knows.
-var Families = []string{"qwen3", "llama3"}
+// Families returns the chat formats RendererFor knows.
+func Families() []string { return []string{"qwen3", "llama3"} }
 
 // RendererFor picks the chat format of a model by its name: Qwen3 models
 // ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...) and Llama 3.x
@@ -56,7 +56,7 @@ func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, er
 		return newLlama3(tok)
 	}
 	return nil, fmt.Errorf("no chat renderer for model %q: supported families are %s (Qwen/Qwen3-*, meta-llama/Llama-3*)",
-		model, strings.Join(Families, ", "))
+		model, strings.Join(Families(), ", "))
 }
 
 // part is a rendered piece: a special token id, or text (id < 0).
