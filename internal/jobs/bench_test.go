@@ -88,4 +88,3 @@ func BenchmarkIDSet(b *testing.B) {
 		}
 	})
 }
-

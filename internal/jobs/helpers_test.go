@@ -3,6 +3,7 @@ package jobs
 import (
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"testing"
 )
@@ -55,3 +56,6 @@ func mustEOF(t *testing.T, err error) {
 func intp(v int) *int           { return &v }
 func int64p(v int64) *int64     { return &v }
 func floatp(v float64) *float64 { return &v }
+
+func posInf() float64 { return math.Inf(1) }
+func nan() float64    { return math.NaN() }

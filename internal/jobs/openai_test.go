@@ -1,0 +1,119 @@
+package jobs
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestOpenAIMapping(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		line string
+		want Job
+	}{
+		{
+			name: "chat with n, stop list, seed and metadata",
+			line: `{"custom_id":"c1","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":100,"temperature":0.5,"top_p":0.9,"n":3,"stop":["\n","END"],"seed":-7,"metadata":{"k": "v"}}}`,
+			want: Job{
+				CustomID: "c1", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages:   []Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}},
+				NumSamples: 3,
+				Params: SamplingParams{MaxTokens: intp(100), Temperature: floatp(0.5), TopP: floatp(0.9),
+					Seed: int64p(-7), Stop: Stop{Strings: []string{"\n", "END"}}},
+				Metadata: []byte(`{"k": "v"}`),
+			},
+		},
+		{
+			name: "chat max_completion_tokens, developer role, text parts, ignored and default fields",
+			line: `{"custom_id":"c2","url":"/v1/chat/completions","body":{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"developer","content":"Rules."},{"role":"user","content":[{"type":"text","text":"part one"},{"type":"text","text":"part two"}]}],"max_completion_tokens":64,"user":"u-1","store":false,"service_tier":"auto","logprobs":true,"top_logprobs":0,"stream":false,"frequency_penalty":0,"presence_penalty":0.0,"logit_bias":{},"response_format":{"type":"text"},"seed":null,"stop":null}}`,
+			want: Job{
+				CustomID: "c2", Format: FormatOpenAIChat, Model: "meta-llama/Llama-3.1-8B-Instruct",
+				Messages:   []Message{{Role: "system", Content: "Rules."}, {Role: "user", Content: "part one\npart two"}},
+				NumSamples: 1,
+				Params:     SamplingParams{MaxTokens: intp(64)},
+			},
+		},
+		{
+			name: "completions string prompt with stop string, top_k and best_of = n",
+			line: `{"custom_id":"p1","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":10,"stop":"\n","top_k":40,"n":2,"best_of":2,"echo":false,"suffix":null,"logprobs":0}}`,
+			want: Job{
+				CustomID: "p1", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once upon",
+				NumSamples: 2,
+				Params:     SamplingParams{MaxTokens: intp(10), TopK: intp(40), Stop: Stop{Strings: []string{"\n"}}},
+			},
+		},
+		{
+			name: "completions list of one string",
+			line: `{"custom_id":"p2","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":["Only one"]}}`,
+			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Only one", NumSamples: 1},
+		},
+		{
+			name: "completions token ids and stop token ids",
+			line: `{"custom_id":"p3","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":[151644,872,198],"stop":[151645]}}`,
+			want: Job{CustomID: "p3", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", PromptTokens: []int{151644, 872, 198},
+				NumSamples: 1, Params: SamplingParams{Stop: Stop{TokenIDs: []int{151645}}}},
+		},
+		{
+			name: "completions list of one token list, tinker model path",
+			line: `{"custom_id":"p4","url":"/v1/completions","body":{"model":"tinker://s:train:0/sampler_weights/final","prompt":[[1,2]],"max_tokens":5.0}}`,
+			want: Job{CustomID: "p4", Format: FormatOpenAICompletions, ModelPath: "tinker://s:train:0/sampler_weights/final",
+				PromptTokens: []int{1, 2}, NumSamples: 1, Params: SamplingParams{MaxTokens: intp(5)}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			items, err := readString(t, tt.line+"\n", Limits{})
+			mustEOF(t, err)
+			if len(items) != 1 || items[0].lerr != nil {
+				t.Fatalf("got %+v", items)
+			}
+			got := items[0].job
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
+			}
+			// The normalized job survives the NATS encoding and validates again with the
+			// OpenAI field names.
+			b, err := got.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := DecodeJob(b)
+			if err != nil {
+				t.Fatalf("DecodeJob(%s): %v", b, err)
+			}
+			if !reflect.DeepEqual(back, got) {
+				t.Fatalf("round trip changed the job:\n%+v\n%+v", back, got)
+			}
+			if err := back.Validate(Limits{}); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+		})
+	}
+}
+
+// TestValidateNamesFieldsByFormat checks that a worker re-validating a decoded OpenAI job reports
+// the OpenAI field name.
+func TestValidateNamesFieldsByFormat(t *testing.T) {
+	t.Parallel()
+	base := Job{CustomID: "x", Model: "m", Prompt: "p", NumSamples: 20}
+	for format, want := range map[string]string{
+		FormatNative:            "field num_samples: must be an integer from 1 to 16",
+		"":                      "field num_samples: must be an integer from 1 to 16",
+		FormatOpenAIChat:        "field body.n: must be an integer from 1 to 16",
+		FormatOpenAICompletions: "field body.n: must be an integer from 1 to 16",
+	} {
+		j := base
+		j.Format = format
+		if err := j.Validate(Limits{}); err == nil || err.Error() != want {
+			t.Errorf("format %q: Validate = %v, want %q", format, err, want)
+		}
+	}
+	j := base
+	j.Format = "csv"
+	if err := j.Validate(Limits{}); err == nil || !strings.Contains(err.Error(), `unknown format "csv"`) {
+		t.Errorf("unknown format: %v", err)
+	}
+}
