@@ -91,6 +91,8 @@ type Fleet struct {
 	cbMu    sync.Mutex // serialises OnChange
 	n       notifier
 
+	watches atomic.Int64 // watchers created, for tests and debugging
+
 	cancel    context.CancelFunc
 	done      chan struct{}
 	closeOnce sync.Once
@@ -449,12 +451,13 @@ func (f *Fleet) watch(ctx context.Context) (jetstream.KeyWatcher, error) {
 	if last > 0 {
 		opts = append(opts, jetstream.ResumeFromRevision(last+1))
 	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	w, err := f.kv.Watch(wctx, f.key, opts...)
+	// ctx must outlive the watcher: the subscription is tied to it (a
+	// short-lived timeout context here closes the watch when it expires).
+	w, err := f.kv.Watch(ctx, f.key, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("backoff: watch %s: %w", f.key, err)
 	}
+	f.watches.Add(1)
 	return w, nil
 }
 

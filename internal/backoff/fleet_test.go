@@ -1,0 +1,456 @@
+package backoff
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const testAccount = "acct0123"
+
+func startServer(t testing.TB, dir string, port int) *server.Server {
+	t.Helper()
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      port,
+		JetStream: true,
+		StoreDir:  dir,
+		NoLog:     true,
+		NoSigs:    true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("new server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	// Registered before any client: cleanups run last-in first-out, so the
+	// fleets close (and delete their consumers) while the server is up.
+	t.Cleanup(func() { stopServer(s) })
+	return s
+}
+
+func stopServer(s *server.Server) {
+	s.Shutdown()
+	s.WaitForShutdown()
+}
+
+func connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+		nats.ReconnectJitter(0, 0))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func open(t testing.TB, js jetstream.JetStream, cfg Config) *Fleet {
+	t.Helper()
+	if cfg.Account == "" {
+		cfg.Account = testAccount
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := Open(ctx, js, cfg)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func near(a, b time.Time, tol time.Duration) bool {
+	d := a.Sub(b)
+	return d < tol && d > -tol
+}
+
+// three independent watchers on three connections
+func threeFleets(t *testing.T, url string, cfgs ...Config) []*Fleet {
+	t.Helper()
+	var fs []*Fleet
+	for i := range 3 {
+		var cfg Config
+		if i < len(cfgs) {
+			cfg = cfgs[i]
+		}
+		_, js := connect(t, url)
+		fs = append(fs, open(t, js, cfg))
+	}
+	return fs
+}
+
+func TestSignalSeenByOthers(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	fs := threeFleets(t, s.ClientURL())
+	for _, f := range fs {
+		if f.Active() || !f.Until().IsZero() {
+			t.Fatalf("fresh fleet active: %+v", f.State())
+		}
+	}
+	before := time.Now()
+	if err := fs[0].Signal(ctxT(t), ReasonRateLimited, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !fs[0].Active() {
+		t.Fatal("signaller not active right after Signal")
+	}
+	for i, f := range fs {
+		eventually(t, "watcher sees the signal", func() bool { return f.State().Revision > 0 && f.Active() })
+		st := f.State()
+		if st.Reason != ReasonRateLimited {
+			t.Fatalf("fleet %d reason %q", i, st.Reason)
+		}
+		if want := before.Add(30 * time.Second); !near(st.Until, want, time.Second) {
+			t.Fatalf("fleet %d until %v, want ≈ %v", i, st.Until, want)
+		}
+		if !f.Recent(10 * time.Second) {
+			t.Fatalf("fleet %d not recent", i)
+		}
+	}
+	// All three agree on the deadline (same server-time record).
+	if !near(fs[1].Until(), fs[2].Until(), 50*time.Millisecond) {
+		t.Fatalf("watchers disagree: %v vs %v", fs[1].Until(), fs[2].Until())
+	}
+	// The watch delivered it live: nobody had to re-watch.
+	for i, f := range fs {
+		if n := f.watches.Load(); n != 1 {
+			t.Fatalf("fleet %d created %d watchers, want 1", i, n)
+		}
+	}
+	// A second Signal covered by the current deadline writes nothing.
+	rev := fs[0].State().Revision
+	if err := fs[1].Signal(ctxT(t), ReasonPausedCapacity, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs[1].State(); got.Reason != ReasonRateLimited || got.Revision != rev {
+		t.Fatalf("covered signal changed state: %+v (rev was %d)", got, rev)
+	}
+}
+
+func TestShorterNeverShortens(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	fs := threeFleets(t, s.ClientURL())
+	ctx := ctxT(t)
+	if err := fs[0].Signal(ctx, "long", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "f1 sees long", func() bool { return fs[1].State().Reason == "long" })
+	long := fs[1].Until()
+	// Force a write despite the in-memory shortcut: a fresh watcher with no
+	// state yet would still read the key and refuse to shorten.
+	if err := fs[1].Signal(ctx, "short", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs[1].Until(); got.Before(long) {
+		t.Fatalf("shortened: %v < %v", got, long)
+	}
+	// Write a shorter record through the CAS path directly: Floor carries the
+	// longer deadline, so the stored deadline does not move back.
+	kv := fs[2].kv
+	e, err := kv.Get(ctx, testAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := decode(e)
+	cur, _ := r.deadline(e.Created())
+	val, _ := json.Marshal(record{Floor: cur, D: int64(time.Second), Reason: "short", FloorReason: "long"})
+	if _, err := kv.Update(ctx, testAccount, val, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "f0 sees the new revision", func() bool { return fs[0].State().Revision > e.Revision() })
+	if st := fs[0].State(); st.Until.Before(long.Add(-5*time.Millisecond)) || st.Reason != "long" {
+		t.Fatalf("after short record: %+v, long %v", st, long)
+	}
+}
+
+func TestConcurrentSignalsOnlyExtend(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	type obs struct{ until []time.Time }
+	var mu sync.Mutex
+	seen := make([]obs, 3)
+	var cfgs []Config
+	for i := range 3 {
+		cfgs = append(cfgs, Config{OnChange: func(st State) {
+			mu.Lock()
+			seen[i].until = append(seen[i].until, st.Until)
+			mu.Unlock()
+		}})
+	}
+	fs := threeFleets(t, s.ClientURL(), cfgs...)
+	ctx := ctxT(t)
+	type call struct {
+		start time.Time
+		d     time.Duration
+	}
+	var calls []call
+	var callsMu sync.Mutex
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		for g := range 4 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+				for j := range 15 {
+					// Mostly growing durations, so many signals really
+					// extend and contend; some shorter ones must not win.
+					d := time.Duration(j*100+rng.IntN(50)) * time.Millisecond
+					start := time.Now()
+					if err := f.Signal(ctx, "r", d); err != nil {
+						t.Error(err)
+						return
+					}
+					callsMu.Lock()
+					calls = append(calls, call{start, d})
+					callsMu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	// Every watcher converges on the stored deadline.
+	e, err := fs[0].kv.Get(ctx, testAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range fs {
+		eventually(t, "watcher converges", func() bool { return f.State().Revision >= e.Revision() })
+		until := f.Until()
+		// No signal was lost: the deadline covers start+d of every call
+		// (one clock on this machine; allow the probe's few ms).
+		for _, c := range calls {
+			if until.Before(c.start.Add(c.d).Add(-20 * time.Millisecond)) {
+				t.Fatalf("fleet %d: until %v does not cover a signal of %v started %v", i, until, c.d, c.start)
+			}
+		}
+		mu.Lock()
+		u := seen[i].until
+		for j := 1; j < len(u); j++ {
+			if u[j].Before(u[j-1].Add(-5 * time.Millisecond)) { // offset re-probes may jitter by µs
+				t.Fatalf("fleet %d: deadline went back from %v to %v", i, u[j-1], u[j])
+			}
+		}
+		mu.Unlock()
+	}
+	t.Logf("%d signals, final revision %d", len(calls), e.Revision())
+}
+
+func TestStateSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := startServer(t, dir, -1)
+	url := s.ClientURL()
+	tcpPort := s.Addr().(*net.TCPAddr).Port
+	_, js := connect(t, url)
+	watcher := open(t, js, Config{})
+	_, js2 := connect(t, url)
+	signaller := open(t, js2, Config{})
+	if err := signaller.Signal(ctxT(t), "before", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "watcher sees signal", func() bool { return watcher.State().Reason == "before" })
+	want := watcher.Until()
+	stopServer(s)
+
+	s2 := startServer(t, dir, tcpPort)
+	// A newcomer reads the persisted state.
+	_, js3 := connect(t, s2.ClientURL())
+	newcomer := open(t, js3, Config{})
+	if got := newcomer.Until(); !near(got, want, 50*time.Millisecond) {
+		t.Fatalf("after restart until %v, want %v", got, want)
+	}
+	// The old watcher reconnected and sees a later signal.
+	if err := newcomer.Signal(ctxT(t), "after", 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old watcher sees signal after restart", func() bool { return watcher.State().Reason == "after" })
+	if !watcher.Until().After(want.Add(59 * time.Minute)) {
+		t.Fatalf("old watcher until %v", watcher.Until())
+	}
+}
+
+func TestWatchRecoversAfterDisconnect(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	nc, js := connect(t, s.ClientURL())
+	watcher := open(t, js, Config{})
+	_, js2 := connect(t, s.ClientURL())
+	signaller := open(t, js2, Config{})
+	for round := range 3 {
+		reconnects := nc.Stats().Reconnects
+		if err := nc.ForceReconnect(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
+		reason := "after-reconnect-" + string(rune('a'+round))
+		if err := signaller.Signal(ctxT(t), reason, time.Duration(round+1)*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "watcher sees signal after reconnect", func() bool { return watcher.State().Reason == reason })
+	}
+	if n := watcher.watches.Load(); n < 2 {
+		t.Fatalf("watcher never re-watched (%d watchers)", n)
+	}
+	// No consumer leaked: only the two live watchers' consumers remain.
+	eventually(t, "old watch consumers removed", func() bool {
+		st, err := js2.Stream(ctxT(t), "KV_"+DefaultBucket)
+		if err != nil {
+			return false
+		}
+		n := 0
+		for range st.ListConsumers(ctxT(t)).Info() {
+			n++
+		}
+		return n <= 2
+	})
+}
+
+// One watcher's clock is an hour (and a bit) off. It still observes pauses of
+// the right length in its own clock's terms, and its signals give everyone
+// else pauses of the right length.
+func TestSkewedClock(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	const skew = -(time.Hour + 1234*time.Millisecond)
+	skewed := func() time.Time { return time.Now().Add(skew) }
+	_, js := connect(t, s.ClientURL())
+	good := open(t, js, Config{})
+	_, js2 := connect(t, s.ClientURL())
+	bad := open(t, js2, Config{Now: skewed})
+
+	const d = 10 * time.Minute
+	if err := good.Signal(ctxT(t), "from-good", d); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "skewed watcher sees signal", func() bool { return bad.State().Reason == "from-good" })
+	if pause := bad.Until().Sub(skewed()); pause > d || pause < d-time.Second {
+		t.Fatalf("skewed watcher observes a pause of %v, want ≈ %v", pause, d)
+	}
+	if pause := good.Until().Sub(time.Now()); pause > d || pause < d-time.Second {
+		t.Fatalf("good watcher observes %v", pause)
+	}
+	// Its view in real time is the same deadline.
+	if !near(bad.Until().Add(-skew), good.Until(), 50*time.Millisecond) {
+		t.Fatalf("views differ: %v vs %v", bad.Until().Add(-skew), good.Until())
+	}
+
+	// The skewed machine signals a longer pause; the good one sees its length.
+	const d2 = 20 * time.Minute
+	if err := bad.Signal(ctxT(t), "from-bad", d2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "good watcher sees skewed signal", func() bool { return good.State().Reason == "from-bad" })
+	if pause := good.Until().Sub(time.Now()); pause > d2 || pause < d2-time.Second {
+		t.Fatalf("good watcher observes %v after skewed signal, want ≈ %v", pause, d2)
+	}
+
+	// Wait on the skewed watcher lasts the real duration of a short pause.
+	s3 := startServer(t, t.TempDir(), -1)
+	_, js3 := connect(t, s3.ClientURL())
+	bad3 := open(t, js3, Config{Now: skewed})
+	_, js4 := connect(t, s3.ClientURL())
+	good3 := open(t, js4, Config{})
+	const short = 150 * time.Millisecond
+	start := time.Now()
+	if err := good3.Signal(ctxT(t), "short", short); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "skewed sees short", func() bool { return bad3.State().Reason == "short" })
+	if err := bad3.Wait(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < short-10*time.Millisecond {
+		t.Fatalf("skewed watcher waited only %v of a %v pause", el, short)
+	}
+}
+
+func TestFleetWaitWakesOnExtension(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	fs := threeFleets(t, s.ClientURL())
+	ctx := ctxT(t)
+	if err := fs[1].Wait(ctx); err != nil {
+		t.Fatalf("Wait with no backoff: %v", err)
+	}
+	start := time.Now()
+	if err := fs[0].Signal(ctx, "a", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "f1 sees a", func() bool { return fs[1].Active() })
+	done := make(chan time.Duration, 1)
+	go func() {
+		if err := fs[1].Wait(ctx); err != nil {
+			t.Error(err)
+		}
+		done <- time.Since(start)
+	}()
+	// Extend while f1 waits: it must re-block until the new deadline.
+	if err := fs[2].Signal(ctx, "b", 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	el := <-done
+	if el < 290*time.Millisecond {
+		t.Fatalf("Wait returned after %v, before the extended deadline; f1 %+v f2 %+v start %v", el, fs[1].State(), fs[2].State(), start)
+	}
+	// Cancellation.
+	if err := fs[0].Signal(ctx, "c", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if err := fs[0].Wait(cctx); err == nil {
+		t.Fatal("Wait returned nil during an hour-long backoff")
+	}
+}
+
+func TestOpenValidates(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	_, js := connect(t, s.ClientURL())
+	if _, err := Open(ctxT(t), js, Config{Account: "bad key*"}); err == nil {
+		t.Fatal("invalid key accepted")
+	}
+	if _, err := Open(ctxT(t), js, Config{}); err == nil {
+		t.Fatal("empty account accepted")
+	}
+	f := open(t, js, Config{Bucket: "other_bucket"})
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+}
