@@ -1,0 +1,105 @@
+package jobs
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestResultEncodeDecode(t *testing.T) {
+	t.Parallel()
+	j := Job{CustomID: "r1", ModelPath: "tinker://s:train:0/sampler_weights/x", Prompt: "p", NumSamples: 2,
+		Metadata: json.RawMessage(`{"a": 1}`)}
+	r := NewResult(j, "batch-7")
+	r.Samples = []Sample{
+		{Text: "Hi<|im_end|>", Tokens: []int{1, 151645}, Logprobs: Logprobs{-0.5, float64(float32(-0.1))}, StopReason: StopReasonStop},
+		{Text: "Hello", Tokens: []int{2}, StopReason: StopReasonLength},
+	}
+	r.PromptLogprobs = Logprobs{math.NaN(), -3.5, math.Inf(-1)}
+	r.TopKPromptLogprobs = [][]TokenLogprob{nil, {{Token: 11, Logprob: -0.5}, {Token: 12, Logprob: -2}}}
+	r.Usage = &Usage{PromptTokens: 3, CompletionTokens: 3, CacheHitTokens: 2}
+	r.Attempts = 2
+	r.LatencyMS = 1234
+
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"custom_id":"r1","batch_id":"batch-7","status":"ok","model":"tinker://s:train:0/sampler_weights/x",` +
+		`"samples":[{"text":"Hi<|im_end|>","tokens":[1,151645],"logprobs":[-0.5,-0.1],"stop_reason":"stop"},` +
+		`{"text":"Hello","tokens":[2],"stop_reason":"length"}],` +
+		`"prompt_logprobs":[null,-3.5,-3.4028235e+38],"topk_prompt_logprobs":[null,[[11,-0.5],[12,-2]]],` +
+		`"usage":{"prompt_tokens":3,"completion_tokens":3,"cache_hit_tokens":2},"attempts":2,"latency_ms":1234,"metadata":{"a": 1}}`
+	if string(b) != want {
+		t.Fatalf("Encode:\n got %s\nwant %s", b, want)
+	}
+	back, err := DecodeResult(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !math.IsNaN(back.PromptLogprobs[0]) || back.PromptLogprobs[1] != -3.5 {
+		t.Fatalf("prompt logprobs: %v", back.PromptLogprobs)
+	}
+	back.PromptLogprobs, r.PromptLogprobs = nil, nil
+	back.Samples[0].Logprobs[1] = float64(float32(back.Samples[0].Logprobs[1]))
+	if !reflect.DeepEqual(back, r) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", back, r)
+	}
+}
+
+func TestResultConstructorsAndValidate(t *testing.T) {
+	t.Parallel()
+	j := Job{CustomID: "x", Model: "Qwen/Qwen3-8B", Prompt: "p", NumSamples: 1, Metadata: json.RawMessage(`7`)}
+	e := ErrorResult(j, "b", ResultError{Code: CodeContextTooLong, Message: "too long", Category: CategoryUser})
+	c := CancelledResult(j, "b", "")
+	inv := InvalidJobResult(j, "b", &FieldError{Field: "num_samples", Msg: "must be an integer from 1 to 16"})
+	for _, r := range []Result{e, c, inv} {
+		if r.CustomID != "x" || r.BatchID != "b" || r.Model != "Qwen/Qwen3-8B" || string(r.Metadata) != "7" || r.Error == nil {
+			t.Errorf("constructor result %+v", r)
+		}
+		if err := r.Validate(); err != nil {
+			t.Errorf("Validate(%+v): %v", r, err)
+		}
+		b, err := r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecodeResult(b); err != nil {
+			t.Errorf("DecodeResult(%s): %v", b, err)
+		}
+	}
+	if e.Status != StatusError || c.Status != StatusCancelled || c.Error.Code != CodeCancelled || c.Error.Message != "batch cancelled" {
+		t.Errorf("statuses: %v %v %+v", e.Status, c.Status, c.Error)
+	}
+	if inv.Error.Code != CodeInvalidJob || inv.Error.Message != "field num_samples: must be an integer from 1 to 16" {
+		t.Errorf("invalid job result: %+v", inv.Error)
+	}
+	if got := e.Error.Error(); got != "context_too_long: too long" {
+		t.Errorf("ResultError.Error() = %q", got)
+	}
+
+	bad := []struct {
+		line, field string
+	}{
+		{`{"custom_id":"","batch_id":"b","status":"ok","attempts":0,"latency_ms":0}`, "custom_id"},
+		{`{"custom_id":"x","batch_id":"b","status":"done","attempts":0,"latency_ms":0}`, "status"},
+		{`{"custom_id":"x","batch_id":"b","status":"error","attempts":0,"latency_ms":0}`, "error"},
+		{`{"custom_id":"x","batch_id":"b","status":"ok","error":{"code":"internal","message":"m","category":"user","retryable":false},"attempts":0,"latency_ms":0}`, "error"},
+		{`{"custom_id":"x","batch_id":"b","status":"error","error":{"code":"internal","message":"m","category":"mine","retryable":false},"attempts":0,"latency_ms":0}`, "error.category"},
+		{`{"custom_id":"x","batch_id":"b","status":"ok","samples":[{"text":"","tokens":[1],"stop_reason":"eos"}],"attempts":0,"latency_ms":0}`, "samples[0].stop_reason"},
+		{`{"custom_id":"x","batch_id":"b","status":"ok","samples":[{"text":"","tokens":[1],"logprobs":[],"stop_reason":"stop"}],"attempts":0,"latency_ms":0}`, "samples[0].logprobs"},
+	}
+	for _, tt := range bad {
+		_, err := DecodeResult([]byte(tt.line))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tt.field {
+			t.Errorf("DecodeResult(%s) = %v, want field %q", tt.line, err, tt.field)
+		}
+	}
+	if _, err := DecodeResult([]byte(`{"custom_id":"x","batch_id":"b","status":"ok","attempts":0,"latency_ms":0,"surprise":1}`)); err == nil || !strings.Contains(err.Error(), "surprise") {
+		t.Errorf("unknown result field: %v", err)
+	}
+}
