@@ -40,10 +40,6 @@ type response struct {
 	body   []byte
 }
 
-func (r *response) isJSON() bool {
-	return strings.Contains(r.header.Get("Content-Type"), "json") || json.Valid(r.body)
-}
-
 // newIdempotencyKey returns a fresh X-Idempotency-Key (§1.2).
 func newIdempotencyKey() string {
 	var b [16]byte
@@ -97,9 +93,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if err == nil {
 		r = &response{status: resp.StatusCode, header: resp.Header}
 		r.body, err = readBody(resp)
-		cl := resp.ContentLength
+		contentLen := resp.ContentLength
 		_ = resp.Body.Close()
-		if err == nil && r.status == http.StatusBadRequest && cl <= 0 {
+		if err == nil && r.status == http.StatusBadRequest && contentLen <= 0 {
 			// §1.4: a 400 without Content-Length (or "0") is a connection-level
 			// rejection, retried as a connection error while the budget lasts.
 			if c.bare400.Add(-1) >= 0 {
