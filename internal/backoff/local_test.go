@@ -1,0 +1,195 @@
+package backoff
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func TestAccountKey(t *testing.T) {
+	const key = "tml-supersecretkey1234567890"
+	a := AccountKey("https://tinker.example.com/", key)
+	if a != AccountKey("HTTPS://tinker.example.com", key) {
+		t.Fatal("trailing slash / case changed the account key")
+	}
+	if a == AccountKey("https://other.example.com", key) || a == AccountKey("https://tinker.example.com", key+"x") {
+		t.Fatal("different accounts share a key")
+	}
+	if len(a) != 32 || strings.Contains(a, "tml") || strings.Contains(a, "secret") || !validKey.MatchString(a) {
+		t.Fatalf("account key %q", a)
+	}
+}
+
+func TestAsampleBackoff(t *testing.T) {
+	if AsampleBackoff(131072) != time.Second || AsampleBackoff(131073) != 5*time.Second {
+		t.Fatal("§5.1 thresholds")
+	}
+}
+
+func TestLocalSignalWait(t *testing.T) {
+	l := NewLocal(nil)
+	ctx := context.Background()
+	if l.Active() || l.Recent(10*time.Second) || !l.Until().IsZero() {
+		t.Fatal("fresh Local active")
+	}
+	if err := l.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = l.Signal(ctx, ReasonRateLimited, 60*time.Millisecond)
+	if !l.Active() || l.State().Reason != ReasonRateLimited {
+		t.Fatalf("state %+v", l.State())
+	}
+	// A shorter signal does not shorten.
+	until := l.Until()
+	_ = l.Signal(ctx, "short", time.Millisecond)
+	if l.Until() != until || l.State().Reason != ReasonRateLimited {
+		t.Fatal("shortened")
+	}
+	// Extend while a waiter waits: it re-blocks until the new deadline.
+	done := make(chan time.Duration)
+	go func() {
+		if err := l.Wait(ctx); err != nil {
+			t.Error(err)
+		}
+		done <- time.Since(start)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	_ = l.Signal(ctx, "longer", 150*time.Millisecond)
+	if el := <-done; el < 150*time.Millisecond {
+		t.Fatalf("Wait returned after %v", el)
+	}
+	if l.Active() || !l.Recent(10*time.Second) {
+		t.Fatal("after deadline: want inactive but recent")
+	}
+	_ = l.Signal(ctx, "hour", time.Hour)
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := l.Wait(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait: %v", err)
+	}
+}
+
+func TestLocalFakeClockRecent(t *testing.T) {
+	var now atomic.Int64
+	now.Store(1_000_000_000_000)
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	l := NewLocal(clock)
+	_ = l.Signal(context.Background(), "x", time.Second)
+	now.Add(int64(10*time.Second + time.Second - time.Nanosecond))
+	if !l.Recent(10 * time.Second) {
+		t.Fatal("not recent 9.999 s after the end")
+	}
+	now.Add(1)
+	if l.Recent(10 * time.Second) {
+		t.Fatal("recent 10 s after the end")
+	}
+	if err := l.Wait(context.Background()); err != nil { // deadline passed in fake time
+		t.Fatal(err)
+	}
+}
+
+func TestLocalConcurrentSignals(t *testing.T) {
+	l := NewLocal(nil)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() { _ = l.Signal(context.Background(), "r", time.Duration(i)*time.Second) })
+	}
+	wg.Wait()
+	if got := l.Until().Sub(start); got < 49*time.Second || got > 50*time.Second {
+		t.Fatalf("until - start = %v", got)
+	}
+}
+
+func TestQueueStateObserver(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu}, nil))
+	var now atomic.Int64
+	now.Store(1_000_000_000_000)
+	gauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "samplers_by_queue_state"}, []string{"state"})
+	var cb []string
+	o := NewQueueStateObserver(ObserverConfig{
+		Logger: logger,
+		Now:    func() time.Time { return time.Unix(0, now.Load()) },
+		Gauge:  gauge,
+		OnGauge: func(state string, n int) {
+			cb = append(cb, state)
+		},
+	})
+	lines := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Count(buf.String(), "Sampling is paused")
+	}
+	if o.Observe("s1", "", "") {
+		t.Fatal("empty observation reported paused")
+	}
+	if o.Observe("s1", QueueActive, "") || lines() != 0 {
+		t.Fatal("active logged or paused")
+	}
+	if !o.Observe("s1", QueuePausedRateLimit, "") {
+		t.Fatal("paused not reported")
+	}
+	if lines() != 1 || !strings.Contains(buf.String(), "Reason: concurrent sampler weights limit hit") ||
+		!strings.Contains(buf.String(), "sampler s1.") {
+		t.Fatalf("first paused line: %q", buf.String())
+	}
+	now.Add(int64(59 * time.Second))
+	o.Observe("s1", QueuePausedCapacity, "")
+	o.Observe("s2", QueuePausedCapacity, "server says hold on") // other sampler: own debounce
+	if lines() != 2 || !strings.Contains(buf.String(), "Reason: server says hold on") {
+		t.Fatalf("debounce: %d lines %q", lines(), buf.String())
+	}
+	now.Add(int64(time.Second))
+	o.Observe("s1", "weird_state", "")
+	if lines() != 3 || !strings.Contains(buf.String(), "Reason: unknown") {
+		t.Fatalf("after 60 s: %d lines %q", lines(), buf.String())
+	}
+	if o.Count(QueueUnknown) != 1 || o.Count(QueuePausedCapacity) != 1 || o.Count(QueuePausedRateLimit) != 0 {
+		t.Fatal("counts")
+	}
+	if v := gaugeValue(t, gauge.WithLabelValues(QueuePausedCapacity)); v != 1 {
+		t.Fatalf("gauge paused_capacity = %v", v)
+	}
+	if v := gaugeValue(t, gauge.WithLabelValues(QueueActive)); v != 0 {
+		t.Fatalf("gauge active = %v", v)
+	}
+	o.Forget("s2")
+	if v := gaugeValue(t, gauge.WithLabelValues(QueuePausedCapacity)); v != 0 {
+		t.Fatalf("gauge after Forget = %v", v)
+	}
+	if len(cb) == 0 {
+		t.Fatal("OnGauge never called")
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
