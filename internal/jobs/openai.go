@@ -30,7 +30,7 @@ const openaiUnsupported = "is not supported: tinkerfleet cannot honour it (honou
 	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata)"
 
 // parseOpenAI parses an OpenAI Batch API line.
-func parseOpenAI(b []byte) (Job, *fieldNames, *FieldError) {
+func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {
 	var customID, method, url, body []byte
 	it := newObjIter(b)
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
@@ -45,36 +45,36 @@ func parseOpenAI(b []byte) (Job, *fieldNames, *FieldError) {
 		case "body":
 			dst = &body
 		default:
-			return Job{}, nil, fieldErr(string(k), "unknown field in an OpenAI batch line (it has custom_id, method, url and body; request parameters go in body)")
+			return Job{}, fieldNames{}, fieldErr(string(k), "unknown field in an OpenAI batch line (it has custom_id, method, url and body; request parameters go in body)")
 		}
 		if *dst != nil {
-			return Job{}, nil, dupKey(string(k))
+			return Job{}, fieldNames{}, dupKey(string(k))
 		}
 		*dst = v
 	}
 	var j Job
 	var fe *FieldError
 	if !present(customID) {
-		return Job{}, nil, fieldErr("custom_id", "is required")
+		return Job{}, fieldNames{}, fieldErr("custom_id", "is required")
 	}
 	if j.CustomID, fe = getString(customID, "custom_id"); fe != nil {
-		return Job{}, nil, fe
+		return Job{}, fieldNames{}, fe
 	}
 	if present(method) {
 		m, fe := getString(method, "method")
 		if fe != nil {
-			return Job{}, nil, fe
+			return Job{}, fieldNames{}, fe
 		}
 		if m != "POST" {
-			return Job{}, nil, fieldErr("method", `must be "POST"`)
+			return Job{}, fieldNames{}, fieldErr("method", `must be "POST"`)
 		}
 	}
 	if !present(url) {
-		return Job{}, nil, fieldErr("url", `is required ("/v1/completions" or "/v1/chat/completions")`)
+		return Job{}, fieldNames{}, fieldErr("url", `is required ("/v1/completions" or "/v1/chat/completions")`)
 	}
 	u, fe := getString(url, "url")
 	if fe != nil {
-		return Job{}, nil, fe
+		return Job{}, fieldNames{}, fe
 	}
 	var chat bool
 	switch u {
@@ -84,23 +84,20 @@ func parseOpenAI(b []byte) (Job, *fieldNames, *FieldError) {
 	case URLCompletions:
 		j.Format = FormatOpenAICompletions
 	default:
-		return Job{}, nil, fieldErr("url", `must be "/v1/completions" or "/v1/chat/completions"`)
+		return Job{}, fieldNames{}, fieldErr("url", `must be "/v1/completions" or "/v1/chat/completions"`)
 	}
 	if !present(body) {
-		return Job{}, nil, fieldErr("body", "is required")
+		return Job{}, fieldNames{}, fieldErr("body", "is required")
 	}
 	if !isObject(body) {
-		return Job{}, nil, typeErr("body", "an object", body)
+		return Job{}, fieldNames{}, typeErr("body", "an object", body)
 	}
-	names := completionsNames
-	if chat {
-		names = chatNames
-	}
+	names := openaiNames()
 	j, fe = parseOpenAIBody(j, body, chat, &names)
 	if fe != nil {
-		return Job{}, nil, fe
+		return Job{}, fieldNames{}, fe
 	}
-	return j, &names, nil
+	return j, names, nil
 }
 
 // parseOpenAIBody fills j from an OpenAI request body; it may rename names.maxTokens when the
@@ -108,40 +105,46 @@ func parseOpenAI(b []byte) (Job, *fieldNames, *FieldError) {
 func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *FieldError) {
 	var model, prompt, messages, maxTokens, maxCompletion, temperature, topP, topK, n, stop, seed,
 		metadata, bestOf []byte
-	seen := make(map[string]struct{}, 12)
+	var seen [32][]byte // keys so far, for duplicate detection (bodies have a handful of keys)
+	nseen := 0
 	endpoint := URLCompletions
 	other := URLChatCompletions
 	if chat {
 		endpoint, other = URLChatCompletions, URLCompletions
 	}
+	wrongEndpoint := func(k []byte) *FieldError {
+		return fieldErr("body."+string(k), "is not valid for "+endpoint+" (it belongs to "+other+")")
+	}
 	it := newObjIter(body)
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
-		key := string(k)
-		path := "body." + key
-		if _, dup := seen[key]; dup {
-			return j, dupKey(path)
+		for _, s := range seen[:nseen] {
+			if string(s) == string(k) {
+				return j, dupKey("body." + string(k))
+			}
 		}
-		seen[key] = struct{}{}
-		wrongEndpoint := fieldErr(path, "is not valid for "+endpoint+" (it belongs to "+other+")")
+		if nseen < len(seen) {
+			seen[nseen] = k
+			nseen++
+		}
 		var fe *FieldError
-		switch key {
+		switch string(k) {
 		case "model":
 			model = v
 		case "prompt":
 			if chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
 			prompt = v
 		case "messages":
 			if !chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
 			messages = v
 		case "max_tokens":
 			maxTokens = v
 		case "max_completion_tokens":
 			if !chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
 			maxCompletion = v
 		case "temperature":
@@ -163,44 +166,44 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 		case "logprobs":
 			if chat {
 				if present(v) {
-					_, fe = getBool(v, path) // ignored: sampled-token logprobs are always returned
+					_, fe = getBool(v, "body.logprobs") // ignored: sampled-token logprobs are always returned
 				}
 			} else {
-				fe = defaultOnly(v, path, isZeroNumber, "0 (per-token top alternatives are not returned; each sampled token's logprob always is)")
+				fe = defaultOnly(v, k, isZeroNumber, "0 (per-token top alternatives are not returned; each sampled token's logprob always is)")
 			}
 		case "top_logprobs":
 			if !chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
-			fe = defaultOnly(v, path, isZeroNumber, "0 (per-token top alternatives are not returned)")
+			fe = defaultOnly(v, k, isZeroNumber, "0 (per-token top alternatives are not returned)")
 		case "stream":
-			fe = defaultOnly(v, path, isFalse, "false (results are delivered as a batch)")
+			fe = defaultOnly(v, k, isFalse, "false (results are delivered as a batch)")
 		case "frequency_penalty", "presence_penalty":
-			fe = defaultOnly(v, path, isZeroNumber, "0 (Tinker has no penalties)")
+			fe = defaultOnly(v, k, isZeroNumber, "0 (Tinker has no penalties)")
 		case "logit_bias":
-			fe = defaultOnly(v, path, isEmptyObject, "{} (Tinker has no logit bias)")
+			fe = defaultOnly(v, k, isEmptyObject, "{} (Tinker has no logit bias)")
 		case "echo":
 			if chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
-			fe = defaultOnly(v, path, isFalse, "false (use the native prompt_logprobs instead)")
+			fe = defaultOnly(v, k, isFalse, "false (use the native prompt_logprobs instead)")
 		case "suffix":
 			if chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
-			fe = defaultOnly(v, path, isEmptyString, `"" (Tinker has no insertion mode)`)
+			fe = defaultOnly(v, k, isEmptyString, `"" (Tinker has no insertion mode)`)
 		case "best_of":
 			if chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
 			bestOf = v
 		case "response_format":
 			if !chat {
-				return j, wrongEndpoint
+				return j, wrongEndpoint(k)
 			}
-			fe = defaultOnly(v, path, isTextFormat, `{"type": "text"} (structured output is not supported)`)
+			fe = defaultOnly(v, k, isTextFormat, `{"type": "text"} (structured output is not supported)`)
 		default:
-			return j, fieldErr(path, openaiUnsupported)
+			return j, fieldErr("body."+string(k), openaiUnsupported)
 		}
 		if fe != nil {
 			return j, fe
@@ -328,12 +331,12 @@ func parseCompletionsPrompt(v []byte) (string, []int, *FieldError) {
 	return "", nil, typeErr(path+"[0]", "a string or a list of token ids", first)
 }
 
-// defaultOnly accepts v when it is absent, null or satisfies isDefault.
-func defaultOnly(v []byte, path string, isDefault func([]byte) bool, want string) *FieldError {
+// defaultOnly accepts the value v of body.<key> when it is absent, null or satisfies isDefault.
+func defaultOnly(v, key []byte, isDefault func([]byte) bool, want string) *FieldError {
 	if !present(v) || isDefault(v) {
 		return nil
 	}
-	return fieldErr(path, "is only accepted at its default "+want)
+	return fieldErr("body."+string(key), "is only accepted at its default "+want)
 }
 
 func isFalse(v []byte) bool       { return string(v) == "false" }

@@ -40,9 +40,9 @@ func checkSyntax(b []byte) *FieldError {
 // parseLine turns one syntactically unchecked, trimmed, non-blank line into a Job, detecting its
 // format: a line with any of body, url or method is an OpenAI Batch API line, any other line is a
 // native tinkerfleet line. It also returns the field names to validate the job with.
-func parseLine(b []byte) (Job, *fieldNames, *FieldError) {
+func parseLine(b []byte) (Job, fieldNames, *FieldError) {
 	if fe := checkSyntax(b); fe != nil {
-		return Job{}, nil, fe
+		return Job{}, fieldNames{}, fe
 	}
 	it := newObjIter(b)
 	for k, _, ok := it.next(); ok; k, _, ok = it.next() {
@@ -52,7 +52,7 @@ func parseLine(b []byte) (Job, *fieldNames, *FieldError) {
 		}
 	}
 	j, fe := parseNativeJob(b, false)
-	return j, &nativeNames, fe
+	return j, nativeNames(), fe
 }
 
 // present reports whether a raw member value was given and is not null. Null is treated like an
@@ -348,31 +348,28 @@ func parseStop(v []byte, path string) (Stop, *FieldError) {
 	it := newArrIter(v)
 	i := 0
 	for e, ok := it.next(); ok; e, ok = it.next() {
-		ep := path + "[" + strconv.Itoa(i) + "]"
+		ep := func() string { return elemPath(path, i, "") }
 		switch {
 		case isString(e):
 			if len(s.TokenIDs) > 0 {
-				return s, fieldErr(ep, "must not mix stop strings and stop token ids")
+				return s, fieldErr(ep(), "must not mix stop strings and stop token ids")
 			}
-			str, fe := getString(e, ep)
+			str, fe := getString(e, "")
 			if fe != nil {
 				return s, fe
 			}
 			s.Strings = append(s.Strings, str)
 		case isNumber(e):
 			if len(s.Strings) > 0 {
-				return s, fieldErr(ep, "must not mix stop strings and stop token ids")
+				return s, fieldErr(ep(), "must not mix stop strings and stop token ids")
 			}
-			n, fe := getInt(e, ep)
-			if fe != nil {
-				return s, fe
-			}
-			if n < 0 || n > maxTokenID {
-				return s, fieldErr(ep, "must be a token id (0 to 2147483647)")
+			n, msg := decInt(e)
+			if msg != "" || n < 0 || n > maxTokenID {
+				return s, fieldErr(ep(), "must be a token id (0 to 2147483647)")
 			}
 			s.TokenIDs = append(s.TokenIDs, int(n))
 		default:
-			return s, typeErr(ep, "a string or a token id", e)
+			return s, typeErr(ep(), "a string or a token id", e)
 		}
 		i++
 	}
@@ -419,9 +416,10 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 	msgs := make([]Message, 0, arrayLen(v))
 	it := newArrIter(v)
 	for e, ok := it.next(); ok; e, ok = it.next() {
-		mp := path + "[" + strconv.Itoa(len(msgs)) + "]"
+		i := len(msgs)
+		mp := func(suffix string) string { return elemPath(path, i, suffix) }
 		if !isObject(e) {
-			return nil, typeErr(mp, "an object with role and content", e)
+			return nil, typeErr(mp(""), "an object with role and content", e)
 		}
 		var role, content []byte
 		mit := newObjIter(e)
@@ -429,33 +427,34 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 			switch string(k) {
 			case "role":
 				if role != nil {
-					return nil, dupKey(mp + ".role")
+					return nil, dupKey(mp(".role"))
 				}
 				role = val
 			case "content":
 				if content != nil {
-					return nil, dupKey(mp + ".content")
+					return nil, dupKey(mp(".content"))
 				}
 				content = val
 			default:
-				return nil, fieldErr(mp+"."+string(k), "unknown field (a message has only role and content)")
+				return nil, fieldErr(mp("."+string(k)), "unknown field (a message has only role and content)")
 			}
 		}
 		var m Message
 		var fe *FieldError
 		if !present(role) {
-			return nil, fieldErr(mp+".role", "is required")
+			return nil, fieldErr(mp(".role"), "is required")
 		}
-		if m.Role, fe = getString(role, mp+".role"); fe != nil {
-			return nil, fe
+		var ok bool
+		if m.Role, ok = decString(role); !ok {
+			return nil, typeErr(mp(".role"), "a string", role)
 		}
 		if openai && m.Role == "developer" {
 			m.Role = RoleSystem
 		}
 		if !present(content) {
-			return nil, fieldErr(mp+".content", "is required")
+			return nil, fieldErr(mp(".content"), "is required")
 		}
-		if m.Content, fe = parseContent(content, mp+".content", openai); fe != nil {
+		if m.Content, fe = parseContent(content, path, i, openai); fe != nil {
 			return nil, fe
 		}
 		msgs = append(msgs, m)
@@ -466,10 +465,19 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 	return msgs, nil
 }
 
-// parseContent parses message content: a string, or in OpenAI lines a list of text parts.
-func parseContent(v []byte, path string, openai bool) (string, *FieldError) {
-	if isString(v) || !openai {
-		return getString(v, path)
+// elemPath returns path[i]suffix, for error messages.
+func elemPath(path string, i int, suffix string) string {
+	return path + "[" + strconv.Itoa(i) + "]" + suffix
+}
+
+// parseContent parses the content of message msg of msgsPath: a string, or in OpenAI lines a list of text parts.
+func parseContent(v []byte, msgsPath string, msg int, openai bool) (string, *FieldError) {
+	if s, ok := decString(v); ok {
+		return s, nil
+	}
+	path := elemPath(msgsPath, msg, ".content")
+	if !openai {
+		return "", typeErr(path, "a string", v)
 	}
 	if !isArray(v) {
 		return "", typeErr(path, "a string or a list of text parts", v)

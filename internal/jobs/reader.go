@@ -84,7 +84,7 @@ func (r *Reader) Next() (Job, error) {
 		r.nonBlank++
 		j, names, fe := parseLine(b)
 		if fe == nil {
-			fe = j.validate(r.limits, names)
+			fe = j.validate(r.limits, &names)
 		}
 		if fe != nil {
 			return Job{}, r.lineErr(fe)

@@ -18,9 +18,9 @@ type fieldNames struct {
 	numSamples, promptLogprobs, topKPromptLogprobs                       string
 }
 
-var (
-	// nativeNames are the paths of the native line (and of the encoded Job).
-	nativeNames = fieldNames{
+// nativeNames are the paths of the native line (and of the encoded Job).
+func nativeNames() fieldNames {
+	return fieldNames{
 		customID: "custom_id", model: "model", modelPath: "model_path", prompt: "prompt",
 		promptTokens: "prompt_tokens", messages: "messages", metadata: "metadata",
 		maxTokens: "sampling_params.max_tokens", temperature: "sampling_params.temperature",
@@ -28,28 +28,28 @@ var (
 		stop: "sampling_params.stop", numSamples: "num_samples", promptLogprobs: "prompt_logprobs",
 		topKPromptLogprobs: "topk_prompt_logprobs",
 	}
-	// completionsNames are the paths of an OpenAI /v1/completions line.
-	completionsNames = fieldNames{
+}
+
+// openaiNames are the paths of an OpenAI line (both endpoints; a chat line that used
+// max_completion_tokens renames maxTokens).
+func openaiNames() fieldNames {
+	return fieldNames{
 		customID: "custom_id", model: "body.model", modelPath: "body.model", prompt: "body.prompt",
 		promptTokens: "body.prompt", messages: "body.messages", metadata: "body.metadata",
 		maxTokens: "body.max_tokens", temperature: "body.temperature", topP: "body.top_p",
 		topK: "body.top_k", seed: "body.seed", stop: "body.stop", numSamples: "body.n",
 		promptLogprobs: "prompt_logprobs", topKPromptLogprobs: "topk_prompt_logprobs",
 	}
-	// chatNames are the paths of an OpenAI /v1/chat/completions line.
-	chatNames = completionsNames
-)
+}
 
 // namesFor returns the field names of a format.
 func namesFor(format string) *fieldNames {
 	var n fieldNames
 	switch format {
-	case FormatOpenAIChat:
-		n = chatNames
-	case FormatOpenAICompletions:
-		n = completionsNames
+	case FormatOpenAIChat, FormatOpenAICompletions:
+		n = openaiNames()
 	default:
-		n = nativeNames
+		n = nativeNames()
 	}
 	return &n
 }
