@@ -11,7 +11,7 @@ import (
 
 // Reader reads jobs from a JSONL input, one line at a time, through a buffer of
 // Limits.MaxLineBytes (+2 for the line end): memory does not grow with the file, except for the
-// set of custom_ids seen (about 16 bytes plus the id's length per job, see idSet).
+// set of custom_ids seen (about 40 bytes plus the id's length per job, see idSet).
 //
 // A line may be a native tinkerfleet job or an OpenAI Batch API request (detected per line by the
 // presence of body, url or method). Blank lines are skipped, CRLF line ends and a UTF-8 byte order
