@@ -91,7 +91,8 @@ type Fleet struct {
 	cbMu    sync.Mutex // serialises OnChange
 	n       notifier
 
-	watches atomic.Int64 // watchers created, for tests and debugging
+	watches  atomic.Int64   // watchers created, for tests and debugging
+	stopping sync.WaitGroup // old watchers being stopped (deleting their consumers)
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -174,6 +175,7 @@ func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
 		f.cancel()
 		<-f.done
+		f.stopping.Wait()
 	})
 	return nil
 }
@@ -421,7 +423,7 @@ func (f *Fleet) run(ctx context.Context) {
 		}
 		if err != nil {
 			if w != nil {
-				_ = w.Stop()
+				f.stop(w)
 			}
 			f.log.Debug("backoff: watch not ready, retrying", "err", err, "in", retry)
 			if !sleep(ctx, retry) {
@@ -431,7 +433,7 @@ func (f *Fleet) run(ctx context.Context) {
 			continue
 		}
 		healthy := f.follow(ctx, w, status, ticker)
-		_ = w.Stop()
+		f.stop(w)
 		if healthy {
 			retry = minRetry
 		} else {
@@ -441,6 +443,14 @@ func (f *Fleet) run(ctx context.Context) {
 			retry = min(2*retry, maxRetry)
 		}
 	}
+}
+
+// stop stops an old watcher in the background: Stop deletes the watch's
+// consumer with a request that can take up to the JetStream API timeout while
+// the connection is down, and the new watch must not wait for it. Close waits
+// for these.
+func (f *Fleet) stop(w jetstream.KeyWatcher) {
+	f.stopping.Go(func() { _ = w.Stop() })
 }
 
 func (f *Fleet) watch(ctx context.Context) (jetstream.KeyWatcher, error) {
