@@ -1,0 +1,221 @@
+// Command worker is one member of a tinkerfleet: it pulls sampling jobs from the shared
+// JetStream consumer, samples them on the Tinker API and publishes one result per job.
+//
+// Run one or a hundred; they share the work and the account's backoff. With --embedded-nats it
+// also serves a NATS server with JetStream on disk, which other workers and submit can join:
+//
+//	TINKER_API_KEY=tml-… worker --embedded-nats --data-dir /var/lib/tinkerfleet
+//	TINKER_API_KEY=tml-… worker --nats-url nats://10.0.0.5:4222
+//
+// Every flag has an environment variable (see README.md, "Configuration"). The API key is read
+// from TINKER_API_KEY or the file named by TINKER_API_KEY_FILE, never from a flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	conn          queue.ConnectConfig
+	queue         queue.Config
+	embedded      bool
+	dataDir       string
+	embeddedHost  string
+	embeddedPort  int
+	baseURL       string
+	concurrency   int
+	metricsAddr   string
+	shutdownGrace time.Duration
+	localBackoff  bool
+	pausedBackoff time.Duration
+	tokenizerDir  string
+	logLevel      string
+	logJSON       bool
+}
+
+func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	s := envflag.New(fs, getenv)
+	o.conn.RegisterFlags(s)
+	o.queue.RegisterFlags(s)
+	s.Bool(&o.embedded, "embedded-nats", "TINKERFLEET_EMBEDDED_NATS", false, "serve an embedded NATS server with JetStream in --data-dir")
+	s.String(&o.dataDir, "data-dir", "TINKERFLEET_DATA_DIR", ".tinkerfleet", "JetStream store of the embedded server")
+	s.String(&o.embeddedHost, "embedded-host", "TINKERFLEET_EMBEDDED_HOST", "127.0.0.1", "address the embedded server listens on")
+	s.Int(&o.embeddedPort, "embedded-port", "TINKERFLEET_EMBEDDED_PORT", 4222, "port of the embedded server")
+	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL (default the production service)")
+	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
+	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; empty disables")
+	s.Duration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time in-flight jobs get to finish on SIGTERM")
+	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
+	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
+	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
+	s.String(&o.logLevel, "log-level", "TINKERFLEET_LOG_LEVEL", "info", "debug, info, warn or error")
+	s.Bool(&o.logJSON, "log-json", "TINKERFLEET_LOG_JSON", false, "log JSON lines instead of text")
+	if err := s.Err(); err != nil {
+		return o, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.conn.URL == "" && !o.embedded {
+		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Writer) error {
+	o, err := parseFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, o.logLevel, o.logJSON)
+	key, err := tinker.APIKeyFromEnv()
+	if err != nil {
+		return err
+	}
+
+	if o.embedded {
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Host: o.embeddedHost, Port: o.embeddedPort})
+		if err != nil {
+			return err
+		}
+		defer emb.Shutdown()
+		if o.conn.URL == "" {
+			o.conn.URL = emb.ClientURL()
+		}
+		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
+	}
+	o.conn.Name = "tinkerfleet-worker"
+	o.conn.Logger = log
+	nc, err := queue.Connect(o.conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	q, err := queue.Setup(ctx, js, o.queue)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tokOpts := tokenizer.OptionsFromEnv(getenv)
+	tokOpts.Dir = o.tokenizerDir
+	w, err := worker.Open(ctx, worker.Config{
+		Queue:         q,
+		TinkerBaseURL: o.baseURL,
+		TinkerAPIKey:  key,
+		LocalBackoff:  o.localBackoff,
+		PausedBackoff: o.pausedBackoff,
+		Tokenizers:    tokenizer.NewRegistry(tokOpts),
+		Concurrency:   o.concurrency,
+		ShutdownGrace: o.shutdownGrace,
+		Registerer:    reg,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+
+	if o.metricsAddr != "" {
+		srv, err := serveHealth(o.metricsAddr, reg, nc, w)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutCtx)
+		}()
+		log.Info("serving /metrics, /healthz and /readyz", "addr", o.metricsAddr)
+	}
+	log.Info("worker started", "concurrency", o.concurrency, "prefix", q.Names.Prefix, "session", w.Client().SessionID())
+	err = w.Run(ctx)
+	log.Info("worker stopped")
+	return err
+}
+
+// serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (NATS is
+// connected and the Tinker session is alive).
+func serveHealth(addr string, reg *prometheus.Registry, nc *nats.Conn, w *worker.Worker) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(rw, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !nc.IsConnected() {
+			http.Error(rw, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)
+			return
+		}
+		if err := w.SessionHealthy(); err != nil {
+			http.Error(rw, "tinker: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(rw, "ready\n")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }() // owned by the caller through srv.Shutdown.
+	return srv, nil
+}
+
+func newLogger(w io.Writer, level string, asJSON bool) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	if asJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,47 @@
+package envflag
+
+import (
+	"flag"
+	"io"
+	"testing"
+	"time"
+)
+
+func TestEnvironmentSetsDefaultsAndFlagsWin(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"A": "from-env", "N": "7", "D": "2s", "B": "true"}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	s := New(fs, func(k string) string { return env[k] })
+	var (
+		a, c string
+		n    int
+		d    time.Duration
+		b    bool
+	)
+	s.String(&a, "a", "A", "def", "")
+	s.String(&c, "c", "C", "def", "")
+	s.Int(&n, "n", "N", 1, "")
+	s.Duration(&d, "d", "D", time.Second, "")
+	s.Bool(&b, "b", "B", false, "")
+	if err := fs.Parse([]string{"-n", "9"}); err != nil {
+		t.Fatal(err)
+	}
+	if a != "from-env" || c != "def" || n != 9 || d != 2*time.Second || !b || s.Err() != nil {
+		t.Fatalf("a=%q c=%q n=%d d=%v b=%v err=%v", a, c, n, d, b, s.Err())
+	}
+	if got := fs.Lookup("a").Usage; got != " (env A)" {
+		t.Fatalf("usage = %q, want the variable named", got)
+	}
+}
+
+func TestMalformedEnvironmentIsAnError(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	s := New(fs, func(k string) string { return map[string]string{"N": "lots"}[k] })
+	var n int
+	s.Int(&n, "n", "N", 1, "")
+	if s.Err() == nil {
+		t.Fatal("N=lots was accepted")
+	}
+}

@@ -1,0 +1,178 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+)
+
+// samplerCache holds one sampling session per model (base model or checkpoint), created on
+// first use; concurrent first uses share one create_sampling_session call.
+type samplerCache struct {
+	client *tinker.Client
+	mu     sync.Mutex
+	byKey  map[tinker.SamplerSpec]*samplerEntry
+}
+
+type samplerEntry struct {
+	ready     chan struct{}
+	sampler   *tinker.Sampler
+	baseModel string
+	err       error
+}
+
+// get returns the sampler of spec and the base model it samples (for its tokenizer).
+func (c *samplerCache) get(ctx context.Context, spec tinker.SamplerSpec) (*tinker.Sampler, string, error) {
+	c.mu.Lock()
+	if c.byKey == nil {
+		c.byKey = make(map[tinker.SamplerSpec]*samplerEntry)
+	}
+	e, ok := c.byKey[spec]
+	if !ok {
+		e = &samplerEntry{ready: make(chan struct{})}
+		c.byKey[spec] = e
+		c.mu.Unlock()
+		e.sampler, e.baseModel, e.err = c.create(ctx, spec)
+		if e.err != nil {
+			c.mu.Lock()
+			delete(c.byKey, spec) // the next job tries again
+			c.mu.Unlock()
+		}
+		close(e.ready)
+	} else {
+		c.mu.Unlock()
+	}
+	select {
+	case <-e.ready:
+		return e.sampler, e.baseModel, e.err
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+}
+
+func (c *samplerCache) create(ctx context.Context, spec tinker.SamplerSpec) (*tinker.Sampler, string, error) {
+	s, err := c.client.NewSampler(ctx, spec)
+	if err != nil {
+		return nil, "", fmt.Errorf("create sampler for %s%s: %w", spec.BaseModel, spec.ModelPath, err)
+	}
+	if spec.BaseModel != "" {
+		return s, spec.BaseModel, nil
+	}
+	info, err := s.Info(ctx) // a checkpoint: its base model names the tokenizer (§9)
+	if err != nil {
+		return nil, "", fmt.Errorf("base model of %s: %w", spec.ModelPath, err)
+	}
+	return s, info.BaseModel, nil
+}
+
+// modelCache remembers the context windows from get_server_capabilities (§3.8).
+type modelCache struct {
+	client *tinker.Client
+	mu     sync.Mutex
+	caps   *tinker.Capabilities
+	at     time.Time
+}
+
+// maxContext returns the context window of model, 0 when the server does not say. The
+// capabilities are fetched once and again when a model is missing (at most once a minute).
+func (c *modelCache) maxContext(ctx context.Context, model string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.caps != nil {
+		if m, ok := c.caps.Model(model); ok {
+			return m.MaxContextLength, nil
+		}
+		if time.Since(c.at) < time.Minute {
+			return 0, nil
+		}
+	}
+	caps, err := c.client.Capabilities(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("server capabilities: %w", err)
+	}
+	c.caps, c.at = caps, time.Now()
+	m, _ := caps.Model(model)
+	return m.MaxContextLength, nil
+}
+
+// cancelSet is the set of cancelled batches, kept current by watching the batches bucket.
+type cancelSet struct {
+	mu  sync.RWMutex
+	ids map[string]bool
+}
+
+func (s *cancelSet) has(batch string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ids[batch]
+}
+
+func (s *cancelSet) set(batch string, cancelled bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = make(map[string]bool)
+	}
+	if cancelled {
+		s.ids[batch] = true
+	} else {
+		delete(s.ids, batch)
+	}
+}
+
+// watch follows the batches bucket until ctx is done, re-watching after the watcher ends
+// (a reconnect may close it, jetstream-notes §6).
+func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.watchOnce(ctx, q)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("batch watch ended; watching again", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue) error {
+	w, err := q.Batches.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watcher closed")
+			}
+			if e == nil {
+				continue // the end of the initial values
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				s.set(e.Key(), false)
+				continue
+			}
+			var m queue.Manifest
+			if json.Unmarshal(e.Value(), &m) == nil {
+				s.set(e.Key(), m.Status == queue.BatchCancelled)
+			}
+		}
+	}
+}

@@ -1,0 +1,21 @@
+// Package worker runs tinkerfleet jobs: it pulls them from the shared JetStream consumer, turns
+// each into a Tinker sample (tokenize or render the chat, check the context window, pass the
+// three-layer dispatch and the fleet backoff, submit, poll), publishes exactly one result per
+// job and only then acks it.
+//
+// One Worker is one member of the fleet; cmd/worker runs one per process and `submit --local`
+// runs one in-process. What it guarantees, with the invariants of docs/architecture.md:
+//
+//   - It reserves a dispatch count permit (and a job slot) before it pulls, so it never holds
+//     more unacked jobs waiting for dispatch than it has free dispatch permits (invariant 5).
+//   - A job is acked only after its result is stored in the results stream (invariant 2);
+//     a job delivered again after that is acked without sampling twice.
+//   - Permanent failures (an invalid job, a failed future of category user, a prompt too long
+//     for the context window) publish an error result and Term the message; transient ones
+//     NakWithDelay, using the fleet backoff's remaining time when it is the cause; the last
+//     allowed delivery publishes an error result and keeps the payload in the dead stream, and
+//     an advisory handler does the same for jobs whose last delivery died with its worker.
+//   - A cancelled batch's jobs end as cancelled results without sampling.
+//   - Stopping (Run's context done) stops pulling at once, lets in-flight jobs finish within
+//     the grace period, then naks what is left so that other workers take it immediately.
+package worker

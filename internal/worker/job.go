@@ -1,0 +1,395 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+)
+
+// outcome is what became of one delivery of a job.
+type outcome struct {
+	result *jobs.Result  // to publish before the message is settled; nil for none
+	settle settlement    // what to tell JetStream afterwards
+	delay  time.Duration // for settleRetry
+	err    error         // why, for settleRetry and the dead letter
+}
+
+type settlement int
+
+const (
+	settleAck   settlement = iota // done: result stored (or already there)
+	settleTerm                    // permanent failure: error result stored
+	settleRetry                   // transient: NakWithDelay, or dead-letter on the last delivery
+	settleNak                     // shutting down: hand back at once
+)
+
+// handle works one delivery of a job and settles its message.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Reservation) {
+	start := time.Now()
+	names := w.cfg.Queue.Names
+	batch := names.BatchFromJobSubject(msg.Subject())
+	customID := msg.Headers().Get(queue.HeaderCustomID)
+	delivered := uint64(1)
+	if meta, err := msg.Metadata(); err == nil {
+		delivered = meta.NumDelivered
+	}
+	log := w.log.With("batch", batch, "custom_id", customID, "delivery", delivered)
+	if batch == "" {
+		log.Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
+		_ = msg.TermWithReason("not a job subject")
+		return
+	}
+
+	stopKeepAlive := w.keepAlive(msg)
+	out := w.work(ctx, msg, batch, customID, r)
+	stopKeepAlive()
+	log.Debug("job worked", "settle", out.settle, "err", out.err, "has_result", out.result != nil)
+
+	if out.result != nil {
+		out.result.LatencyMS = time.Since(start).Milliseconds()
+	}
+	if out.settle == settleRetry && delivered >= uint64(w.maxDeliver) {
+		// The last allowed delivery: end the job here rather than leave it without a result.
+		res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
+			Code:      jobs.CodeDeadLetter,
+			Message:   fmt.Sprintf("gave up after %d deliveries: %v", delivered, out.err),
+			Category:  jobs.CategoryServer,
+			Retryable: true,
+		})
+		res.LatencyMS = time.Since(start).Milliseconds()
+		if err := w.cfg.Queue.PublishDead(ctx, batch, customID, out.err.Error(), msg.Data()); err != nil {
+			log.Error("keep dead-letter payload", "err", err)
+		}
+		out = outcome{result: &res, settle: settleTerm}
+		w.metrics.deadLetter()
+	}
+	if out.result != nil {
+		if err := w.publish(ctx, batch, out.result); err != nil {
+			log.Warn("publish result; the job will be delivered again", "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+	}
+	var err error
+	switch out.settle {
+	case settleAck:
+		err = msg.DoubleAck(ctx)
+	case settleTerm:
+		err = msg.Term()
+	case settleRetry:
+		log.Info("job will be retried", "delay", out.delay, "err", out.err)
+		err = msg.NakWithDelay(out.delay)
+	case settleNak:
+		err = msg.Nak()
+	}
+	if err != nil {
+		log.Warn("settle job message", "err", err)
+	}
+	if out.result != nil {
+		w.metrics.finished(out.result, time.Since(start))
+	}
+}
+
+// work decides the outcome of one delivery.
+func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, r *dispatch.Reservation) outcome {
+	job, err := jobs.DecodeJob(msg.Data())
+	if err == nil {
+		err = job.Validate(w.cfg.Limits)
+	}
+	if err != nil {
+		res := errorResult(jobs.Job{CustomID: customID}, batch, jobs.ResultError{
+			Code: jobs.CodeInvalidJob, Message: err.Error(), Category: jobs.CategoryUser,
+		})
+		return outcome{result: &res, settle: settleTerm}
+	}
+	if job.CustomID != customID && customID != "" {
+		res := errorResult(job, batch, jobs.ResultError{
+			Code: jobs.CodeInvalidJob, Message: "custom_id does not match the message header", Category: jobs.CategoryUser,
+		})
+		return outcome{result: &res, settle: settleTerm}
+	}
+
+	done, err := w.cfg.Queue.HasResult(ctx, batch, job.CustomID)
+	if err != nil {
+		return retry(ctx, time.Second, err)
+	}
+	if done {
+		return outcome{settle: settleAck} // a redelivery after the result was stored
+	}
+	if w.cancelled.has(batch) {
+		res := errorResult(job, batch, jobs.ResultError{
+			Code: jobs.CodeCancelled, Message: "the batch was cancelled", Category: jobs.CategoryUser,
+		})
+		res.Status = jobs.StatusCancelled
+		return outcome{result: &res, settle: settleAck}
+	}
+	return w.sample(ctx, job, batch, r)
+}
+
+// sample turns a valid job into a Tinker sample and its result.
+func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *dispatch.Reservation) outcome {
+	sampler, baseModel, err := w.samplers.get(ctx, tinker.SamplerSpec{BaseModel: job.Model, ModelPath: job.ModelPath})
+	if err != nil {
+		return w.failure(ctx, job, batch, err)
+	}
+	prompt, stops, tok, err := w.prompt(ctx, job, baseModel)
+	if err != nil {
+		res := errorResult(job, batch, jobs.ResultError{Code: jobs.CodeTokenize, Message: err.Error(), Category: jobs.CategoryUser})
+		return outcome{result: &res, settle: settleTerm}
+	}
+	params := toTinkerParams(job.Params)
+	if params.Stop.Strings == nil && params.Stop.Tokens == nil {
+		params.Stop.Tokens = stops
+	}
+	if maxCtx, err := w.models.maxContext(ctx, baseModel); err == nil && maxCtx > 0 {
+		want := len(prompt)
+		if job.Params.MaxTokens != nil {
+			want += *job.Params.MaxTokens
+		}
+		if want > maxCtx {
+			res := errorResult(job, batch, jobs.ResultError{
+				Code: jobs.CodeContextTooLong,
+				Message: fmt.Sprintf("prompt of %d tokens plus max_tokens exceeds the context window of %s (%d tokens)",
+					len(prompt), baseModel, maxCtx),
+				Category: jobs.CategoryUser,
+			})
+			return outcome{result: &res, settle: settleTerm}
+		}
+	}
+	if left := time.Until(w.backoff.Until()); left > w.cfg.NakAbove {
+		// A long pause (billing, a paused queue): leave the job in the stream, not in memory.
+		return outcome{settle: settleRetry, delay: left, err: errors.New("the fleet is backing off")}
+	}
+
+	res, err := sampler.Sample(withReservation(ctx, r), tinker.SampleRequest{
+		Prompt:             tinker.EncodedText(prompt),
+		NumSamples:         job.NumSamples,
+		Params:             params,
+		PromptLogprobs:     job.PromptLogprobs,
+		TopKPromptLogprobs: job.TopKPromptLogprobs,
+	})
+	if err != nil {
+		return w.failure(ctx, job, batch, err)
+	}
+	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
+	return outcome{result: &result, settle: settleAck}
+}
+
+// failure classifies a sampling error into a permanent error result or a retry.
+func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err error) outcome {
+	if ctx.Err() != nil {
+		return outcome{settle: settleNak, err: err}
+	}
+	var failed *tinker.RequestFailedError
+	if errors.As(err, &failed) {
+		if failed.Category == tinker.CategoryUser {
+			res := errorResult(job, batch, jobs.ResultError{
+				Code: jobs.CodeFailedFuture, Message: failed.Message, Category: jobs.CategoryUser,
+			})
+			return outcome{result: &res, settle: settleTerm}
+		}
+		return retry(ctx, 5*time.Second, err)
+	}
+	var status *tinker.StatusError
+	if errors.As(err, &status) {
+		switch status.StatusCode {
+		case 400, 404, 422:
+			res := errorResult(job, batch, jobs.ResultError{
+				Code: jobs.CodeAPIError, Message: err.Error(), Category: jobs.CategoryUser,
+			})
+			return outcome{result: &res, settle: settleTerm}
+		}
+	}
+	return retry(ctx, 5*time.Second, err)
+}
+
+func retry(_ context.Context, delay time.Duration, err error) outcome {
+	return outcome{settle: settleRetry, delay: delay, err: err}
+}
+
+// prompt returns the prompt tokens of job, the default stop tokens of its chat format (for
+// messages jobs) and the tokenizer to decode samples with (nil when none is available).
+func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]int, []int, *tokenizer.Tokenizer, error) {
+	var tok *tokenizer.Tokenizer
+	var tokErr error
+	if w.cfg.Tokenizers == nil {
+		tokErr = errors.New("no tokenizer registry configured")
+	} else {
+		tok, tokErr = w.cfg.Tokenizers.ForModel(ctx, baseModel)
+	}
+	switch {
+	case len(job.PromptTokens) > 0:
+		return job.PromptTokens, nil, tok, nil // text of samples is best effort here
+	case tokErr != nil:
+		return nil, nil, nil, fmt.Errorf("tokenizer for %s: %w", baseModel, tokErr)
+	case len(job.Messages) > 0:
+		renderer, err := tokenizer.RendererFor(baseModel, tok, tokenizer.RenderOptions{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		msgs := make([]tokenizer.Message, len(job.Messages))
+		for i, m := range job.Messages {
+			msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+		}
+		ids, err := renderer.Render(msgs)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("render chat for %s: %w", baseModel, err)
+		}
+		return ids, renderer.StopTokens(), tok, nil
+	default:
+		return tok.Encode(job.Prompt), nil, tok, nil
+	}
+}
+
+// publish stores a result; a result too large for the server even compressed is replaced by
+// an error result saying so, so that the job still ends with exactly one result.
+func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	err = w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	if !errors.Is(err, queue.ErrTooLarge) {
+		return err
+	}
+	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Metadata: res.Metadata}, batch, jobs.ResultError{
+		Code:     jobs.CodeInternal,
+		Message:  fmt.Sprintf("the result (%d bytes) does not fit the NATS max payload (%d bytes)", len(data), w.maxPayload),
+		Category: jobs.CategoryUser,
+	})
+	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
+	*res = small
+	if data, err = json.Marshal(res); err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+}
+
+// keepAlive tells JetStream the job is being worked on, every third of AckWait, until stopped.
+func (w *Worker) keepAlive(msg jetstream.Msg) (stop func()) {
+	every := w.cfg.Queue.Config.AckWait / 3
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() { // owned by the returned stop func.
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// jobOrStub decodes the job of msg for an error result, or makes a stub from the custom id.
+func (w *Worker) jobOrStub(msg jetstream.Msg, customID string) jobs.Job {
+	if j, err := jobs.DecodeJob(msg.Data()); err == nil {
+		return j
+	}
+	return jobs.Job{CustomID: customID}
+}
+
+func errorResult(job jobs.Job, batch string, e jobs.ResultError) jobs.Result {
+	return jobs.Result{
+		CustomID: job.CustomID,
+		BatchID:  batch,
+		Status:   jobs.StatusError,
+		Model:    modelName(job),
+		Error:    &e,
+		Metadata: job.Metadata,
+	}
+}
+
+func okResult(job jobs.Job, batch string, res *tinker.SampleResult, promptLen int, tok *tokenizer.Tokenizer, stop tinker.Stop) jobs.Result {
+	out := jobs.Result{
+		CustomID: job.CustomID,
+		BatchID:  batch,
+		Status:   jobs.StatusOK,
+		Model:    modelName(job),
+		Attempts: res.Attempts,
+		Metadata: job.Metadata,
+		Usage:    &jobs.Usage{PromptTokens: promptLen, CacheHitTokens: res.Response.PromptCacheHitTokens},
+	}
+	for _, seq := range res.Response.Sequences {
+		s := jobs.Sample{Tokens: seq.Tokens, Logprobs: seq.Logprobs, StopReason: string(seq.StopReason)}
+		if tok != nil {
+			s.Text = completionText(tok, seq, stop)
+		}
+		out.Usage.CompletionTokens += len(seq.Tokens)
+		out.Samples = append(out.Samples, s)
+	}
+	if job.PromptLogprobs {
+		out.PromptLogprobs = res.Response.PromptLogprobs
+	}
+	if job.TopKPromptLogprobs > 0 {
+		out.TopKPromptLogprobs = make([][]jobs.TokenLogprob, len(res.Response.TopKPromptLogprobs))
+		for i, row := range res.Response.TopKPromptLogprobs {
+			if row == nil {
+				continue
+			}
+			cells := make([]jobs.TokenLogprob, len(row))
+			for k, c := range row {
+				cells[k] = jobs.TokenLogprob{Token: c.Token, Logprob: c.Logprob}
+			}
+			out.TopKPromptLogprobs[i] = cells
+		}
+	}
+	return out
+}
+
+// completionText decodes a sequence, leaving out the stop token or stop string that ended it
+// (as the OpenAI API does); the tokens keep it.
+func completionText(tok *tokenizer.Tokenizer, seq tinker.SampledSequence, stop tinker.Stop) string {
+	ids := seq.Tokens
+	if seq.StopReason == tinker.StopReasonStop && len(ids) > 0 {
+		for _, s := range stop.Tokens {
+			if ids[len(ids)-1] == s {
+				ids = ids[:len(ids)-1]
+				break
+			}
+		}
+	}
+	text := tok.Decode(ids)
+	if seq.StopReason == tinker.StopReasonStop {
+		for _, s := range stop.Strings {
+			if cut, ok := strings.CutSuffix(text, s); ok {
+				return cut
+			}
+		}
+	}
+	return text
+}
+
+func modelName(job jobs.Job) string {
+	if job.ModelPath != "" {
+		return job.ModelPath
+	}
+	return job.Model
+}
+
+func toTinkerParams(p jobs.SamplingParams) tinker.SamplingParams {
+	return tinker.SamplingParams{
+		MaxTokens:   p.MaxTokens,
+		Seed:        p.Seed,
+		Stop:        tinker.Stop{Strings: p.Stop.Strings, Tokens: p.Stop.TokenIDs},
+		Temperature: p.Temperature,
+		TopK:        p.TopK,
+		TopP:        p.TopP,
+	}
+}

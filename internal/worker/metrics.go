@@ -1,0 +1,157 @@
+package worker
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+)
+
+// Metrics are a worker's Prometheus measurements. A nil *Metrics records nothing.
+type Metrics struct {
+	reg              prometheus.Registerer
+	jobsPulled       prometheus.Counter
+	jobsFinished     *prometheus.CounterVec
+	jobLatency       prometheus.Histogram
+	deadLetters      prometheus.Counter
+	promptTokens     prometheus.Counter
+	completionTokens prometheus.Counter
+	requests         *prometheus.CounterVec
+	requestLatency   *prometheus.HistogramVec
+	rateLimited      *prometheus.CounterVec
+	billingPaused    prometheus.Counter
+	retries          *prometheus.CounterVec
+	queueState       *prometheus.GaugeVec
+}
+
+// NewMetrics creates the worker's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		reg: reg,
+		jobsPulled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_jobs_pulled_total", Help: "Job deliveries pulled from the jobs stream.",
+		}),
+		jobsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_jobs_finished_total", Help: "Jobs that ended with a published result, by status and error code.",
+		}, []string{"status", "code"}),
+		jobLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tinkerfleet_job_duration_seconds",
+			Help:    "Time from pulling a job to its result, for jobs that ended.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+		}),
+		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries.",
+		}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_prompt_tokens_total", Help: "Prompt tokens of successful jobs.",
+		}),
+		completionTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_completion_tokens_total", Help: "Completion tokens of successful jobs.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_tinker_requests_total", Help: "Tinker HTTP requests by endpoint and status (0: no response).",
+		}, []string{"endpoint", "status"}),
+		requestLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tinkerfleet_tinker_request_duration_seconds",
+			Help:    "Tinker HTTP request durations by endpoint (polls include the server's long-poll wait).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"endpoint"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_tinker_rate_limited_total", Help: "429 replies by endpoint.",
+		}, []string{"endpoint"}),
+		billingPaused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_tinker_billing_paused_total", Help: "402 replies inside the billing window.",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_tinker_retries_total", Help: "Retries by layer (http, submit, sample, poll).",
+		}, []string{"layer"}),
+		queueState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tinkerfleet_sampler_queue_state", Help: "Samplers whose last reported queue state is the label's.",
+		}, []string{"state"}),
+	}
+	reg.MustRegister(m.jobsPulled, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
+		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
+	return m
+}
+
+// watch registers gauges read on scrape from the limiter and the backoff.
+func (m *Metrics) watch(l *dispatch.Limiter, b Backoff) {
+	if m == nil {
+		return
+	}
+	gauge := func(name, help string, f func(dispatch.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(l.Stats()) })
+	}
+	m.reg.MustRegister(
+		gauge("tinkerfleet_dispatch_count_in_use", "Count permits held (reserved or dispatching).",
+			func(s dispatch.Stats) float64 { return float64(s.CountInUse) }),
+		gauge("tinkerfleet_dispatch_throttled_in_use", "Throttled permits held.",
+			func(s dispatch.Stats) float64 { return float64(s.ThrottledInUse) }),
+		gauge("tinkerfleet_dispatch_bytes_charged", "Bytes charged against the dispatch budget.",
+			func(s dispatch.Stats) float64 { return float64(s.BytesCharged) }),
+		gauge("tinkerfleet_dispatch_bytes_in_flight", "Estimated prompt bytes being dispatched.",
+			func(s dispatch.Stats) float64 { return float64(s.BytesEstimated) }),
+		gauge("tinkerfleet_dispatch_waiting", "Callers waiting on any dispatch layer.",
+			func(s dispatch.Stats) float64 { return float64(s.CountWaiting + s.ThrottledWaiting + s.BytesWaiting) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
+		}, func() float64 {
+			if time.Now().Before(b.Until()) {
+				return 1
+			}
+			return 0
+		}),
+	)
+}
+
+// event counts a Tinker client event.
+func (m *Metrics) event(e tinker.Event) {
+	if m == nil {
+		return
+	}
+	switch e.Kind {
+	case tinker.EventRequest:
+		m.requests.WithLabelValues(e.Endpoint, strconv.Itoa(e.StatusCode)).Inc()
+		m.requestLatency.WithLabelValues(e.Endpoint).Observe(e.Duration.Seconds())
+	case tinker.EventRateLimited:
+		m.rateLimited.WithLabelValues(e.Endpoint).Inc()
+	case tinker.EventBillingPaused:
+		m.billingPaused.Inc()
+	case tinker.EventRetry:
+		m.retries.WithLabelValues(string(e.Layer)).Inc()
+	}
+}
+
+func (m *Metrics) pulled() {
+	if m != nil {
+		m.jobsPulled.Inc()
+	}
+}
+
+func (m *Metrics) deadLetter() {
+	if m != nil {
+		m.deadLetters.Inc()
+	}
+}
+
+func (m *Metrics) finished(res *jobs.Result, took time.Duration) {
+	if m == nil {
+		return
+	}
+	code := ""
+	if res.Error != nil {
+		code = res.Error.Code
+	}
+	m.jobsFinished.WithLabelValues(string(res.Status), code).Inc()
+	if took > 0 {
+		m.jobLatency.Observe(took.Seconds())
+	}
+	if res.Usage != nil {
+		m.promptTokens.Add(float64(res.Usage.PromptTokens))
+		m.completionTokens.Add(float64(res.Usage.CompletionTokens))
+	}
+}

@@ -1,0 +1,231 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+)
+
+// Config is what a worker is opened with. Queue and the Tinker key are required.
+type Config struct {
+	// Queue is the set-up deployment to pull jobs from and publish results to.
+	Queue *queue.Queue
+	// TinkerBaseURL is the Tinker service; "" means TINKER_BASE_URL or the default (§1.1).
+	TinkerBaseURL string
+	// TinkerAPIKey authenticates to Tinker. It is sent in X-API-Key and nowhere else.
+	TinkerAPIKey tinker.APIKey
+	// HTTPClient carries the Tinker requests; nil means the client's default.
+	HTTPClient *http.Client
+	// TinkerTiming overrides protocol delays (tests and benchmarks); zero means the defaults.
+	TinkerTiming tinker.Timing
+	// LocalBackoff keeps the backoff in this process only, as the Python SDK does, instead of
+	// sharing it with the fleet through KV. For comparisons; a fleet wants the shared one.
+	LocalBackoff bool
+	// PausedBackoff is the fleet backoff signalled when a poll reports a paused queue state;
+	// 0 means backoff.PausedBackoff (5 s), negative turns it off (the Python SDK only logs).
+	PausedBackoff time.Duration
+	// Dispatch sizes the limiter; a zero Bytes takes the server's
+	// sample_dispatch_bytes_semaphore_size (§3.1).
+	Dispatch dispatch.Config
+	// Tokenizers finds the tokenizer of each model; nil means only prompt_tokens jobs work and
+	// samples carry no text.
+	Tokenizers *tokenizer.Registry
+	// Concurrency is how many jobs the worker works on at once, polling included; default 400.
+	Concurrency int
+	// Limits re-validate every job (the same limits submit checked); zero means the defaults.
+	Limits jobs.Limits
+	// CompressAbove is the result size from which results are zstd-compressed; default 64 KiB.
+	CompressAbove int
+	// ShutdownGrace is how long in-flight jobs may run after Run's context is done; default 30s.
+	ShutdownGrace time.Duration
+	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
+	// handed back with NakWithDelay instead of waiting in this worker; default 10s.
+	NakAbove time.Duration
+	// Registerer receives the worker's Prometheus metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Logger receives the worker's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Open connects a worker: its backoff (the fleet's KV entry for this Tinker account, unless
+// LocalBackoff), its Tinker session with a Gate over the dispatch limiter, and its metrics.
+func Open(ctx context.Context, cfg Config) (*Worker, error) {
+	if cfg.Queue == nil {
+		return nil, errors.New("worker: a queue is required")
+	}
+	if err := cfg.TinkerAPIKey.Validate(); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 400
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = 30 * time.Second
+	}
+	if cfg.NakAbove <= 0 {
+		cfg.NakAbove = 10 * time.Second
+	}
+	if cfg.PausedBackoff == 0 {
+		cfg.PausedBackoff = backoff.PausedBackoff
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	w := &Worker{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		slots:      make(chan struct{}, cfg.Concurrency),
+		maxDeliver: cfg.Queue.Config.MaxDeliver,
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			w.Close()
+		}
+	}()
+
+	codec, err := queue.NewCodec(cfg.CompressAbove)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.codec = codec
+	w.closers = append(w.closers, codec.Close)
+	if nc := cfg.Queue.JS.Conn(); nc != nil {
+		w.maxPayload = nc.MaxPayload()
+	}
+
+	if cfg.LocalBackoff {
+		w.backoff = backoff.NewLocal(nil)
+	} else {
+		baseURL := cmp.Or(cfg.TinkerBaseURL, os.Getenv("TINKER_BASE_URL"), tinker.DefaultBaseURL)
+		fleet, err := backoff.Open(ctx, cfg.Queue.JS, backoff.Config{
+			Bucket:   cfg.Queue.Names.BackoffBucket(),
+			Account:  backoff.AccountKey(baseURL, string(cfg.TinkerAPIKey)),
+			Replicas: cfg.Queue.Config.Replicas,
+			Logger:   cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("worker: fleet backoff: %w", err)
+		}
+		w.backoff = fleet
+		w.closers = append(w.closers, func() { _ = fleet.Close() })
+	}
+
+	var observer *backoff.QueueStateObserver
+	if cfg.Registerer != nil {
+		w.metrics = NewMetrics(cfg.Registerer)
+		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Logger: cfg.Logger, Gauge: w.metrics.queueState})
+	} else {
+		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Logger: cfg.Logger})
+	}
+
+	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
+	// is handed to Dial first and given its limiter before any sample can pass it.
+	gate := NewGate(nil, w.backoff, cfg.Logger)
+	client, err := tinker.Dial(ctx, tinker.Config{
+		BaseURL:    cfg.TinkerBaseURL,
+		APIKey:     cfg.TinkerAPIKey,
+		HTTPClient: cfg.HTTPClient,
+		Logger:     cfg.Logger,
+		Dispatcher: gate,
+		OnEvent:    w.onEvent(observer),
+		Timing:     cfg.TinkerTiming,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: tinker session: %w", err)
+	}
+	w.client = client
+	w.closers = append(w.closers, func() { _ = client.Close() })
+
+	dcfg := cfg.Dispatch
+	if dcfg.Bytes == 0 {
+		dcfg.Bytes = client.Flags().SampleDispatchBytesSemaphoreSize
+	}
+	dcfg.BackoffUntil = w.backoff.Until
+	w.limiter = dispatch.New(dcfg)
+	gate.limiter = w.limiter
+	w.samplers.client = client
+	w.models.client = client
+	w.metrics.watch(w.limiter, w.backoff)
+	ok = true
+	return w, nil
+}
+
+// onEvent turns client events into metrics, queue-state logs and, for paused queues, a fleet
+// backoff signal.
+func (w *Worker) onEvent(observer *backoff.QueueStateObserver) func(tinker.Event) {
+	return func(e tinker.Event) {
+		w.metrics.event(e)
+		w.health.observe(e)
+		if e.Kind != tinker.EventQueueState {
+			return
+		}
+		paused := observer.Observe(e.SamplerID, string(e.QueueState), e.Reason)
+		if paused && w.cfg.PausedBackoff > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := w.backoff.Signal(ctx, string(e.QueueState), w.cfg.PausedBackoff); err != nil {
+				w.log.Warn("signal backoff for a paused queue", "err", err)
+			}
+		}
+	}
+}
+
+// Backoff is the backoff this worker waits on (shared by the fleet unless LocalBackoff).
+func (w *Worker) Backoff() Backoff { return w.backoff }
+
+// Limiter is this worker's dispatch limiter.
+func (w *Worker) Limiter() *dispatch.Limiter { return w.limiter }
+
+// Client is this worker's Tinker session.
+func (w *Worker) Client() *tinker.Client { return w.client }
+
+// Close ends the Tinker session and stops the backoff watch. Call it after Run returned.
+func (w *Worker) Close() {
+	for i := len(w.closers) - 1; i >= 0; i-- {
+		w.closers[i]()
+	}
+	w.closers = nil
+}
+
+// sessionHealth tracks the Tinker session's heartbeats for readiness.
+type sessionHealth struct {
+	failingSince atomic.Int64 // unix nanos of the first failed heartbeat since the last success
+}
+
+func (h *sessionHealth) observe(e tinker.Event) {
+	switch {
+	case e.Kind == tinker.EventHeartbeatFailed:
+		h.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+	case e.Kind == tinker.EventRequest && e.Endpoint == "session_heartbeat" && e.StatusCode/100 == 2:
+		h.failingSince.Store(0)
+	}
+}
+
+// SessionHealthy reports an error once the Tinker session's heartbeats have failed for two
+// minutes (§3.4: the server presumably ends such a session).
+func (w *Worker) SessionHealthy() error {
+	since := w.health.failingSince.Load()
+	if since == 0 {
+		return nil
+	}
+	if d := time.Since(time.Unix(0, since)); d > 2*time.Minute {
+		return fmt.Errorf("session heartbeats failing for %s", d.Round(time.Second))
+	}
+	return nil
+}

@@ -1,0 +1,165 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+)
+
+// Worker is one member of the fleet: a Tinker session, a dispatch limiter, a backoff (the
+// fleet's, or this process's alone) and the loop that pulls and works jobs. Create it with
+// Open, start it with Run, release it with Close.
+type Worker struct {
+	cfg     Config
+	log     *slog.Logger
+	codec   *queue.Codec
+	slots   chan struct{}
+	client  *tinker.Client
+	limiter *dispatch.Limiter
+	backoff Backoff
+	metrics *Metrics
+	closers []func()
+	health  sessionHealth
+
+	samplers   samplerCache
+	models     modelCache
+	cancelled  cancelSet
+	maxDeliver int
+	maxPayload int64
+}
+
+// Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
+// ShutdownGrace to finish, naks the rest and returns. It returns nil after a clean stop.
+func (w *Worker) Run(ctx context.Context) error {
+	cons, err := w.cfg.Queue.Consumer(ctx)
+	if err != nil {
+		return err
+	}
+
+	// jobCtx outlives ctx by the grace period: in-flight jobs finish, then are cancelled.
+	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelJobs()
+
+	var bg sync.WaitGroup
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log) })
+	bg.Go(func() { w.deadLetters(bgCtx) })
+
+	var inflight sync.WaitGroup
+	err = w.pull(ctx, cons, func(msg jetstream.Msg, r *dispatch.Reservation) {
+		inflight.Go(func() {
+			defer func() { <-w.slots }()
+			defer r.Release()
+			w.handle(jobCtx, msg, r)
+		})
+	})
+
+	done := make(chan struct{})
+	go func() { inflight.Wait(); close(done) }() // ends when every job handler has returned.
+	select {
+	case <-done:
+	case <-time.After(w.cfg.ShutdownGrace):
+		w.log.Warn("shutdown grace period over: handing unfinished jobs back", "grace", w.cfg.ShutdownGrace)
+		cancelJobs()
+		<-done
+	}
+	stopBG()
+	bg.Wait()
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// pull fetches jobs while ctx lasts, never more than it has free job slots and reserved
+// dispatch count permits for.
+func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(jetstream.Msg, *dispatch.Reservation)) error {
+	const maxBatch = 64
+	var held []*dispatch.Reservation
+	defer func() {
+		for _, r := range held {
+			r.Release()
+			<-w.slots
+		}
+	}()
+	for {
+		// Block for the first slot and permit, then take more only while they are free now.
+		if len(held) == 0 {
+			select {
+			case w.slots <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			r, err := w.limiter.Reserve(ctx)
+			if err != nil {
+				<-w.slots
+				return err
+			}
+			held = append(held, &r)
+		}
+		for len(held) < maxBatch && w.limiter.Free() > 0 {
+			select {
+			case w.slots <- struct{}{}:
+			default:
+				goto fetch
+			}
+			r, ok := w.tryReserve(ctx)
+			if !ok {
+				<-w.slots
+				goto fetch
+			}
+			held = append(held, r)
+		}
+	fetch:
+		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
+		batch, err := cons.Fetch(len(held), jetstream.FetchContext(fetchCtx))
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			w.log.Warn("fetch jobs", "err", err)
+			w.sleep(ctx, 250*time.Millisecond)
+			continue
+		}
+		for msg := range batch.Messages() {
+			r := held[len(held)-1]
+			held = held[:len(held)-1]
+			w.metrics.pulled()
+			start(msg, r)
+		}
+		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+			w.log.Debug("fetch batch ended", "err", err)
+		}
+		cancel()
+	}
+}
+
+// tryReserve takes a count permit only if one is free right away.
+func (w *Worker) tryReserve(ctx context.Context) (*dispatch.Reservation, bool) {
+	rctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	r, err := w.limiter.Reserve(rctx)
+	if err != nil {
+		return nil, false
+	}
+	return &r, true
+}
+
+func (w *Worker) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,306 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+)
+
+const testKey = "tml-worker-test-key-0000000000000000"
+
+type testBundle struct {
+	emb     *queue.Embedded
+	sim     *tinkersim.Server
+	simURL  string
+	qcfg    queue.Config
+	tokens  *tokenizer.Registry
+	results *queue.Queue // a queue on its own connection, for the test's reads
+}
+
+func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	sim.APIKeys = []string{testKey}
+	if sim.LongPollWait == 0 {
+		sim.LongPollWait = 200 * time.Millisecond
+	}
+	s, err := tinkersim.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	b := &testBundle{emb: emb, sim: s, simURL: ts.URL, qcfg: qcfg}
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Dir: "../../testdata/tokenizer/qwen3/tokenizer.json.zst", Offline: true})
+	b.results = b.connect(t)
+	return b
+}
+
+// connect opens a connection of its own (a worker's, or the test's) and sets up the queue.
+func (b *testBundle) connect(t *testing.T) *queue.Queue {
+	t.Helper()
+	nc, err := queue.Connect(queue.ConnectConfig{URL: b.emb.ClientURL(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.Setup(context.Background(), js, b.qcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+func (b *testBundle) open(t *testing.T, q *queue.Queue, cfg Config) *Worker {
+	t.Helper()
+	cfg.Queue = q
+	cfg.TinkerBaseURL = b.simURL
+	cfg.TinkerAPIKey = testKey
+	cfg.Tokenizers = b.tokens
+	cfg.ShutdownGrace = 2 * time.Second
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	w, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	return w
+}
+
+// run starts w until the returned stop is called (also at cleanup).
+func run(t *testing.T, w *Worker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func publishJobs(t *testing.T, q *queue.Queue, batch string, js []jobs.Job) {
+	t.Helper()
+	var futures []jetstream.PubAckFuture
+	for _, j := range js {
+		data, err := j.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := q.PublishJobAsync(batch, j.CustomID, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("publish not acked")
+		}
+	}
+}
+
+// waitResults reads results of batch until want of them are stored, and returns them by
+// custom id, failing on any custom id seen twice.
+func waitResults(t *testing.T, q *queue.Queue, batch string, want int, timeout time.Duration) map[string]jobs.Result {
+	t.Helper()
+	codec, _ := queue.NewCodec(0)
+	defer codec.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := q.Results.Info(context.Background(), jetstream.WithSubjectFilter(q.Names.ResultsFilter(batch)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.State.Subjects) >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ctx := context.Background()
+	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]jobs.Result{}
+	for {
+		batchMsgs, err := cons.FetchNoWait(1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batchMsgs.Messages() {
+			n++
+			data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r jobs.Result
+			if err := json.Unmarshal(data, &r); err != nil {
+				t.Fatalf("result %s: %v", data, err)
+			}
+			if _, dup := out[r.CustomID]; dup {
+				t.Fatalf("two results for %s", r.CustomID)
+			}
+			out[r.CustomID] = r
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if len(out) != want {
+		t.Fatalf("got %d results of batch %s, want %d", len(out), batch, want)
+	}
+	return out
+}
+
+func intp(v int) *int { return &v }
+
+func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
+	w := b.open(t, b.connect(t), Config{Concurrency: 16})
+	run(t, w)
+
+	publishJobs(t, b.results, "b1", []jobs.Job{
+		{CustomID: "text", Model: "Qwen/Qwen3-8B", Prompt: "Say hello.", NumSamples: 2,
+			Params: jobs.SamplingParams{MaxTokens: intp(8)}, Metadata: json.RawMessage(`{"k": [1, 2]}`)},
+		{CustomID: "chat", Model: "Qwen/Qwen3-8B", Messages: []jobs.Message{{Role: "user", Content: "Hi"}},
+			Params: jobs.SamplingParams{MaxTokens: intp(16)}, NumSamples: 1, PromptLogprobs: true},
+		{CustomID: "tokens", Model: "Qwen/Qwen3-8B", PromptTokens: []int{9707, 11, 1879}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(4)}, TopKPromptLogprobs: 2},
+		{CustomID: "too-long", Model: "Qwen/Qwen3-8B", Prompt: "x", NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(1 << 20)}},
+	})
+	res := waitResults(t, b.results, "b1", 4, 30*time.Second)
+
+	text := res["text"]
+	if text.Status != jobs.StatusOK || len(text.Samples) != 2 || text.Samples[0].Text == "" || len(text.Samples[0].Tokens) == 0 {
+		t.Fatalf("text job result = %+v", text)
+	}
+	if string(text.Metadata) != `{"k": [1, 2]}` {
+		t.Fatalf("metadata = %s, want it byte for byte", text.Metadata)
+	}
+	if text.Usage == nil || text.Usage.PromptTokens != 4 || text.Attempts != 1 {
+		t.Fatalf("usage/attempts = %+v / %d", text.Usage, text.Attempts)
+	}
+	chat := res["chat"]
+	if chat.Status != jobs.StatusOK || len(chat.PromptLogprobs) != chat.Usage.PromptTokens {
+		t.Fatalf("chat result = %+v", chat)
+	}
+	// <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n rendered by the Qwen3 template.
+	if chat.Usage.PromptTokens < 9 {
+		t.Fatalf("chat prompt has %d tokens; the chat template was not applied", chat.Usage.PromptTokens)
+	}
+	if tok := res["tokens"]; tok.Status != jobs.StatusOK || len(tok.TopKPromptLogprobs) != 3 || tok.Usage.PromptTokens != 3 {
+		t.Fatalf("tokens result = %+v", tok)
+	}
+	long := res["too-long"]
+	if long.Status != jobs.StatusError || long.Error.Code != jobs.CodeContextTooLong || long.Error.Category != jobs.CategoryUser {
+		t.Fatalf("over-long job result = %+v", long)
+	}
+	if got := b.sim.Stats().Requests["asample"][200]; got != 3 {
+		t.Fatalf("simulator accepted %d asample calls, want 3 (none for the over-long job)", got)
+	}
+}
+
+func TestFailedFuturesAndCancelledBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "user"}}})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4})
+
+	ctx := context.Background()
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "gone", Status: queue.BatchCancelled}, 0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	publishJobs(t, b.results, "gone", []jobs.Job{{CustomID: "c1", Model: "Qwen/Qwen3-8B", Prompt: "a", NumSamples: 1}})
+	publishJobs(t, b.results, "b2", []jobs.Job{{CustomID: "f1", Model: "Qwen/Qwen3-8B", Prompt: "a", NumSamples: 1}})
+
+	if r := waitResults(t, b.results, "gone", 1, 20*time.Second)["c1"]; r.Status != jobs.StatusCancelled {
+		t.Fatalf("job of a cancelled batch = %+v", r)
+	}
+	if r := waitResults(t, b.results, "b2", 1, 20*time.Second)["f1"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeFailedFuture {
+		t.Fatalf("failed future result = %+v", r)
+	}
+	info, err := b.results.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Fatalf("%d jobs left in the work queue", info.State.Msgs)
+	}
+}
+
+func TestKilledWorkerLosesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 64, BaseLatency: 20 * time.Millisecond})
+	const n = 600
+	var js []jobs.Job
+	for i := range n {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("job-%04d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2, i}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(4)}})
+	}
+	publishJobs(t, b.results, "b3", js)
+
+	victimQueue := b.connect(t)
+	victim := b.open(t, victimQueue, Config{Concurrency: 32})
+	run(t, victim)
+	for range 2 {
+		run(t, b.open(t, b.connect(t), Config{Concurrency: 32}))
+	}
+	// Kill the victim's connection mid-batch: its in-flight jobs are neither acked nor naked
+	// and come back to the others after AckWait.
+	deadline := time.Now().Add(10 * time.Second)
+	for b.sim.Stats().SamplesCompleted < n/6 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	victimQueue.JS.Conn().Close()
+
+	res := waitResults(t, b.results, "b3", n, 60*time.Second)
+	for _, r := range res {
+		if r.Status != jobs.StatusOK {
+			t.Fatalf("result %+v", r)
+		}
+	}
+}
+
+var _ tinker.Dispatcher = (*Gate)(nil)
