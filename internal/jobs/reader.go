@@ -20,6 +20,7 @@ type Reader struct {
 	br       *bufio.Reader
 	err      error // sticky: io.EOF or a read error
 	file     string
+	files    []string // every input so far, for duplicates found across them
 	ids      idSet
 	limits   Limits
 	line     int // number of the last line read
@@ -33,9 +34,25 @@ func NewReader(r io.Reader, file string, l Limits) *Reader {
 	return &Reader{
 		br:     bufio.NewReaderSize(r, l.MaxLineBytes+2),
 		file:   file,
+		files:  []string{file},
 		ids:    newIDSet(),
 		limits: l,
 	}
+}
+
+// fileShift splits the first-use position kept per custom_id into an input index and a line.
+const fileShift = 40
+
+// NextFile goes on reading from in, named file, as part of the same batch: line numbers start
+// again at 1, and a custom_id already used in an earlier input is a duplicate (the error names
+// that input and line). The limits stay those of NewReader.
+func (r *Reader) NextFile(in io.Reader, file string) {
+	r.br.Reset(in)
+	r.err = nil
+	r.file = file
+	r.files = append(r.files, file)
+	r.line = 0
+	r.nonBlank = 0
 }
 
 // Line returns the 1-based number of the line the last Next call returned a job or a *LineError
@@ -89,9 +106,14 @@ func (r *Reader) Next() (Job, error) {
 		if fe != nil {
 			return Job{}, r.lineErr(fe)
 		}
-		if first, dup := r.ids.add(j.CustomID, r.line); dup {
+		fileIdx := len(r.files) - 1
+		if first, dup := r.ids.add(j.CustomID, fileIdx<<fileShift|r.line); dup {
+			where := fmt.Sprintf("line %d", first&(1<<fileShift-1))
+			if f := first >> fileShift; f != fileIdx {
+				where = fmt.Sprintf("%s line %d", r.files[f], first&(1<<fileShift-1))
+			}
 			return Job{}, r.lineErr(fieldErr("custom_id",
-				fmt.Sprintf("duplicate %s (first used on line %d)", strconv.Quote(j.CustomID), first)))
+				fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(j.CustomID), where)))
 		}
 		return j, nil
 	}

@@ -406,3 +406,29 @@ func TestReaderStreamsManyLines(t *testing.T) {
 		}
 	}
 }
+
+func TestNextFileFindsDuplicatesAcrossInputs(t *testing.T) {
+	t.Parallel()
+	line := func(id string) string {
+		return `{"custom_id":"` + id + `","model":"Qwen/Qwen3-8B","prompt":"hi"}` + "\n"
+	}
+	r := NewReader(strings.NewReader(line("a")+line("b")), "one.jsonl", Limits{})
+	for range 2 {
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("end of first file: %v", err)
+	}
+	r.NextFile(strings.NewReader(line("c")+line("b")), "two.jsonl")
+	if j, err := r.Next(); err != nil || j.CustomID != "c" {
+		t.Fatalf("first line of second file: %v %v", j.CustomID, err)
+	}
+	_, err := r.Next()
+	var le *LineError
+	if !errors.As(err, &le) || le.File != "two.jsonl" || le.Line != 2 || le.Field != "custom_id" ||
+		!strings.Contains(le.Msg, "one.jsonl line 2") {
+		t.Fatalf("duplicate across files: %v", err)
+	}
+}
