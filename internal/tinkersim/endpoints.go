@@ -181,9 +181,9 @@ func (s *Server) handleCreateSamplingSession(w http.ResponseWriter, r *http.Requ
 		}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	sess := s.sessions[*req.SessionID]
 	if sess == nil {
+		s.mu.Unlock()
 		writeJSONError(w, http.StatusNotFound, "session not found: "+*req.SessionID)
 		return
 	}
@@ -192,6 +192,7 @@ func (s *Server) handleCreateSamplingSession(w http.ResponseWriter, r *http.Requ
 		s.samplers[id] = &sampler{id: id, baseModel: m.Name, modelPath: req.ModelPath, maxCtx: m.MaxContextLength}
 		sess.samplerIDs = append(sess.samplerIDs, id)
 	}
+	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]string{"type": "create_sampling_session", "sampling_session_id": id})
 }
 

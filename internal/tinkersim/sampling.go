@@ -394,6 +394,8 @@ func (s *Server) handleRetrieveFuture(w http.ResponseWriter, r *http.Request) {
 
 	timer := time.NewTimer(s.cfg.LongPollWait)
 	defer timer.Stop()
+	s.pollsHeld.Add(1)
+	defer s.pollsHeld.Add(-1)
 	select {
 	case <-f.done:
 	case <-timer.C:

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,7 +61,8 @@ type Server struct {
 	faults       []*activeFault
 	nextID       FaultID
 	st           stats
-	idSeq        uint64
+	// pollsHeld counts retrieve_future calls currently long-polling.
+	pollsHeld atomic.Int64
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -223,22 +225,28 @@ func (s *Server) janitor() {
 	}
 }
 
-// statusRecorder captures the status code for Stats.
+// statusRecorder counts the reply in Stats when its status is written, i.e. before the client
+// can see it (so a test reading Stats after a reply always finds it counted).
 type statusRecorder struct {
 	http.ResponseWriter
-	status int
+	s        *Server
+	endpoint string
+	status   int
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
 	if r.status == 0 {
 		r.status = code
+		r.s.mu.Lock()
+		r.s.st.record(r.endpoint, code)
+		r.s.mu.Unlock()
 	}
 	r.ResponseWriter.WriteHeader(code)
 }
 
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
-		r.status = http.StatusOK
+		r.WriteHeader(http.StatusOK)
 	}
 	n, err := r.ResponseWriter.Write(b)
 	if err != nil {
@@ -251,30 +259,33 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 // root, under http.StripPrefix, or directly under a prefix such as /services/tinker-prod, §1.1)
 // and the admin endpoints under any path containing /admin/.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rec := &statusRecorder{ResponseWriter: w}
-	endpoint := epUnknown
+	rec := &statusRecorder{ResponseWriter: w, s: s, endpoint: epUnknown}
 	defer func() {
 		if rec.status == 0 {
-			rec.status = http.StatusOK
+			rec.WriteHeader(http.StatusOK)
 		}
-		s.mu.Lock()
-		s.st.record(endpoint, rec.status)
-		s.mu.Unlock()
 	}()
+	path := r.URL.Path
+	apiAt, adminAt := strings.Index(path, apiPrefix), strings.Index(path, "/admin/")
+	var rest string
+	switch {
+	case apiAt >= 0:
+		rest = path[apiAt+len(apiPrefix):]
+		rec.endpoint = endpointName(rest)
+	case adminAt >= 0:
+		rest = path[adminAt+len("/admin/"):]
+		rec.endpoint = epAdmin
+	}
 	if s.isClosed() {
 		writeJSONError(rec, http.StatusServiceUnavailable, "simulator is shutting down")
 		return
 	}
-	path := r.URL.Path
-	if i := strings.Index(path, apiPrefix); i >= 0 {
-		rest := path[i+len(apiPrefix):]
-		endpoint = endpointName(rest)
-		s.serveAPI(rec, r, endpoint, rest)
+	switch {
+	case apiAt >= 0:
+		s.serveAPI(rec, r, rec.endpoint, rest)
 		return
-	}
-	if i := strings.Index(path, "/admin/"); i >= 0 {
-		endpoint = epAdmin
-		s.serveAdmin(rec, r, path[i+len("/admin/"):])
+	case adminAt >= 0:
+		s.serveAdmin(rec, r, rest)
 		return
 	}
 	writeJSONError(rec, http.StatusNotFound, "not found: "+path)

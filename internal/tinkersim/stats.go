@@ -24,6 +24,8 @@ type Stats struct {
 	Concurrent int `json:"concurrent"`
 	// Queued is the number of accepted samples waiting for a slot (no backpressure header).
 	Queued int `json:"queued"`
+	// PollsHeld is the number of retrieve_future calls long-polling now.
+	PollsHeld int64 `json:"polls_held"`
 	// PeakConcurrent is the largest Concurrent seen.
 	PeakConcurrent int `json:"peak_concurrent"`
 	// Windows lists every injected 429, 402 and pause window with the asample calls that
@@ -87,6 +89,7 @@ func (s *Server) Stats() Stats {
 		CapacityRejections: s.st.capacityRejections,
 		Concurrent:         s.running,
 		Queued:             len(s.queue),
+		PollsHeld:          s.pollsHeld.Load(),
 		PeakConcurrent:     s.st.peak,
 		Windows:            make([]WindowStats, 0, len(s.st.windows)),
 	}
