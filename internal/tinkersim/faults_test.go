@@ -1,0 +1,318 @@
+package tinkersim
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustInject(t *testing.T, s *Server, f Fault) FaultID {
+	t.Helper()
+	id, err := s.Inject(f)
+	if err != nil {
+		t.Fatalf("inject %+v: %v", f, err)
+	}
+	return id
+}
+
+func TestFaultRateLimitWindowCountsAsamples(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{RetryAfter: 3 * time.Second})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	h.asample(sampleBody(ssid, 0, []int32{1}, nil)) // before the window
+	id := mustInject(t, h.srv, Fault{Kind: FaultRateLimit, Duration: time.Hour, Reason: "slow down"})
+	for i := range 3 {
+		r := h.do("POST", "/api/v1/asample", sampleBody(ssid, int64(i+1), []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
+		body := mustJSONError(t, r, http.StatusTooManyRequests)
+		if r.header.Get("Retry-After") != "3" || body["detail"] != "slow down" {
+			t.Fatalf("429 %v %s", r.header, r.body)
+		}
+	}
+	// Other endpoints are not affected by an asample 429.
+	mustStatus(t, h.do("GET", "/api/v1/healthz", nil), 200)
+	if !h.srv.RemoveFault(id) {
+		t.Fatal("RemoveFault: not found")
+	}
+	h.asample(sampleBody(ssid, 9, []int32{1}, nil)) // after the window
+	st := h.srv.Stats()
+	if len(st.Windows) != 1 {
+		t.Fatalf("windows %+v", st.Windows)
+	}
+	w := st.Windows[0]
+	if w.Kind != FaultRateLimit || w.AsampleCalls != 3 || w.End.IsZero() || !w.End.After(w.Start) || w.FaultID != id {
+		t.Fatalf("window %+v", w)
+	}
+	if st.Requests["asample"][429] != 3 || st.Requests["asample"][200] != 2 {
+		t.Fatalf("requests %+v", st.Requests)
+	}
+}
+
+func TestFaultRateIsSeededAndDeterministic(t *testing.T) {
+	t.Parallel()
+	pattern := func() string {
+		h := newHarness(t, Config{Seed: 42})
+		ssid := h.sampler("Qwen/Qwen3-8B")
+		mustInject(t, h.srv, Fault{Kind: FaultRateLimit, Rate: 0.5})
+		var b strings.Builder
+		for i := range 40 {
+			r := h.do("POST", "/api/v1/asample", sampleBody(ssid, int64(i), []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
+			if r.status == 429 {
+				b.WriteByte('x')
+			} else {
+				b.WriteByte('.')
+			}
+		}
+		return b.String()
+	}
+	a, b := pattern(), pattern()
+	if a != b {
+		t.Fatalf("same seed, different fault patterns:\n%s\n%s", a, b)
+	}
+	if n := strings.Count(a, "x"); n < 8 || n > 32 {
+		t.Fatalf("rate 0.5 hit %d of 40: %s", n, a)
+	}
+}
+
+func TestFaultServerErrorAndBare400(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	f5 := mustInject(t, h.srv, Fault{Kind: FaultServerError, Status: 503, Endpoints: []string{"retrieve_future"}})
+	r := h.poll(id, "application/x-protobuf")
+	body := mustJSONError(t, r, 503)
+	if body["error"] != "Service Unavailable" || !strings.Contains(body["message"].(string), "Log ID") {
+		t.Fatalf("5xx body %s", r.body)
+	}
+	mustStatus(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 1, []int32{1}, nil)), 200) // not on asample
+	h.srv.RemoveFault(f5)
+	mustInject(t, h.srv, Fault{Kind: FaultBare400})
+	for _, r := range []reply{h.poll(id, "application/x-protobuf"), h.do("POST", "/api/v1/asample", sampleBody(ssid, 2, []int32{1}, nil))} {
+		if r.status != 400 || len(r.body) != 0 || r.header.Get("Content-Length") != "0" {
+			t.Fatalf("bare 400: %d %v %q", r.status, r.header, r.body)
+		}
+	}
+	if _, err := h.srv.Inject(Fault{Kind: FaultServerError, Status: 404}); err == nil {
+		t.Fatal("5xx fault accepted status 404")
+	}
+}
+
+func TestFaultPollTimeoutsAndTryAgain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: time.Hour})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	f := mustInject(t, h.srv, Fault{Kind: FaultTimeout})
+	start := time.Now()
+	r := h.poll(id, "application/x-protobuf")
+	body := mustJSONError(t, r, http.StatusRequestTimeout)
+	if body["type"] != "try_again" || body["request_id"] != id || time.Since(start) > 30*time.Second {
+		t.Fatalf("408 %s", r.body)
+	}
+	h.srv.RemoveFault(f)
+	mustInject(t, h.srv, Fault{Kind: FaultTryAgain200})
+	r = h.poll(id, "application/x-protobuf")
+	mustStatus(t, r, 200)
+	if m := r.json(t); m["type"] != "try_again" || m["queue_state"] != "active" {
+		t.Fatalf("200 try_again %s", r.body)
+	}
+	h.srv.ClearFaults()
+	h.protoResult(id)
+}
+
+func TestFaultExpired410(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{BaseLatency: time.Hour})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	body := sampleBody(ssid, 5, []int32{1}, nil)
+	id := h.asample(body)
+	f := mustInject(t, h.srv, Fault{Kind: FaultExpired})
+	mustJSONError(t, h.poll(id, "application/x-protobuf"), http.StatusGone)
+	h.srv.RemoveFault(f)
+	mustJSONError(t, h.poll(id, "application/x-protobuf"), http.StatusGone) // stays gone
+	// The expired future is forgotten: the same seq_id is new work.
+	if again := h.asample(body); again != id {
+		t.Fatalf("id %q", again)
+	}
+	if st := h.srv.Stats(); st.SamplesAccepted != 2 || st.IdempotentReplays != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestFaultPaymentRequired(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultPaymentRequired, Duration: time.Hour})
+	for i := range 2 {
+		mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, int64(i), []int32{1}, nil)), http.StatusPaymentRequired)
+	}
+	st := h.srv.Stats()
+	if len(st.Windows) != 1 || st.Windows[0].Kind != FaultPaymentRequired || st.Windows[0].AsampleCalls != 2 {
+		t.Fatalf("windows %+v", st.Windows)
+	}
+}
+
+func TestFaultPausedHoldsFutures(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: 50 * time.Millisecond})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	fid := mustInject(t, h.srv, Fault{Kind: FaultPausedCapacity, Reason: "Tinker backend is running short on capacity, please wait"})
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	h.asample(sampleBody(ssid, 1, []int32{2}, nil))
+	for range 3 {
+		r := h.poll(id, "application/x-protobuf")
+		body := mustJSONError(t, r, http.StatusRequestTimeout)
+		if body["queue_state"] != "paused_capacity" || body["queue_state_reason"] != "Tinker backend is running short on capacity, please wait" {
+			t.Fatalf("paused poll %s", r.body)
+		}
+	}
+	if st := h.srv.Stats(); st.SamplesCompleted != 0 || st.Windows[0].AsampleCalls != 2 {
+		t.Fatalf("completed during the pause: %+v", st)
+	}
+	h.srv.RemoveFault(fid)
+	h.protoResult(id)
+	eventually(t, "both samples to complete", func() bool { return h.srv.Stats().SamplesCompleted == 2 })
+
+	// A timed window releases its futures by itself when it ends.
+	mustInject(t, h.srv, Fault{Kind: FaultPausedRateLimit, Duration: 150 * time.Millisecond})
+	id2 := h.asample(sampleBody(ssid, 2, []int32{3}, nil))
+	r := h.poll(id2, "application/x-protobuf")
+	if r.status == 408 {
+		if m := r.json(t); m["queue_state"] != "paused_rate_limit" {
+			t.Fatalf("poll in window %s", r.body)
+		}
+	}
+	h.protoResult(id2)
+}
+
+func TestFaultNeverCompleteAndFailed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: 30 * time.Millisecond, Capacity: 1})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	nc := mustInject(t, h.srv, Fault{Kind: FaultNeverComplete})
+	hung := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	h.srv.RemoveFault(nc)
+	for range 3 {
+		mustJSONError(t, h.poll(hung, "application/x-protobuf"), http.StatusRequestTimeout)
+	}
+	if st := h.srv.Stats(); st.Concurrent != 0 {
+		t.Fatalf("a hung future pins capacity: %+v", st)
+	}
+	for i, cat := range []string{"user", "server", "unknown"} {
+		f := mustInject(t, h.srv, Fault{Kind: FaultFailed, Category: cat})
+		id := h.asample(sampleBody(ssid, int64(i+1), []int32{1}, nil))
+		r := h.result(id, "application/x-protobuf")
+		if m := r.json(t); m["category"] != cat || m["error"] == "" {
+			t.Fatalf("failed future %s", r.body)
+		}
+		h.srv.RemoveFault(f)
+	}
+	if st := h.srv.Stats(); st.SamplesFailed != 3 || st.SamplesCompleted != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := h.srv.Inject(Fault{Kind: FaultFailed, Category: "USER"}); err == nil {
+		t.Fatal("accepted an upper-case category")
+	}
+}
+
+func TestFaultSlowHeartbeat(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	sid := h.do("POST", "/api/v1/create_session", `{"sdk_version":"0.25.0","type":"create_session"}`).json(t)["session_id"].(string)
+	mustInject(t, h.srv, Fault{Kind: FaultSlowHeartbeat, Delay: 120 * time.Millisecond})
+	start := time.Now()
+	mustStatus(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), 200)
+	if el := time.Since(start); el < 120*time.Millisecond {
+		t.Fatalf("heartbeat answered after %v", el)
+	}
+}
+
+func TestFaultGenericEndpoints(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	mustInject(t, h.srv, Fault{Kind: FaultRateLimit, Endpoints: []string{"create_session"}})
+	mustJSONError(t, h.do("POST", "/api/v1/create_session", `{"sdk_version":"0.25.0","type":"create_session"}`), 429)
+	mustInject(t, h.srv, Fault{Kind: FaultServerError, Endpoints: []string{"*"}, Start: time.Now().Add(time.Hour)})
+	mustStatus(t, h.do("GET", "/api/v1/healthz", nil), 200) // window not open yet
+	if _, err := h.srv.Inject(Fault{Kind: FaultExpired, Endpoints: []string{"asample"}}); err == nil {
+		t.Fatal("410 fault moved to asample")
+	}
+	if err := h.srv.SetFaults([]Fault{{Kind: FaultTimeout, Endpoints: []string{"healthz"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.srv.Faults(); len(got) != 1 || got[0].Kind != FaultTimeout {
+		t.Fatalf("faults %+v", got)
+	}
+	mustJSONError(t, h.do("GET", "/api/v1/healthz", nil), 408)
+	if st := h.srv.Stats(); len(st.Windows) != 1 || st.Windows[0].End.IsZero() {
+		t.Fatalf("SetFaults did not close the 429 window: %+v", st.Windows)
+	}
+}
+
+func TestParseFault(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f, err := ParseFault("kind=paused_capacity,start=10s,duration=20s,reason=short, please wait", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Kind != FaultPausedCapacity || !f.Start.Equal(now.Add(10*time.Second)) || f.Duration != 20*time.Second || f.Reason != "short, please wait" {
+		t.Fatalf("%+v", f)
+	}
+	f, err = ParseFault("kind=5xx,rate=0.25,status=502,endpoints=asample+retrieve_future", now)
+	if err != nil || f.Rate != 0.25 || f.Status != 502 || len(f.Endpoints) != 2 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	for _, bad := range []string{"kind=nope", "kind=429,rate=x", "kind=429,colour=red", "kind=slow_heartbeat", "429"} {
+		if _, err := ParseFault(bad, now); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{AdminToken: "admin-secret"})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustJSONError(t, h.do("GET", "/admin/stats", nil), 401) // the API key is not enough
+	adm := []string{"X-Admin-Token", "admin-secret"}
+	r := h.do("POST", "/admin/faults", `[{"kind":"429","duration":"1h"},{"kind":"failed","category":"user","rate":1}]`, adm...)
+	mustStatus(t, r, 200)
+	var ids struct{ IDs []FaultID }
+	if err := json.Unmarshal(r.body, &ids); err != nil || len(ids.IDs) != 2 {
+		t.Fatalf("inject reply %s", r.body)
+	}
+	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"429","colour":"red"}`, adm...), 422)
+	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"nope"}`, adm...), 422)
+	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"429","duration":"soon"}`, adm...), 422)
+	mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 0, []int32{1}, nil)), 429)
+	r = h.do("GET", "/admin/faults", nil, adm...)
+	if !strings.Contains(string(r.body), `"kind":"429"`) {
+		t.Fatalf("faults %s", r.body)
+	}
+	mustStatus(t, h.do("DELETE", "/admin/faults/"+jsonNum(ids.IDs[0]), nil, adm...), 200)
+	mustJSONError(t, h.do("DELETE", "/admin/faults/"+jsonNum(ids.IDs[0]), nil, adm...), 404)
+	r = h.do("GET", "/admin/stats", nil, adm...)
+	mustStatus(t, r, 200)
+	var st Stats
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Requests["asample"][429] != 1 || len(st.Windows) != 1 || st.Windows[0].AsampleCalls != 1 {
+		t.Fatalf("admin stats %s", r.body)
+	}
+	mustStatus(t, h.do("DELETE", "/admin/faults", nil, adm...), 200)
+	mustStatus(t, h.do("POST", "/admin/reset", nil, adm...), 200)
+	if st := h.srv.Stats(); len(st.Windows) != 0 || len(st.Requests) > 1 || len(h.srv.Faults()) != 0 {
+		t.Fatalf("after reset %+v", st)
+	}
+	// Without an admin token, the API key authenticates admin requests.
+	plain := newHarness(t, Config{})
+	mustStatus(t, plain.do("GET", "/admin/stats", nil), 200)
+	mustJSONError(t, plain.do("GET", "/admin/stats", nil, "X-API-Key", "tml-nope"), 401)
+}
+
+func jsonNum(id FaultID) string { b, _ := json.Marshal(id); return string(b) }
