@@ -15,7 +15,7 @@ import (
 
 func qwen3Path(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer", "qwen3", "tokenizer.json.zst")
+	return filepath.Join(filepath.Dir(file), "..", "..", "internal", "tokenizer", "builtin", "qwen3", "tokenizer.json.zst")
 }
 
 func runTok(t *testing.T, stdin string, args ...string) (string, error) {

@@ -36,7 +36,7 @@ func TestGoldenLlama3(t *testing.T) { checkGolden(t, llama3(t), "llama3-golden.j
 // TestCommittedQwen3Checksum checks that the committed .zst decompresses to
 // the tokenizer.json named in testdata/tokenizer/README.md.
 func TestCommittedQwen3Checksum(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(testdataDir(t), "qwen3", "tokenizer.json.zst"))
+	data, err := os.ReadFile(filepath.Join("builtin", "qwen3", "tokenizer.json.zst"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func testdataDir(t testing.TB) string {
 // loadQwen3 is the committed Qwen3 tokenizer, parsed once for all tests.
 var loadQwen3 = sync.OnceValues(func() (*Tokenizer, error) {
 	_, file, _, _ := runtime.Caller(0)
-	return Load(filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer", "qwen3", "tokenizer.json.zst"))
+	return Load(filepath.Join(filepath.Dir(file), "builtin", "qwen3", "tokenizer.json.zst"))
 })
 
 func qwen3(t testing.TB) *Tokenizer {

@@ -123,7 +123,8 @@ func (r *Registry) ForModel(ctx context.Context, model string) (*Tokenizer, erro
 }
 
 // ForID returns the tokenizer of a HuggingFace repository id, loading it on
-// first use from Options.Dir, the HF cache, or the hub.
+// first use from Options.Dir, the HF cache, the tokenizers built into the
+// program (Qwen3, see Builtin), or the hub.
 func (r *Registry) ForID(ctx context.Context, id string) (*Tokenizer, error) {
 	r.mu.Lock()
 	e, ok := r.entries[id]
@@ -158,6 +159,9 @@ func (r *Registry) load(ctx context.Context, id string) (*Tokenizer, error) {
 	}
 	if p := r.cachedPath(id); p != "" {
 		return Load(p)
+	}
+	if tok, ok, err := builtin(id); ok {
+		return tok, err
 	}
 	if strings.HasPrefix(id, "TML/") || strings.HasPrefix(id, "thinkingmachines/") {
 		return nil, fmt.Errorf("tokenizer %s is private to Thinking Machines (tml_tokenizers, §9); put it under Options.Dir: %w", id, ErrNotFound)

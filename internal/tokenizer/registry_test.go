@@ -211,7 +211,7 @@ func TestRegistryLocalDir(t *testing.T) {
 		t.Fatalf("per-model subdirectory: %v", err)
 	}
 	// A direct file serves every model: the committed Qwen3 .zst.
-	q := filepath.Join(testdataDir(t), "qwen3", "tokenizer.json.zst")
+	q := filepath.Join("builtin", "qwen3", "tokenizer.json.zst")
 	tok, err := NewRegistry(Options{Dir: q}).ForModel(context.Background(), "Qwen/Qwen3-8B")
 	if err != nil || tok.Count("Hello, world! This is a test.") != 9 {
 		t.Fatalf("direct file: %v", err)
@@ -251,4 +251,19 @@ func TestConcurrentEncode(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestQwen3IsBuiltInAndNeedsNoDownload(t *testing.T) {
+	t.Parallel()
+	r := NewRegistry(Options{Offline: true})
+	tok, err := r.ForModel(context.Background(), "Qwen/Qwen3-30B-A3B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tok.Encode("Hello, world! This is a test."); !slices.Equal(got, []int{9707, 11, 1879, 0, 1096, 374, 264, 1273, 13}) {
+		t.Fatalf("built-in Qwen3 encodes %v", got)
+	}
+	if _, err := r.ForModel(context.Background(), "meta-llama/Llama-3.1-8B-Instruct"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Llama 3 offline without files: err = %v, want ErrNotFound", err)
+	}
 }

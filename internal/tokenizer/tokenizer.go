@@ -89,14 +89,8 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
 	if strings.HasSuffix(path, ".zst") {
-		dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
-		if err != nil {
-			return nil, fmt.Errorf("load tokenizer: zstd: %w", err)
-		}
-		data, err = dec.DecodeAll(data, nil)
-		dec.Close()
-		if err != nil {
-			return nil, fmt.Errorf("load tokenizer %s: zstd: %w", path, err)
+		if data, err = unzstd(data); err != nil {
+			return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
 		}
 	}
 	t, err := Parse(data)
@@ -104,6 +98,20 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
 	}
 	return t, nil
+}
+
+// unzstd decompresses a zstd-compressed tokenizer.json.
+func unzstd(data []byte) ([]byte, error) {
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	defer dec.Close()
+	out, err := dec.DecodeAll(data, nil)
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	return out, nil
 }
 
 // Parse builds a tokenizer from the contents of a tokenizer.json. It accepts

@@ -50,7 +50,7 @@ func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
 	ts := httptest.NewServer(s)
 	t.Cleanup(func() { ts.Close(); s.Close() })
 	b := &testBundle{emb: emb, sim: s, simURL: ts.URL, qcfg: qcfg}
-	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Dir: "../../testdata/tokenizer/qwen3/tokenizer.json.zst", Offline: true})
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true})
 	b.results = b.connect(t)
 	return b
 }
