@@ -1,0 +1,201 @@
+// Command tinkersim runs the simulated Tinker sampling service of internal/tinkersim on a TCP
+// address, for local runs of the worker fleet, demos and benchmarks.
+//
+//	go run ./cmd/tinkersim -addr 127.0.0.1:8765 -api-key tml-dev -capacity 32 \
+//	    -base-latency 200ms -per-token-latency 2ms -fault kind=429,start=30s,duration=10s
+//
+// Point a client at http://127.0.0.1:8765 (or at http://127.0.0.1:8765/services/tinker-prod:
+// any path prefix before /api/v1/ is accepted). API keys come from -api-key (repeatable) and the
+// comma-separated env TINKERSIM_API_KEYS; the admin endpoints (/admin/faults, /admin/stats,
+// /admin/reset) take -admin-token / TINKERSIM_ADMIN_TOKEN in X-Admin-Token, or an API key when
+// no admin token is set. Run with -h for every flag. SIGINT or SIGTERM shut it down gracefully
+// (held long polls answer 408 try_again).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "tinkersim:", err)
+		os.Exit(2)
+	}
+}
+
+// listFlag is a repeatable string flag that also splits on commas.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// secretList is a listFlag whose value is never printed (API keys, §Security).
+type secretList struct{ listFlag }
+
+func (s *secretList) String() string {
+	if s == nil || len(s.listFlag) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("<%d keys>", len(s.listFlag))
+}
+
+// rawList is a repeatable flag that does not split on commas (fault specs contain commas).
+type rawList []string
+
+func (l *rawList) String() string { return strings.Join(*l, " ; ") }
+
+func (l *rawList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+// options are the parsed command line.
+type options struct {
+	addr            string
+	shutdownTimeout time.Duration
+	logLevel        string
+	cfg             tinkersim.Config
+}
+
+// parseFlags reads args and the environment into options.
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("tinkersim", flag.ContinueOnError)
+	fs.SetOutput(out)
+	o := &options{}
+	c := &o.cfg
+	var keys secretList
+	var models listFlag
+	var faults rawList
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8765", "TCP address to listen on (host:port; port 0 picks a free one)")
+	fs.Var(&keys, "api-key", "accepted X-API-Key (must start with tml-); repeatable or comma-separated; also env TINKERSIM_API_KEYS. None: any tml- key is accepted")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "token for the X-Admin-Token header of /admin/ endpoints (also env TINKERSIM_ADMIN_TOKEN); empty: admin accepts the API keys")
+	fs.IntVar(&c.Capacity, "capacity", 64, "samples the backend runs at once; beyond it asample with X-Tinker-Sampling-Backpressure: 1 gets 429")
+	fs.DurationVar(&c.BaseLatency, "base-latency", 200*time.Millisecond, "time per sample before its first token")
+	fs.DurationVar(&c.PerTokenLatency, "per-token-latency", 2*time.Millisecond, "time per generated token (of the longest sequence)")
+	fs.DurationVar(&c.LongPollWait, "long-poll-wait", 25*time.Second, "how long retrieve_future holds a poll before 408 try_again (keep below 45s)")
+	fs.DurationVar(&c.RetryAfter, "retry-after", time.Second, "Retry-After of 429 replies")
+	fs.DurationVar(&c.ResultTTL, "result-ttl", 10*time.Minute, "how long finished futures are kept before they answer 410")
+	fs.Var(&models, "model", "served model as name=max_context_length; repeatable (default: Qwen/Qwen3-8B=32768, Qwen/Qwen3-30B-A3B=32768, meta-llama/Llama-3.1-8B-Instruct=131072, meta-llama/Llama-3.2-1B=131072)")
+	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fault-rate RNG and of the synthetic REST data (outputs depend only on the request)")
+	fs.IntVar(&c.MinGenTokens, "min-gen-tokens", 1, "shortest natural sequence length")
+	tokenMin := fs.Int("token-min", 1000, "smallest generated token id")
+	tokenMax := fs.Int("token-max", 100000, "generated token ids are below this")
+	fs.Float64Var(&c.StopTokenProbability, "stop-token-prob", 0.05, "chance per generated token of emitting one of the request's stop token ids (negative: only at the natural end)")
+	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", 64, "max_tokens when a request omits it")
+	fs.IntVar(&c.MaxNumSamples, "max-num-samples", 128, "largest accepted num_samples")
+	fs.IntVar(&c.MetadataOnlyThreshold, "metadata-threshold", 0, "results with a larger protobuf are first announced as complete_metadata (0: never)")
+	fs.BoolVar(&c.DisableDynamicConfig, "no-dynamic-config", false, "answer 404 to client/dynamic_config")
+	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (negative: none)")
+	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|slow_heartbeat), rate, start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: tinkersim [flags]\n\nA wire-compatible simulator of the Tinker sampling API (see internal/tinkersim).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("parse flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if env := getenv("TINKERSIM_API_KEYS"); env != "" {
+		if err := keys.Set(env); err != nil {
+			return nil, fmt.Errorf("TINKERSIM_API_KEYS: %w", err)
+		}
+	}
+	c.APIKeys = keys.listFlag
+	if c.AdminToken == "" {
+		c.AdminToken = getenv("TINKERSIM_ADMIN_TOKEN")
+	}
+	c.TokenMin, c.TokenMax = int32(*tokenMin), int32(*tokenMax)
+	for _, m := range models {
+		name, ctxLen, ok := strings.Cut(m, "=")
+		n, err := strconv.Atoi(ctxLen)
+		if !ok || err != nil || name == "" {
+			return nil, fmt.Errorf("-model %q: want name=max_context_length", m)
+		}
+		c.Models = append(c.Models, tinkersim.Model{Name: name, MaxContextLength: n})
+	}
+	now := time.Now()
+	for _, spec := range faults {
+		f, err := tinkersim.ParseFault(spec, now)
+		if err != nil {
+			return nil, fmt.Errorf("-fault: %w", err)
+		}
+		c.Faults = append(c.Faults, f)
+	}
+	return o, nil
+}
+
+// run starts the simulator and serves until ctx is done.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	o, err := parseFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	o.cfg.Logger = log
+	sim, err := tinkersim.New(o.cfg)
+	if err != nil {
+		return fmt.Errorf("start simulator: %w", err)
+	}
+	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	base, err := sim.Listen(serveCtx, o.addr)
+	if err != nil {
+		sim.Close()
+		return fmt.Errorf("start simulator: %w", err)
+	}
+	cfg := sim.Config()
+	models := make([]string, 0, len(cfg.Models))
+	for _, m := range cfg.Models {
+		models = append(models, m.Name)
+	}
+	// The keys themselves are never logged, only how many there are.
+	log.Info("tinkersim listening", "url", base, "api", base+"/api/v1/", "admin", base+"/admin/",
+		"api_keys", len(cfg.APIKeys), "capacity", cfg.Capacity, "base_latency", cfg.BaseLatency,
+		"per_token_latency", cfg.PerTokenLatency, "long_poll_wait", cfg.LongPollWait, "models", strings.Join(models, ","),
+		"faults", len(cfg.Faults))
+	<-ctx.Done()
+	log.Info("tinkersim shutting down", "grace", o.shutdownTimeout)
+	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer scancel()
+	if err := sim.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	st := sim.Stats()
+	log.Info("tinkersim stopped", "samples_accepted", st.SamplesAccepted, "samples_completed", st.SamplesCompleted,
+		"peak_concurrent", st.PeakConcurrent)
+	return nil
+}
