@@ -20,12 +20,12 @@ const testKey = "tml-test-key-123"
 
 // harness is a simulator behind a real loopback HTTP server.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *Server
 	base string
 }
 
-func newHarness(t *testing.T, cfg Config) *harness {
+func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	if cfg.APIKeys == nil {
 		cfg.APIKeys = []string{testKey}
@@ -52,7 +52,7 @@ type reply struct {
 	body   []byte
 }
 
-func (r reply) json(t *testing.T) map[string]any {
+func (r reply) json(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(r.body, &m); err != nil {
@@ -104,7 +104,7 @@ func (h *harness) do(method, path string, body any, headers ...string) reply {
 }
 
 // mustStatus fails unless r has the wanted status.
-func mustStatus(t *testing.T, r reply, want int) {
+func mustStatus(t testing.TB, r reply, want int) {
 	t.Helper()
 	if r.status != want {
 		t.Fatalf("status %d, want %d; body %q", r.status, want, r.body)
@@ -112,7 +112,7 @@ func mustStatus(t *testing.T, r reply, want int) {
 }
 
 // mustJSONError checks a 4xx/5xx with a JSON body and a matching Content-Length.
-func mustJSONError(t *testing.T, r reply, want int) map[string]any {
+func mustJSONError(t testing.TB, r reply, want int) map[string]any {
 	t.Helper()
 	mustStatus(t, r, want)
 	if cl := r.header.Get("Content-Length"); cl == "" || cl == "0" || cl != strconv.Itoa(len(r.body)) {
@@ -291,7 +291,7 @@ func float32s(d []byte) []float32 {
 }
 
 // eventually polls cond until it holds or a generous deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
