@@ -23,7 +23,9 @@
 // a mount prefix stripped with http.StripPrefix("/services/tinker-prod", sim), or unstripped
 // (a client whose base URL is http://host/services/tinker-prod reaches
 // /services/tinker-prod/api/v1/asample, §1.1). Admin endpoints live under any path containing
-// /admin/ (see Server.serveAdmin's list: /admin/faults, /admin/stats, /admin/reset).
+// /admin/: POST /admin/faults (a fault object or a list, e.g. {"kind":"429","duration":"30s"}),
+// GET and DELETE /admin/faults, DELETE /admin/faults/{id}, GET /admin/stats, POST /admin/reset.
+// They take X-Admin-Token when Config.AdminToken is set, else a valid X-API-Key.
 //
 // Endpoints: POST client/config, client/dynamic_config, create_session, session_heartbeat,
 // create_sampling_session, asample, retrieve_future, telemetry, weights_info; GET

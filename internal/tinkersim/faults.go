@@ -293,8 +293,10 @@ type FaultInfo struct {
 	Start time.Time `json:"start"`
 	// End is when it closes; nil when open-ended.
 	End *time.Time `json:"end,omitempty"`
-	// Reason, Category, Status: as in Fault.
-	Reason   string `json:"reason,omitempty"`
+	// Reason is the pause reason or error message.
+	Reason string `json:"reason,omitempty"`
+	// Category is the failure category of a "failed" fault.
 	Category string `json:"category,omitempty"`
-	Status   int    `json:"status,omitempty"`
+	// Status is the HTTP status of a "5xx" fault.
+	Status int `json:"status,omitempty"`
 }
