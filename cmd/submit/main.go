@@ -1,9 +1,27 @@
-// Command submit validates JSONL prompt files, publishes them as jobs and collects the results.
+// Command submit sends JSONL files of prompts to a tinkerfleet and collects the results.
+//
+//	submit [flags] FILE...         validate, publish one job per line, optionally wait (-o)
+//	submit status BATCH            progress of a batch
+//	submit results BATCH -o FILE   write the results stored so far (--wait: all of them)
+//	submit cancel BATCH            end a batch's remaining jobs as cancelled
+//	submit list                    every batch
+//	submit tokenize ...            tokenize text to size a batch
+//
+// Without a NATS URL (or with --local) it runs everything in this process: an embedded
+// nats-server with JetStream on disk and a worker, so that one command runs a whole batch:
+//
+//	go run ./cmd/submit --local --simulate examples/prompts.jsonl -o results.jsonl
+//
+// --simulate samples on an in-process Tinker simulator; without it, TINKER_API_KEY is used
+// against the real service.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -12,15 +30,53 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "submit:", err)
-		os.Exit(1)
+	env := &environment{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	if err := run(ctx, os.Args[1:], env); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "submit:", err)
+		}
+		os.Exit(exitCode(err))
 	}
 }
 
-func run(ctx context.Context, args []string) error {
-	if len(args) > 0 && args[0] == "tokenize" {
-		return runTokenize(ctx, args[1:], os.Stdin, os.Stdout, os.Stderr)
+// environment is what the command reads and writes, so tests can run it in-process.
+type environment struct {
+	getenv func(string) string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// tty forces (1) or forbids (0) the progress bar; -1 asks the terminal.
+	tty int
+}
+
+func run(ctx context.Context, args []string, env *environment) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "tokenize":
+			return runTokenize(ctx, args[1:], env.stdin, env.stdout, env.stderr)
+		case "status":
+			return runStatus(ctx, args[1:], env)
+		case "results":
+			return runResults(ctx, args[1:], env)
+		case "cancel":
+			return runCancel(ctx, args[1:], env)
+		case "list":
+			return runList(ctx, args[1:], env)
+		}
 	}
-	return fmt.Errorf("not implemented yet")
+	return runSubmit(ctx, args, env)
+}
+
+// errInvalidInput is returned when validation rejected lines and nothing was published.
+var errInvalidInput = errors.New("invalid input")
+
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 2
+	case errors.Is(err, errInvalidInput):
+		return 3
+	default:
+		return 1
+	}
 }

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -255,7 +254,7 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 // publish stores a result; a result too large for the server even compressed is replaced by
 // an error result saying so, so that the job still ends with exactly one result.
 func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
-	data, err := json.Marshal(res)
+	data, err := res.Encode()
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
@@ -270,7 +269,7 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 	})
 	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
 	*res = small
-	if data, err = json.Marshal(res); err != nil {
+	if data, err = res.Encode(); err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
 	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)

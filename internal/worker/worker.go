@@ -92,6 +92,9 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 		}
 	}()
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		// Block for the first slot and permit, then take more only while they are free now.
 		if len(held) == 0 {
 			select {

@@ -208,7 +208,7 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 		{CustomID: "tokens", Model: "Qwen/Qwen3-8B", PromptTokens: []int{9707, 11, 1879}, NumSamples: 1,
 			Params: jobs.SamplingParams{MaxTokens: intp(4)}, TopKPromptLogprobs: 2},
 		{CustomID: "too-long", Model: "Qwen/Qwen3-8B", Prompt: "x", NumSamples: 1,
-			Params: jobs.SamplingParams{MaxTokens: intp(1 << 20)}},
+			Params: jobs.SamplingParams{MaxTokens: intp(32768)}}, // Qwen3-8B: 32768 tokens of context
 	})
 	res := waitResults(t, b.results, "b1", 4, 30*time.Second)
 
@@ -219,7 +219,11 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	if string(text.Metadata) != `{"k": [1, 2]}` {
 		t.Fatalf("metadata = %s, want it byte for byte", text.Metadata)
 	}
-	if text.Usage == nil || text.Usage.PromptTokens != 4 || text.Attempts != 1 {
+	tok, err := b.tokens.ForModel(context.Background(), "Qwen/Qwen3-8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text.Usage == nil || text.Usage.PromptTokens != len(tok.Encode("Say hello.")) || text.Attempts != 1 {
 		t.Fatalf("usage/attempts = %+v / %d", text.Usage, text.Attempts)
 	}
 	chat := res["chat"]

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// batchCommand parses the flags of a subcommand that takes one batch id.
+func batchCommand(name string, args []string, env *environment, extra func(*flag.FlagSet, *envflag.Set)) (connOptions, string, error) {
+	var o connOptions
+	fs, s := newFlagSet(name, env)
+	o.register(s)
+	if extra != nil {
+		extra(fs, s)
+	}
+	if err := s.Err(); err != nil {
+		return o, "", err
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(env.stderr, "usage: submit %s [flags] BATCH\n\nFlags:\n", name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, "", err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return o, "", fmt.Errorf("%s needs one batch id: %w", name, errUsage)
+	}
+	return o, fs.Arg(0), queue.ValidateBatchID(fs.Arg(0))
+}
+
+// batchStatus is what `submit status` prints (as JSON with --json).
+type batchStatus struct {
+	queue.Manifest
+	Results   int `json:"results"`
+	OK        int `json:"ok"`
+	Failed    int `json:"error"`
+	Cancelled int `json:"cancelled"`
+	Waiting   int `json:"waiting"` // jobs still in the jobs stream (not yet acked)
+}
+
+func runStatus(ctx context.Context, args []string, env *environment) error {
+	var asJSON bool
+	o, batch, err := batchCommand("status", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	})
+	if err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	st, err := status(ctx, sess.q, batch)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(env.stdout).Encode(st)
+	}
+	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "batch\t%s\n", st.BatchID)
+	fmt.Fprintf(tw, "status\t%s\n", st.Status)
+	fmt.Fprintf(tw, "created\t%s\n", st.CreatedAt.Local().Format(time.DateTime))
+	fmt.Fprintf(tw, "jobs\t%d (%d lines rejected)\n", st.Jobs, st.Rejected)
+	fmt.Fprintf(tw, "results\t%d of %d: ok %d, error %d, cancelled %d\n", st.Results, st.Jobs, st.OK, st.Failed, st.Cancelled)
+	fmt.Fprintf(tw, "waiting\t%d jobs in the queue\n", st.Waiting)
+	return tw.Flush()
+}
+
+// status counts a batch's results by status (reading headers only) and its waiting jobs.
+func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, error) {
+	m, _, err := q.GetManifest(ctx, batch)
+	if err != nil {
+		return batchStatus{}, err
+	}
+	st := batchStatus{Manifest: m}
+	sum, err := follow(ctx, q, m, nil, false, progressOptions{mode: "none"}, &environment{})
+	if err != nil {
+		return st, err
+	}
+	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
+	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(q.Names.JobSubject(batch)))
+	if err != nil {
+		return st, fmt.Errorf("jobs stream: %w", err)
+	}
+	st.Waiting = int(info.State.Subjects[q.Names.JobSubject(batch)])
+	return st, nil
+}
+
+func runResults(ctx context.Context, args []string, env *environment) error {
+	var (
+		output string
+		wait   bool
+		po     progressOptions
+	)
+	o, batch, err := batchCommand("results", args, env, func(fs *flag.FlagSet, s *envflag.Set) {
+		po.register(s)
+		fs.StringVar(&output, "o", "", "write the results to this JSONL file, resuming it if it exists (default standard output)")
+		s.Bool(&wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
+	})
+	if err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	m, _, err := sess.q.GetManifest(ctx, batch)
+	if err != nil {
+		return err
+	}
+	var sum summary
+	if output == "" {
+		sum, err = follow(ctx, sess.q, m, env.stdout, wait, progressOptions{mode: "none"}, env)
+	} else {
+		sum, err = followToFile(ctx, sess.q, m, output, wait, po, env)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)\n",
+		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled)
+	return nil
+}
+
+func runCancel(ctx context.Context, args []string, env *environment) error {
+	o, batch, err := batchCommand("cancel", args, env, nil)
+	if err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	m, err := sess.q.UpdateManifest(ctx, batch, func(m *queue.Manifest) error {
+		if m.Status == queue.BatchCancelled {
+			return errAlreadyCancelled
+		}
+		m.Status, m.CancelledAt = queue.BatchCancelled, time.Now().UTC()
+		return nil
+	})
+	if errors.Is(err, errAlreadyCancelled) {
+		fmt.Fprintf(env.stderr, "batch %s was already cancelled\n", batch)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "batch %s cancelled: its jobs not yet sampled end as cancelled results\n", m.BatchID)
+	return nil
+}
+
+var errAlreadyCancelled = errors.New("already cancelled")
+
+func runList(ctx context.Context, args []string, env *environment) error {
+	var o connOptions
+	var asJSON bool
+	fs, s := newFlagSet("list", env)
+	o.register(s)
+	fs.BoolVar(&asJSON, "json", false, "print JSON lines")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	ms, err := sess.q.Manifests(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(env.stdout)
+		for _, m := range ms {
+			if err := enc.Encode(m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BATCH\tSTATUS\tJOBS\tREJECTED\tCREATED")
+	for _, m := range ms {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", m.BatchID, m.Status, m.Jobs, m.Rejected, m.CreatedAt.Local().Format(time.DateTime))
+	}
+	return tw.Flush()
+}

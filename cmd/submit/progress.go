@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// progress shows how far a batch is: a redrawn bar on a terminal, a plain line every interval
+// otherwise.
+type progress struct {
+	w         io.Writer
+	bar       bool
+	none      bool
+	interval  time.Duration
+	total     int
+	start     time.Time
+	startDone int
+	last      time.Time
+}
+
+func newProgress(o progressOptions, env *environment, total, done int) *progress {
+	p := &progress{w: env.stderr, interval: o.interval, total: total, start: time.Now(), startDone: done}
+	switch o.mode {
+	case "none":
+		p.none = true
+	case "bar":
+		p.bar = true
+	case "lines":
+	default:
+		p.bar = isTerminal(env)
+	}
+	return p
+}
+
+func isTerminal(env *environment) bool {
+	switch env.tty {
+	case 1:
+		return true
+	case 0:
+		return false
+	}
+	f, ok := env.stderr.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func (p *progress) update(s *summary) {
+	if p.none {
+		return
+	}
+	now := time.Now()
+	if p.bar {
+		if now.Sub(p.last) < 100*time.Millisecond {
+			return
+		}
+		p.last = now
+		fmt.Fprintf(p.w, "\r\033[K%s", p.line(s, now, true))
+		return
+	}
+	if now.Sub(p.last) < p.interval {
+		return
+	}
+	p.last = now
+	fmt.Fprintln(p.w, p.line(s, now, false))
+}
+
+func (p *progress) finish(s *summary) {
+	if p.none {
+		return
+	}
+	if p.bar {
+		fmt.Fprintf(p.w, "\r\033[K%s\n", p.line(s, time.Now(), true))
+	}
+}
+
+// line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
+func (p *progress) line(s *summary, now time.Time, bar bool) string {
+	done := s.total()
+	var b strings.Builder
+	if bar && p.total > 0 {
+		const width = 24
+		filled := min(width, done*width/p.total)
+		b.WriteString("[" + strings.Repeat("#", filled) + strings.Repeat("·", width-filled) + "] ")
+	}
+	pct := 100
+	if p.total > 0 {
+		pct = done * 100 / p.total
+	}
+	fmt.Fprintf(&b, "%d/%d %d%% | ok %d error %d", done, p.total, pct, s.ok, s.failed)
+	if s.cancelled > 0 {
+		fmt.Fprintf(&b, " cancelled %d", s.cancelled)
+	}
+	elapsed := now.Sub(p.start).Seconds()
+	if rate := float64(done-p.startDone) / elapsed; elapsed > 0 && rate > 0 {
+		fmt.Fprintf(&b, " | %.1f/s", rate)
+		if left := p.total - done; left > 0 {
+			fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+// connOptions are the flags every subcommand that talks to NATS shares.
+type connOptions struct {
+	conn    queue.ConnectConfig
+	queue   queue.Config
+	local   bool
+	dataDir string
+	verbose bool
+}
+
+func (o *connOptions) register(s *envflag.Set) {
+	o.conn.RegisterFlags(s)
+	o.queue.RegisterFlags(s)
+	s.Bool(&o.local, "local", "TINKERFLEET_LOCAL", false, "run an embedded NATS server (and, when submitting, a worker) in this process; the default without --nats-url")
+	s.String(&o.dataDir, "data-dir", "TINKERFLEET_DATA_DIR", ".tinkerfleet", "JetStream store of the embedded server")
+	s.Bool(&o.verbose, "v", "TINKERFLEET_VERBOSE", false, "log what the embedded worker does")
+}
+
+// localOptions say how submit --local samples.
+type localOptions struct {
+	simulate     bool
+	concurrency  int
+	baseURL      string
+	tokenizerDir string
+}
+
+func (o *localOptions) register(s *envflag.Set) {
+	s.Bool(&o.simulate, "simulate", "TINKERFLEET_SIMULATE", false, "with --local, sample on an in-process Tinker simulator instead of the real service")
+	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs the local worker works on at once")
+	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL of the local worker (default the production service)")
+	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model")
+}
+
+// session is an open connection to the queue, with whatever runs in-process behind it.
+type session struct {
+	q       *queue.Queue
+	nc      *nats.Conn
+	log     *slog.Logger
+	closers []func()
+	workers sync.WaitGroup
+	stopRun context.CancelFunc
+}
+
+func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
+	fs := flag.NewFlagSet("submit "+name, flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	return fs, envflag.New(fs, env.getenv)
+}
+
+// open connects to NATS (starting the embedded server in local mode) and sets up the queue.
+func open(ctx context.Context, o connOptions, env *environment) (*session, error) {
+	s := &session{log: slog.New(slog.DiscardHandler)}
+	if o.verbose {
+		s.log = slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.close()
+		}
+	}()
+	if o.conn.URL == "" || o.local {
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1})
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, emb.Shutdown)
+		o.conn.URL = emb.ClientURL()
+	}
+	o.conn.Name = "tinkerfleet-submit"
+	o.conn.Logger = s.log
+	nc, err := queue.Connect(o.conn)
+	if err != nil {
+		return nil, err
+	}
+	s.nc = nc
+	s.closers = append(s.closers, nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if s.q, err = queue.Setup(ctx, js, o.queue); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// startWorker runs a worker in this process until the session closes, sampling on the real
+// service (TINKER_API_KEY) or, with --simulate, on an in-process simulator.
+func (s *session) startWorker(ctx context.Context, o localOptions, env *environment) error {
+	cfg := worker.Config{
+		Queue:         s.q,
+		TinkerBaseURL: o.baseURL,
+		Concurrency:   o.concurrency,
+		ShutdownGrace: 5 * time.Second,
+		Logger:        s.log,
+	}
+	tokOpts := tokenizer.OptionsFromEnv(env.getenv)
+	if o.tokenizerDir != "" {
+		tokOpts.Dir = o.tokenizerDir
+	}
+	if o.simulate {
+		key := "tml-simulated-" + randomHex(16)
+		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{key}, Capacity: 256,
+			BaseLatency: 20 * time.Millisecond, PerTokenLatency: 200 * time.Microsecond})
+		if err != nil {
+			return err
+		}
+		s.closers = append(s.closers, sim.Close)
+		simCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.closers = append(s.closers, cancel)
+		url, err := sim.Listen(simCtx, "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		cfg.TinkerBaseURL, cfg.TinkerAPIKey = url, tinker.APIKey(key)
+		cfg.HTTPClient = &http.Client{}
+	} else {
+		key, err := tinker.APIKeyFromEnv()
+		if err != nil {
+			return fmt.Errorf("the local worker needs a Tinker key (or --simulate): %w", err)
+		}
+		cfg.TinkerAPIKey = key
+	}
+	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
+	w, err := worker.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopRun = stop
+	s.workers.Go(func() {
+		if err := w.Run(runCtx); err != nil {
+			s.log.Error("local worker", "err", err)
+		}
+		w.Close()
+	})
+	return nil
+}
+
+// close stops the in-process worker and simulator, then the connection and the server.
+func (s *session) close() {
+	if s.stopRun != nil {
+		s.stopRun()
+		s.workers.Wait()
+	}
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var errUsage = errors.New("usage")

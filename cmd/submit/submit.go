@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+const submitUsage = `usage: submit [flags] FILE...
+
+Validates every line of the JSONL files, then publishes one job per line as one batch.
+With -o (or --wait) it follows the results and writes them to a JSONL file; an
+interrupted wait resumes where it stopped when run again.
+Without --nats-url it runs an embedded NATS server and a worker in this process.
+
+Subcommands: status BATCH, results BATCH, cancel BATCH, list, tokenize (each has -h).
+
+Flags:
+`
+
+// submitOptions are the flags of `submit FILE...`.
+type submitOptions struct {
+	conn        connOptions
+	local       localOptions
+	batchID     string
+	skipInvalid bool
+	rejects     string
+	wait        bool
+	output      string
+	progress    progressOptions
+	limits      jobs.Limits
+}
+
+// maxReported bounds the bad lines printed; all of them are counted.
+const maxReported = 50
+
+func runSubmit(ctx context.Context, args []string, env *environment) error {
+	var o submitOptions
+	fs, s := newFlagSet("", env)
+	fs.Usage = func() { fmt.Fprint(env.stderr, submitUsage); fs.PrintDefaults() }
+	o.conn.register(s)
+	o.local.register(s)
+	o.progress.register(s)
+	s.String(&o.batchID, "batch-id", "TINKERFLEET_BATCH_ID", "", "batch id (default: derived from the input's digest, so re-running the same files is the same batch)")
+	s.Bool(&o.skipInvalid, "skip-invalid", "TINKERFLEET_SKIP_INVALID", false, "publish the valid lines and write the rejected ones to --rejects")
+	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
+	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
+	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (implies --wait)")
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	files := fs.Args()
+	if len(files) == 0 {
+		fs.Usage()
+		return fmt.Errorf("no input files: %w", errUsage)
+	}
+	if o.output != "" {
+		o.wait = true
+	}
+	if o.batchID != "" {
+		if err := queue.ValidateBatchID(o.batchID); err != nil {
+			return err
+		}
+	}
+
+	// 1. Validate everything before publishing anything.
+	scan, err := validate(files, o.limits, env.stderr)
+	if err != nil {
+		return err
+	}
+	if o.batchID == "" {
+		o.batchID = "b-" + scan.digest[:16]
+	}
+	if scan.rejected > 0 && !o.skipInvalid {
+		return fmt.Errorf("%d of %d lines are invalid (nothing was published; fix them or use --skip-invalid): %w",
+			scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
+	}
+	if scan.rejected > 0 {
+		path := o.rejects
+		if path == "" {
+			path = o.batchID + ".rejects.jsonl"
+		}
+		if err := writeRejects(path, scan.rejects); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stderr, "%d invalid lines skipped; written to %s\n", scan.rejected, path)
+	}
+	if scan.accepted == 0 {
+		return fmt.Errorf("no valid lines to publish: %w", errInvalidInput)
+	}
+
+	sess, err := open(ctx, o.conn, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	local := o.conn.conn.URL == "" || o.conn.local
+	if local {
+		if err := sess.startWorker(ctx, o.local, env); err != nil {
+			return err
+		}
+	}
+
+	// 2. Publish, unless this batch was fully submitted before.
+	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, env)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "batch %s: %d jobs submitted\n", m.BatchID, m.Jobs)
+	fmt.Fprintln(env.stdout, m.BatchID)
+	if !o.wait {
+		if local {
+			fmt.Fprintln(env.stderr, "note: --local without --wait or -o stops the in-process worker now; run again with -o to finish the batch")
+		}
+		return nil
+	}
+
+	// 3. Follow the results.
+	var sum summary
+	if o.output != "" {
+		sum, err = followToFile(ctx, sess.q, m, o.output, true, o.progress, env)
+	} else {
+		sum, err = follow(ctx, sess.q, m, nil, true, o.progress, env)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "batch %s: %d results (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
+		sum.total(), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
+	return nil
+}
+
+func outputNote(path string) string {
+	if path == "" {
+		return ""
+	}
+	return " in " + path
+}
+
+// scanResult is what the validation pass learned.
+type scanResult struct {
+	accepted, rejected int
+	digest             string // hex sha256 over the input files, in order
+	rejects            []*jobs.LineError
+	skip               map[lineRef]bool // rejected lines, skipped when publishing
+}
+
+type lineRef struct {
+	file int
+	line int
+}
+
+// validate reads every file once, reports bad lines (the first maxReported of them) and
+// computes the input digest. Memory: the custom_id set and the rejected lines.
+func validate(files []string, limits jobs.Limits, stderr io.Writer) (*scanResult, error) {
+	res := &scanResult{skip: map[lineRef]bool{}}
+	h := sha256.New()
+	var r *jobs.Reader
+	for i, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("open input: %w", err)
+		}
+		in := io.TeeReader(f, h)
+		if r == nil {
+			r = jobs.NewReader(in, name, limits)
+		} else {
+			r.NextFile(in, name)
+		}
+		for {
+			_, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			var le *jobs.LineError
+			switch {
+			case err == nil:
+				res.accepted++
+				continue
+			case errors.As(err, &le):
+				res.rejected++
+				res.rejects = append(res.rejects, le)
+				res.skip[lineRef{i, le.Line}] = true
+				if res.rejected <= maxReported {
+					fmt.Fprintln(stderr, le.Error())
+				}
+				continue
+			case errors.Is(err, jobs.ErrEmptyFile):
+				fmt.Fprintln(stderr, err.Error())
+				continue
+			}
+			f.Close()
+			return nil, err
+		}
+		f.Close()
+		h.Write([]byte{0}) // file boundary, so that moving a line between files changes the digest
+	}
+	if res.rejected > maxReported {
+		fmt.Fprintf(stderr, "… and %d more invalid lines\n", res.rejected-maxReported)
+	}
+	res.digest = hex.EncodeToString(h.Sum(nil))
+	return res, nil
+}
+
+// rejectLine is one line of the rejects file.
+type rejectLine struct {
+	File    string `json:"file"`
+	Line    int    `json:"line"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+func writeRejects(path string, rejects []*jobs.LineError) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("rejects file: %w", err)
+	}
+	bw := bufio.NewWriter(f)
+	enc := json.NewEncoder(bw)
+	for _, le := range rejects {
+		if err := enc.Encode(rejectLine{File: le.File, Line: le.Line, Field: le.Field, Message: le.Msg}); err != nil {
+			f.Close()
+			return fmt.Errorf("rejects file: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("rejects file: %w", err)
+	}
+	return f.Close()
+}
+
+// publish records the manifest and publishes every valid line, streaming the files again.
+// A batch already fully submitted with the same digest is not published again; a batch whose
+// publishing was interrupted is published again, and the duplicate window (and the workers'
+// result check) drop what was already there.
+func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, env *environment) (queue.Manifest, error) {
+	m, rev, err := q.GetManifest(ctx, batch)
+	switch {
+	case errors.Is(err, queue.ErrNoBatch):
+		m = queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: files, Digest: scan.digest,
+			Jobs: scan.accepted, Rejected: scan.rejected, CreatedAt: time.Now().UTC()}
+		if rev, err = q.PutManifest(ctx, m, 0); err != nil {
+			return m, err
+		}
+	case err != nil:
+		return m, err
+	case m.Digest != scan.digest:
+		return m, fmt.Errorf("batch id %s is already used by a batch of other input (created %s); choose another --batch-id",
+			batch, m.CreatedAt.Format(time.RFC3339))
+	case m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled:
+		fmt.Fprintf(env.stderr, "batch %s was already submitted (%s); not publishing again\n", batch, m.Status)
+		return m, nil
+	}
+
+	var pending []jetstream.PubAckFuture
+	settle := func() error {
+		for _, f := range pending {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return fmt.Errorf("publish job: %w", err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	var r *jobs.Reader
+	for i, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return m, fmt.Errorf("open input: %w", err)
+		}
+		if r == nil {
+			r = jobs.NewReader(f, name, limits)
+		} else {
+			r.NextFile(f, name)
+		}
+		for {
+			j, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				if scan.skip[lineRef{i, r.Line()}] || errors.Is(err, jobs.ErrEmptyFile) {
+					continue
+				}
+				f.Close()
+				return m, fmt.Errorf("%s changed while submitting: %w", name, err)
+			}
+			data, err := j.Encode()
+			if err != nil {
+				f.Close()
+				return m, err
+			}
+			fut, err := q.PublishJobAsync(batch, j.CustomID, data)
+			if err != nil {
+				f.Close()
+				return m, err
+			}
+			if pending = append(pending, fut); len(pending) >= 2048 {
+				if err := settle(); err != nil {
+					f.Close()
+					return m, err
+				}
+			}
+		}
+		f.Close()
+	}
+	if err := settle(); err != nil {
+		return m, err
+	}
+	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
+	if _, err := q.PutManifest(ctx, m, rev); err != nil {
+		// Someone cancelled it meanwhile: keep their status.
+		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil {
+			return cur, nil
+		}
+		return m, err
+	}
+	return m, nil
+}
