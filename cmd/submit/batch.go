@@ -30,14 +30,15 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 		fmt.Fprintf(env.stderr, "usage: submit %s [flags] BATCH\n\nFlags:\n", name)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	rest, err := envflag.Parse(fs, args)
+	if err != nil {
 		return o, "", err
 	}
-	if fs.NArg() != 1 {
+	if len(rest) != 1 {
 		fs.Usage()
 		return o, "", fmt.Errorf("%s needs one batch id: %w", name, errUsage)
 	}
-	return o, fs.Arg(0), queue.ValidateBatchID(fs.Arg(0))
+	return o, rest[0], queue.ValidateBatchID(rest[0])
 }
 
 // batchStatus is what `submit status` prints (as JSON with --json).

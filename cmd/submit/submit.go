@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
@@ -61,10 +62,10 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if err := s.Err(); err != nil {
 		return err
 	}
-	if err := fs.Parse(args); err != nil {
+	files, err := envflag.Parse(fs, args)
+	if err != nil {
 		return err
 	}
-	files := fs.Args()
 	if len(files) == 0 {
 		fs.Usage()
 		return fmt.Errorf("no input files: %w", errUsage)

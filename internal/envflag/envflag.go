@@ -80,3 +80,24 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, te
 	}
 	s.fs.DurationVar(p, name, def, usage(text, env))
 }
+
+// Parse parses args like fs.Parse but lets flags follow the positional arguments, as in
+// `submit prompts.jsonl -o results.jsonl`; "--" ends the flags. It returns the positional
+// arguments in order.
+func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		if args[0] == "--" {
+			return append(positional, args[1:]...), nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}

@@ -45,3 +45,17 @@ func TestMalformedEnvironmentIsAnError(t *testing.T) {
 		t.Fatal("N=lots was accepted")
 	}
 }
+
+func TestParseAcceptsFlagsAfterArguments(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	out := fs.String("o", "", "")
+	wait := fs.Bool("wait", false, "")
+	args, err := Parse(fs, []string{"a.jsonl", "-o", "r.jsonl", "b.jsonl", "--wait", "--", "-c.jsonl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *out != "r.jsonl" || !*wait || len(args) != 3 || args[0] != "a.jsonl" || args[1] != "b.jsonl" || args[2] != "-c.jsonl" {
+		t.Fatalf("o=%q wait=%v args=%q", *out, *wait, args)
+	}
+}

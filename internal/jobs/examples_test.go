@@ -49,7 +49,7 @@ func TestExamplePromptsParse(t *testing.T) {
 		default:
 			kinds["messages"]++
 		}
-		if j.Model != "Qwen/Qwen3-8B" && j.Model != "meta-llama/Llama-3.1-8B-Instruct" && j.ModelPath == "" {
+		if j.Model != "Qwen/Qwen3-8B" && j.Model != "Qwen/Qwen3-30B-A3B" && j.ModelPath == "" {
 			t.Errorf("%s: unexpected model %q", j.CustomID, j.Model)
 		}
 	}

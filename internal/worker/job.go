@@ -144,6 +144,9 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	}
 	prompt, stops, tok, err := w.prompt(ctx, job, baseModel)
 	if err != nil {
+		if transientTokenizerError(err) {
+			return retry(ctx, 30*time.Second, err) // e.g. the hub is unreachable for a moment
+		}
 		res := errorResult(job, batch, jobs.ResultError{Code: jobs.CodeTokenize, Message: err.Error(), Category: jobs.CategoryUser})
 		return outcome{result: &res, settle: settleTerm}
 	}
@@ -213,6 +216,22 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err er
 	return retry(ctx, 5*time.Second, err)
 }
 
+// transientTokenizerError tells a tokenizer that could not be fetched right now (a network
+// error) from one that cannot be had (not found, unauthorized, unknown chat format).
+func transientTokenizerError(err error) bool {
+	var tokErr *tokenizerError
+	if !errors.As(err, &tokErr) {
+		return false
+	}
+	return !errors.Is(err, tokenizer.ErrNotFound) && !errors.Is(err, tokenizer.ErrUnauthorized) && !errors.Is(err, context.Canceled)
+}
+
+// tokenizerError marks a failure to obtain a tokenizer (as opposed to using one).
+type tokenizerError struct{ err error }
+
+func (e *tokenizerError) Error() string { return e.err.Error() }
+func (e *tokenizerError) Unwrap() error { return e.err }
+
 func retry(_ context.Context, delay time.Duration, err error) outcome {
 	return outcome{settle: settleRetry, delay: delay, err: err}
 }
@@ -223,7 +242,7 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 	var tok *tokenizer.Tokenizer
 	var tokErr error
 	if w.cfg.Tokenizers == nil {
-		tokErr = errors.New("no tokenizer registry configured")
+		tokErr = fmt.Errorf("no tokenizer registry configured: %w", tokenizer.ErrNotFound)
 	} else {
 		tok, tokErr = w.cfg.Tokenizers.ForModel(ctx, baseModel)
 	}
@@ -231,7 +250,7 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 	case len(job.PromptTokens) > 0:
 		return job.PromptTokens, nil, tok, nil // text of samples is best effort here
 	case tokErr != nil:
-		return nil, nil, nil, fmt.Errorf("tokenizer for %s: %w", baseModel, tokErr)
+		return nil, nil, nil, &tokenizerError{fmt.Errorf("tokenizer for %s: %w", baseModel, tokErr)}
 	case len(job.Messages) > 0:
 		renderer, err := tokenizer.RendererFor(baseModel, tok, tokenizer.RenderOptions{})
 		if err != nil {
