@@ -103,7 +103,7 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if s.q, err = queue.Setup(ctx, js, o.queue); err != nil {
+	if s.q, err = queue.Bind(ctx, js, o.queue); err != nil {
 		return nil, err
 	}
 	ok = true

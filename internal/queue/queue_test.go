@@ -201,3 +201,33 @@ func TestNamesAndTokens(t *testing.T) {
 		}
 	}
 }
+
+func TestBindLeavesTheFleetsConfigurationAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{AckWait: 5 * time.Second, MaxAckPending: 64, DuplicateWindow: time.Hour})
+	ctx := context.Background()
+	q, err := Bind(ctx, b.q.JS, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config; got.AckWait != 5*time.Second || got.MaxAckPending != 64 {
+		t.Fatalf("Bind changed the consumer: ack wait %v, max ack pending %d", got.AckWait, got.MaxAckPending)
+	}
+	info, err := q.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Duplicates != time.Hour {
+		t.Fatalf("Bind changed the jobs stream: duplicates window %v", info.Config.Duplicates)
+	}
+
+	// On an empty server, Bind creates what publishing needs.
+	fresh := setup(t, Config{Prefix: "other"})
+	if _, err := Bind(ctx, fresh.q.JS, Config{Prefix: "brand-new"}); err != nil {
+		t.Fatalf("Bind on a new prefix: %v", err)
+	}
+}

@@ -71,16 +71,28 @@ type Queue struct {
 	Config Config
 }
 
-// Setup creates or updates the streams, the shared consumer and the batch bucket, so that any
-// process (submit or worker, first or hundredth) can start in any order.
+// Setup creates or updates the streams, the shared consumer and the batch bucket, so that
+// workers can start in any order. It is the workers' (and operators') call: their
+// configuration wins. Programs that only publish and read use Bind.
 func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, error) {
+	return ensure(ctx, js, cfg, true)
+}
+
+// Bind uses the streams and bucket as they are, creating with cfg only what does not exist
+// yet, and leaves the workers' consumer alone. submit binds, so that running it with default
+// flags never rewrites a fleet's replicas, ack wait or in-flight cap.
+func Bind(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, error) {
+	return ensure(ctx, js, cfg, false)
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool) (*Queue, error) {
 	cfg = cfg.withDefaults()
 	names, err := NewNames(cfg.Prefix)
 	if err != nil {
 		return nil, err
 	}
 	q := &Queue{Names: names, JS: js, Config: cfg}
-	q.Jobs, err = ensureStream(ctx, js, jetstream.StreamConfig{
+	q.Jobs, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
 		Name:        names.JobsStream(),
 		Description: "tinkerfleet jobs waiting for a worker",
 		Subjects:    []string{names.Prefix + ".jobs.*"},
@@ -92,7 +104,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	if err != nil {
 		return nil, err
 	}
-	q.Results, err = ensureStream(ctx, js, jetstream.StreamConfig{
+	q.Results, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
 		Name:              names.ResultsStream(),
 		Description:       "tinkerfleet results, one per job",
 		Subjects:          []string{names.Prefix + ".results.*.*"},
@@ -106,7 +118,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	if err != nil {
 		return nil, err
 	}
-	q.Dead, err = ensureStream(ctx, js, jetstream.StreamConfig{
+	q.Dead, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
 		Name:        names.DeadStream(),
 		Description: "tinkerfleet payloads of jobs that ran out of deliveries",
 		Subjects:    []string{names.Prefix + ".dead.*"},
@@ -118,27 +130,43 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	if err != nil {
 		return nil, err
 	}
-	if _, err := retry(ctx, func() (jetstream.Consumer, error) {
-		return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), jetstream.ConsumerConfig{
-			Durable:       ConsumerName,
-			Description:   "shared by every tinkerfleet worker",
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.AckWait,
-			MaxDeliver:    cfg.MaxDeliver,
-			MaxAckPending: cfg.MaxAckPending,
-			Replicas:      cfg.Replicas,
+	consumer := jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
+		Description:   "shared by every tinkerfleet worker",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    cfg.MaxDeliver,
+		MaxAckPending: cfg.MaxAckPending,
+		Replicas:      cfg.Replicas,
+	}
+	if update {
+		c, err := retry(ctx, func() (jetstream.Consumer, error) {
+			return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), consumer)
 		})
-	}); err != nil {
-		return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
+		if err != nil {
+			return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
+		}
+		// Another worker may have set the consumer up a moment later with other flags: what
+		// the server holds is what redelivery follows.
+		got := c.CachedInfo().Config
+		q.Config.AckWait, q.Config.MaxDeliver, q.Config.MaxAckPending = got.AckWait, got.MaxDeliver, got.MaxAckPending
+	}
+	bucket := jetstream.KeyValueConfig{
+		Bucket:      names.BatchesBucket(),
+		Description: "tinkerfleet batch manifests",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
 	}
 	q.Batches, err = retry(ctx, func() (jetstream.KeyValue, error) {
-		return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      names.BatchesBucket(),
-			Description: "tinkerfleet batch manifests",
-			History:     1,
-			Storage:     jetstream.FileStorage,
-			Replicas:    cfg.Replicas,
-		})
+		if update {
+			return js.CreateOrUpdateKeyValue(ctx, bucket)
+		}
+		kv, err := js.KeyValue(ctx, bucket.Bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return js.CreateKeyValue(ctx, bucket)
+		}
+		return kv, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: bucket %s: %w", names.BatchesBucket(), err)
@@ -155,8 +183,17 @@ func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 	return c, nil
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	s, err := retry(ctx, func() (jetstream.Stream, error) { return js.CreateOrUpdateStream(ctx, cfg) })
+func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := retry(ctx, func() (jetstream.Stream, error) {
+		if update {
+			return js.CreateOrUpdateStream(ctx, cfg)
+		}
+		s, err := js.Stream(ctx, cfg.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return js.CreateStream(ctx, cfg)
+		}
+		return s, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
 	}
