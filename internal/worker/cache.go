@@ -130,11 +130,15 @@ func (s *cancelSet) set(batch string, cancelled bool) {
 }
 
 // watch follows the batches bucket until ctx is done, re-watching after the watcher ends
-// (a reconnect may close it, jetstream-notes §6).
-func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger) {
+// (a reconnect may close it, jetstream-notes §6). It closes loaded once the bucket's current
+// entries are known.
+func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger, loaded chan<- struct{}) {
+	var once sync.Once
+	markLoaded := func() { once.Do(func() { close(loaded) }) }
+	defer markLoaded()
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := s.watchOnce(ctx, q)
+		err := s.watchOnce(ctx, q, markLoaded)
 		if ctx.Err() != nil {
 			return
 		}
@@ -148,7 +152,7 @@ func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger)
 	}
 }
 
-func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue) error {
+func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()) error {
 	w, err := q.Batches.WatchAll(ctx)
 	if err != nil {
 		return err
@@ -163,7 +167,8 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue) error {
 				return errors.New("watcher closed")
 			}
 			if e == nil {
-				continue // the end of the initial values
+				loaded() // the end of the initial values
+				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
 				s.set(e.Key(), false)

@@ -87,9 +87,15 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	case settleTerm:
 		err = msg.Term()
 	case settleRetry:
-		log.Info("job will be retried", "delay", out.delay, "err", out.err)
-		err = msg.NakWithDelay(out.delay)
+		delay := out.delay
+		if delay == 0 {
+			delay = w.retryDelay(delivered)
+		}
+		log.Info("job will be retried", "delay", delay, "err", out.err)
+		err = msg.NakWithDelay(delay)
 	case settleNak:
+		<-w.pullDone
+		time.Sleep(time.Until(w.pullExpired))
 		err = msg.Nak()
 	}
 	if err != nil {
@@ -121,7 +127,7 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 
 	done, err := w.cfg.Queue.HasResult(ctx, batch, job.CustomID)
 	if err != nil {
-		return retry(ctx, time.Second, err)
+		return transient(err)
 	}
 	if done {
 		return outcome{settle: settleAck} // a redelivery after the result was stored
@@ -145,7 +151,7 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	prompt, stops, tok, err := w.prompt(ctx, job, baseModel)
 	if err != nil {
 		if transientTokenizerError(err) {
-			return retry(ctx, 30*time.Second, err) // e.g. the hub is unreachable for a moment
+			return transient(err) // e.g. the hub is unreachable for a moment
 		}
 		res := errorResult(job, batch, jobs.ResultError{Code: jobs.CodeTokenize, Message: err.Error(), Category: jobs.CategoryUser})
 		return outcome{result: &res, settle: settleTerm}
@@ -201,7 +207,7 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err er
 			})
 			return outcome{result: &res, settle: settleTerm}
 		}
-		return retry(ctx, 5*time.Second, err)
+		return transient(err)
 	}
 	var status *tinker.StatusError
 	if errors.As(err, &status) {
@@ -213,7 +219,17 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err er
 			return outcome{result: &res, settle: settleTerm}
 		}
 	}
-	return retry(ctx, 5*time.Second, err)
+	return transient(err)
+}
+
+// retryDelay is how long a job waits before its next delivery after a transient failure on
+// delivery n: RetryDelay doubled per delivery, at most 5 minutes.
+func (w *Worker) retryDelay(n uint64) time.Duration {
+	d := w.cfg.RetryDelay
+	for i := uint64(1); i < n && d < 5*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Minute)
 }
 
 // transientTokenizerError tells a tokenizer that could not be fetched right now (a network
@@ -232,8 +248,9 @@ type tokenizerError struct{ err error }
 func (e *tokenizerError) Error() string { return e.err.Error() }
 func (e *tokenizerError) Unwrap() error { return e.err }
 
-func retry(_ context.Context, delay time.Duration, err error) outcome {
-	return outcome{settle: settleRetry, delay: delay, err: err}
+// transient is a failure worth another delivery, after the worker's growing retry delay.
+func transient(err error) outcome {
+	return outcome{settle: settleRetry, err: err}
 }
 
 // prompt returns the prompt tokens of job, the default stop tokens of its chat format (for

@@ -53,6 +53,9 @@ type Config struct {
 	CompressAbove int
 	// ShutdownGrace is how long in-flight jobs may run after Run's context is done; default 30s.
 	ShutdownGrace time.Duration
+	// RetryDelay is the wait before a job that failed transiently is delivered again, doubled
+	// with each delivery (at most 5 minutes); default 5s.
+	RetryDelay time.Duration
 	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
 	// handed back with NakWithDelay instead of waiting in this worker; default 10s.
 	NakAbove time.Duration
@@ -76,6 +79,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 30 * time.Second
+	}
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = 5 * time.Second
 	}
 	if cfg.NakAbove <= 0 {
 		cfg.NakAbove = 10 * time.Second

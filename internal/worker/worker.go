@@ -29,6 +29,9 @@ type Worker struct {
 	closers []func()
 	health  sessionHealth
 
+	pullDone    chan struct{} // closed when Run stopped pulling
+	pullExpired time.Time     // when the last pull request has expired at the server
+
 	samplers   samplerCache
 	models     modelCache
 	cancelled  cancelSet
@@ -51,10 +54,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log) })
+	loaded := make(chan struct{})
+	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log, loaded) })
 	bg.Go(func() { w.deadLetters(bgCtx) })
+	select { // know the cancelled batches before the first job
+	case <-loaded:
+	case <-ctx.Done():
+	}
 
 	var inflight sync.WaitGroup
+	w.pullDone = make(chan struct{})
 	err = w.pull(ctx, cons, func(msg jetstream.Msg, r *dispatch.Reservation) {
 		inflight.Go(func() {
 			defer func() { <-w.slots }()
@@ -62,6 +71,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.handle(jobCtx, msg, r)
 		})
 	})
+	// The server keeps the last pull request open until it expires; a nak before then would
+	// redeliver the job into that request, which nobody reads, and strand it until AckWait.
+	w.pullExpired = time.Now().Add(fetchExpiry + 250*time.Millisecond)
+	close(w.pullDone)
 
 	done := make(chan struct{})
 	go func() { inflight.Wait(); close(done) }() // ends when every job handler has returned.
@@ -72,6 +85,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelJobs()
 		<-done
 	}
+	// Acks and naks are fire-and-forget: make sure the last of them left before returning.
+	if nc := w.cfg.Queue.JS.Conn(); nc != nil && nc.IsConnected() {
+		_ = nc.FlushTimeout(5 * time.Second)
+	}
 	stopBG()
 	bg.Wait()
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -79,6 +96,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// fetchExpiry is how long one pull request waits for jobs.
+const fetchExpiry = time.Second
 
 // pull fetches jobs while ctx lasts, never more than it has free job slots and reserved
 // dispatch count permits for.
@@ -123,7 +143,7 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 			held = append(held, r)
 		}
 	fetch:
-		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
+		fetchCtx, cancel := context.WithTimeout(ctx, fetchExpiry)
 		batch, err := cons.Fetch(len(held), jetstream.FetchContext(fetchCtx))
 		if err != nil {
 			cancel()

@@ -308,3 +308,118 @@ func TestKilledWorkerLosesNothing(t *testing.T) {
 }
 
 var _ tinker.Dispatcher = (*Gate)(nil)
+
+func TestJobsThatKeepFailingEndAsDeadLetters(t *testing.T) {
+	t.Parallel()
+	// Failed futures of category server are transient: redelivered until MaxDeliver, then the
+	// last delivery ends the job with a dead_letter result and keeps its payload.
+	b := setup(t, queue.Config{MaxDeliver: 3}, tinkersim.Config{Capacity: 8,
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, RetryDelay: 50 * time.Millisecond})
+	run(t, w)
+	publishJobs(t, b.results, "dl", []jobs.Job{{CustomID: "doomed", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+
+	r := waitResults(t, b.results, "dl", 1, 30*time.Second)["doomed"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || !r.Error.Retryable {
+		t.Fatalf("result = %+v", r)
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 3 {
+		t.Fatalf("sampled %d times, want one per delivery (3)", got)
+	}
+	dead, err := b.results.Dead.GetLastMsgForSubject(context.Background(), b.results.Names.DeadSubject("dl"))
+	if err != nil {
+		t.Fatalf("dead-letter payload: %v", err)
+	}
+	if job, err := jobs.DecodeJob(dead.Data); err != nil || job.CustomID != "doomed" {
+		t.Fatalf("dead-letter payload %s: %v", dead.Data, err)
+	}
+}
+
+func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "crash", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+
+	// Play a worker that dies twice with the job in hand: fetch it, never ack.
+	ctx := context.Background()
+	cons, err := b.results.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for range msgs.Messages() {
+			got++
+		}
+		if got != 1 {
+			t.Fatalf("delivery %d: got %d messages", i+1, got)
+		}
+	}
+	// A worker started now never gets the job again; it hears the max-deliveries advisory.
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+	r := waitResults(t, b.results, "crash", 1, 30*time.Second)["orphan"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
+		t.Fatalf("result = %+v", r)
+	}
+	if b.sim.Stats().SamplesAccepted != 0 {
+		t.Fatal("the orphaned job was sampled")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := b.results.Jobs.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages left in the work queue after dead-lettering", info.State.Msgs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: time.Hour})
+	var js []jobs.Job
+	for i := range 5 {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("slow-%d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1})
+	}
+	publishJobs(t, b.results, "slow", js)
+	w := b.open(t, b.connect(t), Config{Concurrency: 8})
+	w.cfg.ShutdownGrace = 200 * time.Millisecond
+	stop := run(t, w)
+	for b.sim.Stats().SamplesAccepted < 5 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	began := time.Now()
+	stop()
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("Run took %v to stop with a 200ms grace period", took)
+	}
+	// Handed back with a nak, not left to AckWait (30 s): another worker gets all five now.
+	cons, err := b.results.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	deadline := time.Now().Add(5 * time.Second)
+	for got < 5 && time.Now().Before(deadline) {
+		msgs, err := cons.Fetch(5-got, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range msgs.Messages() {
+			got++
+		}
+	}
+	if got != 5 {
+		t.Fatalf("another worker got %d of the 5 unfinished jobs within 5s", got)
+	}
+}
