@@ -67,6 +67,15 @@ func run(ctx context.Context, args []string, env *environment) error {
 	return runSubmit(ctx, args, env)
 }
 
+// isSubcommand reports whether name is one of submit's subcommands.
+func isSubcommand(name string) bool {
+	switch name {
+	case "tokenize", "status", "results", "cancel", "list":
+		return true
+	}
+	return false
+}
+
 // errInvalidInput is returned when validation rejected lines and nothing was published.
 var errInvalidInput = errors.New("invalid input")
 

@@ -70,6 +70,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		fs.Usage()
 		return fmt.Errorf("no input files: %w", errUsage)
 	}
+	for _, f := range files {
+		if isSubcommand(f) {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("%q is a subcommand: write it first, as in 'submit %s --nats-url URL …' (or ./%s for a file): %w", f, f, f, errUsage)
+			}
+		}
+	}
 	if o.output != "" {
 		o.wait = true
 	}

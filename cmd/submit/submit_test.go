@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -418,4 +419,13 @@ func jobsIn(t *testing.T, q *queue.Queue) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+func TestSubcommandAfterFlagsGetsAHint(t *testing.T) {
+	t.Parallel()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	err := run(context.Background(), []string{"--nats-url", "nats://127.0.0.1:1", "list"}, env)
+	if err == nil || !strings.Contains(err.Error(), "write it first") {
+		t.Fatalf("err = %v", err)
+	}
 }
