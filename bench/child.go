@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+// childArg, as the first argument, makes the program a helper process of a comparison: a
+// simulator (comparison 2, so its CPU is not counted in the worker's) or a worker alone
+// (comparison 5, so its peak RSS is its own). The parent talks to it on stdin/stdout: the
+// child prints one line ("ready" or the simulator URL) when it is up and stops when its
+// stdin is closed.
+const childArg = "-bench-child"
+
+// runChild is the helper process.
+func runChild(args []string) error {
+	fs := flag.NewFlagSet("bench-child", flag.ContinueOnError)
+	role := fs.String("role", "", "sim or worker")
+	natsURL := fs.String("nats", "", "NATS URL (worker)")
+	simURL := fs.String("sim", "", "simulator URL (worker)")
+	concurrency := fs.Int("concurrency", 400, "job slots (worker)")
+	maxAckPending := fs.Int("max-ack-pending", 1000, "consumer MaxAckPending (worker)")
+	capacity := fs.Int("capacity", 100_000, "simulator capacity (sim)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The parent closing stdin (or dying) ends the child.
+	stdinDone := make(chan struct{})
+	go func() { // ends with stdin: owned by the parent's pipe.
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stdinDone)
+		cancel()
+	}()
+	switch *role {
+	case "sim":
+		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{string(benchKey)}, Capacity: *capacity})
+		if err != nil {
+			return err
+		}
+		url, err := sim.Listen(ctx, "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		fmt.Println(url)
+		<-stdinDone
+		sim.Close()
+		return nil
+	case "worker":
+		nc, err := queue.Connect(queue.ConnectConfig{URL: *natsURL, Name: "bench-child-worker"})
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+		q, err := queue.Setup(ctx, js, queue.Config{MaxAckPending: *maxAckPending})
+		if err != nil {
+			return err
+		}
+		w, err := worker.Open(ctx, worker.Config{
+			Queue: q, TinkerBaseURL: *simURL, TinkerAPIKey: benchKey, Concurrency: *concurrency,
+			Tokenizers: tokenizer.NewRegistry(tokenizer.Options{Offline: true}), ShutdownGrace: 500 * time.Millisecond,
+		})
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		fmt.Println("ready")
+		if err := w.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("worker run: %w", err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown role %q", *role)
+	}
+}
+
+// child is a running helper process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	first string // the line it printed when ready
+}
+
+// startChild re-executes this program as a helper with args and waits for its first line.
+func startChild(ctx context.Context, args ...string) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("child: own executable: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, exe, append([]string{childArg}, args...)...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("child: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("child: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("child: start: %w", err)
+	}
+	c := &child{cmd: cmd, stdin: stdin}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		_ = c.stop()
+		return nil, fmt.Errorf("child %v: no ready line: %w", args, err)
+	}
+	c.first = strings.TrimSpace(line)
+	return c, nil
+}
+
+// stop closes the child's stdin and waits for it to exit (killing it after 10 s).
+func (c *child) stop() error {
+	_ = c.stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.cmd.Wait() }() // ends when the process exits (killed below at worst).
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		return <-done
+	}
+}
+
+// procStatus reads fields such as VmHWM and VmRSS (in kB) from /proc/<pid>/status.
+func procStatus(pid int, fields ...string) (map[string]int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, fmt.Errorf("proc status: %w", err)
+	}
+	out := map[string]int64{}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		for _, f := range fields {
+			if name == f {
+				v, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("proc status %s: %w", f, err)
+				}
+				out[f] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// procCPU is a process's user+system CPU time from /proc/<pid>/stat (clock ticks of 10 ms).
+func procCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	// The command name may hold spaces; fields after its closing paren are fixed.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("proc stat: no command name")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, errors.New("proc stat: too few fields")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}

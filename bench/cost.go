@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+// costConcurrency is the samples in flight in both halves of comparison 2.
+const costConcurrency = 64
+
+// usage is a snapshot of this process's CPU time and allocations.
+type usage struct {
+	cpu    time.Duration
+	bytes  uint64
+	allocs uint64
+}
+
+func snapshot() usage {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return usage{cpu: cpuTime(), bytes: ms.TotalAlloc, allocs: ms.Mallocs}
+}
+
+// perSample is the cost of one sample over a measured stretch.
+type perSample struct {
+	cpu    time.Duration
+	bytes  float64
+	allocs float64
+	n      int64
+	simCPU time.Duration // the simulator child's CPU per sample (not in cpu)
+}
+
+func (a usage) per(b usage, n int64) perSample {
+	return perSample{
+		cpu:    (b.cpu - a.cpu) / time.Duration(n),
+		bytes:  float64(b.bytes-a.bytes) / float64(n),
+		allocs: float64(b.allocs-a.allocs) / float64(n),
+		n:      n,
+	}
+}
+
+// runCost is comparison 2: CPU and allocation per sample in the worker (end to end through
+// JetStream) against the Tinker client alone doing the same samples.
+func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
+	t := &table{ID: 2, Title: "per-sample cost: worker vs Tinker client alone"}
+	sim, err := startChild(ctx, "-role", "sim")
+	if err != nil {
+		return t, err
+	}
+	defer func() { _ = sim.stop() }()
+	simURL := sim.first
+
+	fmt.Fprintf(log, "bench:   client alone\n")
+	base, err := clientCost(ctx, simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
+	if err != nil {
+		return t, fmt.Errorf("client alone: %w", err)
+	}
+	fmt.Fprintf(log, "bench:   worker\n")
+	meas, err := workerCost(ctx, simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
+	if err != nil {
+		return t, fmt.Errorf("worker: %w", err)
+	}
+
+	r := ratio(float64(meas.cpu), float64(base.cpu))
+	aim, v := atMost(r, 1.25)
+	t.add(row{Case: "CPU per sample (user+sys, getrusage)", Measured: fmt.Sprintf("%.0f µs", us(meas.cpu)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: r, Aim: aim, Verdict: v})
+	r = ratio(meas.bytes, base.bytes)
+	aim, v = atMost(r, 1.25)
+	t.add(row{Case: "bytes allocated per sample (MemStats.TotalAlloc)", Measured: fmt.Sprintf("%.1f KiB", meas.bytes/1024),
+		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: r, Aim: aim, Verdict: v})
+	t.add(row{Case: "allocations per sample (MemStats.Mallocs)", Measured: fmt.Sprintf("%.0f", meas.allocs),
+		Baseline: fmt.Sprintf("%.0f", base.allocs), Ratio: ratio(meas.allocs, base.allocs), Verdict: verdictInfo})
+	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
+	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, result lookup, tokenize, dispatch, asample, poll, decode, publish result, ack", costConcurrency)
+	t.note("baseline: tinker.Dial + Sampler.Sample in %d goroutines: tokenize the same prompts, asample, poll, decode text", costConcurrency)
+	t.note("the simulator (zero latency) runs in a child process, so neither figure includes it: nothing to subtract")
+	t.note("the worker figure includes the embedded NATS server (same process): the queue's cost is the client's and the server's")
+	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
+	return t, nil
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// clientCost samples warmup+n jobs' prompts with the client alone and measures the last n.
+func clientCost(ctx context.Context, simURL string, simPID, warmup, n int) (perSample, error) {
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: simURL, APIKey: benchKey})
+	if err != nil {
+		return perSample{}, err
+	}
+	defer c.Close()
+	sampler, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: benchModel})
+	if err != nil {
+		return perSample{}, err
+	}
+	tok, err := newTokenizer(ctx)
+	if err != nil {
+		return perSample{}, err
+	}
+	var (
+		next, done atomic.Int64
+		first      error
+		mu         sync.Mutex
+		wg         sync.WaitGroup
+		mark       = make(chan struct{})
+		before     usage
+		simBefore  time.Duration
+	)
+	warmup = max(warmup, 1)
+	total := int64(warmup + n)
+	for range costConcurrency {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				j := benchJob(int(i))
+				mt := *j.Params.MaxTokens
+				res, err := sampler.Sample(ctx, tinker.SampleRequest{
+					Prompt: tinker.EncodedText(tok.Encode(j.Prompt)), NumSamples: 1,
+					Params: tinker.SamplingParams{MaxTokens: &mt},
+				})
+				if err != nil {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+					return
+				}
+				for _, seq := range res.Response.Sequences {
+					_ = tok.Decode(seq.Tokens)
+				}
+				if done.Add(1) == int64(warmup) {
+					simBefore, _ = procCPU(simPID)
+					before = snapshot()
+					close(mark)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	after := snapshot()
+	simAfter, _ := procCPU(simPID)
+	if first != nil {
+		return perSample{}, first
+	}
+	<-mark
+	p := before.per(after, done.Load()-int64(warmup))
+	p.simCPU = (simAfter - simBefore) / time.Duration(p.n)
+	return p, nil
+}
+
+// workerCost runs warmup+n jobs through one worker and measures the stretch between warmup
+// and warmup+n results stored.
+func workerCost(ctx context.Context, simURL string, simPID, warmup, n int) (perSample, error) {
+	r, err := newRig(ctx, rigConfig{SimURL: simURL, Queue: queue.Config{MaxAckPending: 2000}})
+	if err != nil {
+		return perSample{}, err
+	}
+	defer r.close()
+	q, err := r.connect(ctx, "bench-publisher")
+	if err != nil {
+		return perSample{}, err
+	}
+	if err := publishJobs(ctx, q, "cost", 0, warmup+n); err != nil {
+		return perSample{}, err
+	}
+	w, err := r.openWorker(ctx, "bench-worker", costConcurrency, false)
+	if err != nil {
+		return perSample{}, err
+	}
+	stored := func() int64 {
+		info, err := q.Results.Info(ctx)
+		if err != nil {
+			return -1
+		}
+		return int64(info.State.Msgs)
+	}
+	run := start(ctx, []*worker.Worker{w})
+	var before usage
+	var simBefore time.Duration
+	var k0 int64
+	err = waitFor(ctx, 5*time.Minute, "the warm-up results", func() bool { k0 = stored(); return k0 >= int64(warmup) })
+	if err == nil {
+		simBefore, _ = procCPU(simPID)
+		before = snapshot()
+		err = waitFor(ctx, 10*time.Minute, "the measured results", func() bool { return stored() >= int64(warmup+n) })
+	}
+	after := snapshot()
+	simAfter, _ := procCPU(simPID)
+	k1 := stored()
+	if serr := run.stop(); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return perSample{}, err
+	}
+	p := before.per(after, k1-k0)
+	p.simCPU = (simAfter - simBefore) / time.Duration(p.n)
+	return p, nil
+}

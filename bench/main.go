@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// settings are the sizes of one run of every comparison (quick or full).
+type settings struct {
+	Name string
+
+	// 1. throughput
+	ThroughputSizes  []int
+	ThroughputWarmup time.Duration
+	ThroughputWindow time.Duration
+	CapacityBound    bool // also run the capacity-bound scenario
+
+	// 2. per-sample cost
+	CostWarmup  int
+	CostSamples int
+
+	// 3. fleet backoff
+	PropagationTrials int
+	Window            time.Duration
+
+	// 4. submit
+	SubmitLines int
+
+	// 5. memory
+	MemBacklog int
+	MemHold    time.Duration
+
+	// 6. tokenizer
+	TokBytes    int
+	TokDuration time.Duration
+}
+
+func quickSettings() settings {
+	return settings{
+		Name:              "quick",
+		ThroughputSizes:   []int{1, 2, 4},
+		ThroughputWarmup:  time.Second,
+		ThroughputWindow:  2 * time.Second,
+		CapacityBound:     true,
+		CostWarmup:        300,
+		CostSamples:       2000,
+		PropagationTrials: 200,
+		Window:            2 * time.Second,
+		SubmitLines:       100_000,
+		MemBacklog:        100_000,
+		MemHold:           2500 * time.Millisecond,
+		TokBytes:          1 << 20,
+		TokDuration:       time.Second,
+	}
+}
+
+func fullSettings() settings {
+	return settings{
+		Name:              "full",
+		ThroughputSizes:   []int{1, 2, 4},
+		ThroughputWarmup:  2 * time.Second,
+		ThroughputWindow:  10 * time.Second,
+		CapacityBound:     true,
+		CostWarmup:        1000,
+		CostSamples:       20_000,
+		PropagationTrials: 1000,
+		Window:            5 * time.Second,
+		SubmitLines:       1_000_000,
+		MemBacklog:        1_000_000,
+		MemHold:           5 * time.Second,
+		TokBytes:          1 << 20,
+		TokDuration:       5 * time.Second,
+	}
+}
+
+// comparison is one of the six, run on its own.
+type comparison struct {
+	ID    int
+	Title string
+	Run   func(ctx context.Context, s settings, log io.Writer) (*table, error)
+}
+
+func comparisons() []comparison {
+	return []comparison{
+		{1, "throughput against the ideal", runThroughput},
+		{2, "per-sample cost: worker vs Tinker client alone", runCost},
+		{3, "fleet backoff: propagation and 429 window", runFleet},
+		{4, "submit: JSONL into JetStream vs raw publish", runSubmit},
+		{5, "worker peak RSS: big backlog vs small", runMemory},
+		{6, "tokenizer throughput", runTokenizer},
+	}
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		if err := runChild(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+}
+
+// run parses the flags, runs the selected comparisons and prints their tables and a summary.
+// It fails only on bad flags: a missed aim is a result, not an error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "CI sizes: all six comparisons in under 2 minutes on 2 cores (the default)")
+	full := fs.Bool("full", false, "full sizes: 1M-line submit and backlog, longer windows (about 10 minutes)")
+	only := fs.String("only", "", "comma-separated comparisons to run, e.g. 1,3 (default: all)")
+	verbose := fs.Bool("v", false, "progress lines on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *quick && *full {
+		return errors.New("give -quick or -full, not both")
+	}
+	s := quickSettings()
+	if *full {
+		s = fullSettings()
+	}
+	selected, err := parseOnly(*only)
+	if err != nil {
+		return err
+	}
+	log := io.Discard
+	if *verbose {
+		log = stderr
+	}
+
+	started := time.Now()
+	fmt.Fprintf(stdout, "tinkerfleet bench, %s mode: %s, GOMAXPROCS %d, NumCPU %d, %s/%s\n",
+		s.Name, runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	var tables []*table
+	failed := map[int]error{}
+	for _, c := range comparisons() {
+		if len(selected) > 0 && !slices.Contains(selected, c.ID) {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		fmt.Fprintf(log, "bench: %d. %s ...\n", c.ID, c.Title)
+		t, err := c.Run(ctx, s, log)
+		if t != nil {
+			t.note("took %s", time.Since(t0).Round(100*time.Millisecond))
+			t.print(stdout)
+			tables = append(tables, t)
+		}
+		if err != nil {
+			fmt.Fprintf(stdout, "\n%d. %s: ERROR: %v\n", c.ID, c.Title, err)
+			failed[c.ID] = err
+		}
+	}
+	printSummary(stdout, tables, failed)
+	fmt.Fprintf(stdout, "total %s\n", time.Since(started).Round(100*time.Millisecond))
+	return nil
+}
+
+// parseOnly reads the -only list.
+func parseOnly(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for p := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 || n > len(comparisons()) {
+			return nil, fmt.Errorf("-only: %q is not a comparison number 1-%d", p, len(comparisons()))
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

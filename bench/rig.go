@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+// benchKey is the Tinker key of the simulated account; the simulator accepts only it. It is
+// a made-up key for a local simulator, not a credential.
+const benchKey = tinker.APIKey("tml-bench-00000000000000000000000000000000")
+
+// benchModel is the model of every job: its tokenizer (Qwen3) is built into the program.
+const benchModel = "Qwen/Qwen3-8B"
+
+// benchMaxTokens is the max_tokens of every job: small and fixed, so latency does not depend
+// on it when PerTokenLatency is zero.
+const benchMaxTokens = 16
+
+// rig is one embedded NATS server with the queue set up, and optionally an in-process
+// simulator listening on loopback. Every comparison builds its own and closes it.
+type rig struct {
+	dir    string
+	emb    *queue.Embedded
+	sim    *tinkersim.Server // nil when the simulator runs elsewhere
+	simURL string
+	qcfg   queue.Config
+	tokens *tokenizer.Registry
+
+	mu    sync.Mutex
+	conns []*nats.Conn
+}
+
+// rigConfig says what a rig holds.
+type rigConfig struct {
+	// Sim configures the in-process simulator; nil means none (SimURL is used instead).
+	Sim *tinkersim.Config
+	// SimURL is a simulator running elsewhere (a child process).
+	SimURL string
+	// Queue sizes the streams and the consumer.
+	Queue queue.Config
+}
+
+// newRig starts the embedded server (data in a fresh temp dir) and the simulator.
+func newRig(ctx context.Context, cfg rigConfig) (_ *rig, err error) {
+	dir, err := os.MkdirTemp("", "tinkerfleet-bench-*")
+	if err != nil {
+		return nil, fmt.Errorf("rig: temp dir: %w", err)
+	}
+	r := &rig{dir: dir, qcfg: cfg.Queue, simURL: cfg.SimURL,
+		tokens: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	r.emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		return nil, fmt.Errorf("rig: %w", err)
+	}
+	if cfg.Sim != nil {
+		sc := *cfg.Sim
+		sc.APIKeys = []string{string(benchKey)}
+		r.sim, err = tinkersim.New(sc)
+		if err != nil {
+			return nil, fmt.Errorf("rig: simulator: %w", err)
+		}
+		r.simURL, err = r.sim.Listen(ctx, "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("rig: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// close stops everything the rig started and removes its data.
+func (r *rig) close() {
+	r.mu.Lock()
+	conns := r.conns
+	r.conns = nil
+	r.mu.Unlock()
+	for _, nc := range conns {
+		nc.Close()
+	}
+	if r.sim != nil {
+		r.sim.Close()
+	}
+	if r.emb != nil {
+		r.emb.Shutdown()
+	}
+	_ = os.RemoveAll(r.dir)
+}
+
+// connect opens a connection of its own and sets the queue up on it, as a worker does.
+func (r *rig) connect(ctx context.Context, name string) (*queue.Queue, error) {
+	nc, err := queue.Connect(queue.ConnectConfig{URL: r.emb.ClientURL(), Name: name})
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.conns = append(r.conns, nc)
+	r.mu.Unlock()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return queue.Setup(ctx, js, r.qcfg)
+}
+
+// openWorker connects a worker of its own (connection, session, backoff) to the rig.
+func (r *rig) openWorker(ctx context.Context, name string, concurrency int, local bool) (*worker.Worker, error) {
+	q, err := r.connect(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return worker.Open(ctx, worker.Config{
+		Queue:         q,
+		TinkerBaseURL: r.simURL,
+		TinkerAPIKey:  benchKey,
+		LocalBackoff:  local,
+		Concurrency:   concurrency,
+		Tokenizers:    r.tokens,
+		ShutdownGrace: 500 * time.Millisecond,
+	})
+}
+
+// openWorkers opens n workers, each on its own connection.
+func (r *rig) openWorkers(ctx context.Context, n, concurrency int, local bool) ([]*worker.Worker, error) {
+	var ws []*worker.Worker
+	for i := range n {
+		w, err := r.openWorker(ctx, fmt.Sprintf("bench-worker-%d", i), concurrency, local)
+		if err != nil {
+			for _, w := range ws {
+				w.Close()
+			}
+			return nil, err
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+// running is a set of workers in Run, stopped together.
+type running struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	ws     []*worker.Worker
+	mu     sync.Mutex
+	errs   []error
+}
+
+// start runs every worker until stop.
+func start(ctx context.Context, ws []*worker.Worker) *running {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &running{cancel: cancel, ws: ws}
+	for _, w := range ws {
+		r.wg.Go(func() {
+			if err := w.Run(ctx); err != nil {
+				r.mu.Lock()
+				r.errs = append(r.errs, err)
+				r.mu.Unlock()
+			}
+		})
+	}
+	return r
+}
+
+// stop ends the workers' Run, waits for them and closes them.
+func (r *running) stop() error {
+	r.cancel()
+	r.wg.Wait()
+	for _, w := range r.ws {
+		w.Close()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return errors.Join(r.errs...)
+}
+
+// benchJob is job i of a run: a short text prompt the worker tokenizes, max_tokens fixed.
+func benchJob(i int) jobs.Job {
+	mt := benchMaxTokens
+	return jobs.Job{
+		CustomID:   fmt.Sprintf("job-%08d", i),
+		Model:      benchModel,
+		Prompt:     fmt.Sprintf("Question %d: explain in %d words why the sky is blue at noon and red at dusk.", i, 10+i%50),
+		NumSamples: 1,
+		Params:     jobs.SamplingParams{MaxTokens: &mt},
+	}
+}
+
+// publishJobs publishes jobs [from, from+n) of batch the way cmd/submit does (async, futures
+// settled every 2048) and waits until the stream stored them all.
+func publishJobs(ctx context.Context, q *queue.Queue, batch string, from, n int) error {
+	var pending []jetstream.PubAckFuture
+	for i := from; i < from+n; i++ {
+		j := benchJob(i)
+		data, err := j.Encode()
+		if err != nil {
+			return fmt.Errorf("encode job: %w", err)
+		}
+		f, err := q.PublishJobAsync(batch, j.CustomID, data)
+		if err != nil {
+			return err
+		}
+		if pending = append(pending, f); len(pending) >= 2048 {
+			if err := settle(ctx, pending); err != nil {
+				return err
+			}
+			pending = pending[:0]
+		}
+	}
+	return settle(ctx, pending)
+}
+
+// settle waits for every future.
+func settle(ctx context.Context, fs []jetstream.PubAckFuture) error {
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publish: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond every 10 ms until it holds, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// sleepCtx sleeps for d unless ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// throughputLatency is the simulator's fixed sample latency in comparison 1.
+const throughputLatency = 200 * time.Millisecond
+
+// scenario is one way of making the ideal bind.
+type scenario struct {
+	name        string
+	capacity    int // simulator capacity
+	concurrency int // per worker
+}
+
+// workerBound: the simulator has room for everything; the workers' job slots bind.
+var workerBound = scenario{name: "worker-bound", capacity: 100_000, concurrency: 32}
+
+// capacityBound: 64 simulator slots against 400 job slots per worker, so asample gets 429s.
+var capacityBound = scenario{name: "capacity-bound", capacity: 64, concurrency: 400}
+
+// throughputResult is one steady-state measurement.
+type throughputResult struct {
+	rate, ideal float64 // jobs/s
+	completed   int64   // in the window
+	dry         bool    // the stream ran out of jobs before the window ended
+	capacity429 int64   // asample 429s in the window
+}
+
+// runThroughput is comparison 1: jobs per second against min(capacity, total slots)/latency.
+func runThroughput(ctx context.Context, s settings, log io.Writer) (*table, error) {
+	t := &table{ID: 1, Title: "throughput against the ideal"}
+	scenarios := []scenario{workerBound}
+	if s.CapacityBound {
+		scenarios = append(scenarios, capacityBound)
+	}
+	for _, sc := range scenarios {
+		for _, n := range s.ThroughputSizes {
+			fmt.Fprintf(log, "bench:   %s, %d workers\n", sc.name, n)
+			res, err := measureThroughput(ctx, sc, n, s.ThroughputWarmup, s.ThroughputWindow)
+			if err != nil {
+				return t, fmt.Errorf("%s, %d workers: %w", sc.name, n, err)
+			}
+			r := ratio(res.rate, res.ideal)
+			aim, v := atLeast(r, 0.9)
+			name := fmt.Sprintf("%s, %d worker(s) x %d slots, capacity %d", sc.name, n, sc.concurrency, sc.capacity)
+			if sc.capacity >= 10_000 {
+				name = fmt.Sprintf("%s, %d worker(s) x %d slots", sc.name, n, sc.concurrency)
+			}
+			t.add(row{Case: name, Measured: fmt.Sprintf("%.1f jobs/s", res.rate),
+				Baseline: fmt.Sprintf("%.1f jobs/s ideal", res.ideal), Ratio: r, Aim: aim, Verdict: v})
+			if res.dry {
+				t.note("%s: the stream ran dry before the window ended; the rate is a lower bound", name)
+			}
+			if res.capacity429 > 0 {
+				t.note("%s: %d asample 429s (capacity full) in the window", name, res.capacity429)
+			}
+		}
+	}
+	t.note("simulator BaseLatency %s, PerTokenLatency 0, max_tokens %d; ideal = min(capacity, workers x slots) / latency",
+		throughputLatency, benchMaxTokens)
+	t.note("steady state: SamplesCompleted counted between t1 = first completion + %s and t2 = t1 + %s",
+		s.ThroughputWarmup, s.ThroughputWindow)
+	t.note("each worker has its own NATS connection and worker.Open; one embedded server and one simulator per row")
+	return t, nil
+}
+
+// measureThroughput runs n workers of sc against a fresh rig and counts completions in the window.
+func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window time.Duration) (throughputResult, error) {
+	ideal := float64(min(sc.capacity, n*sc.concurrency)) / throughputLatency.Seconds()
+	need := int(ideal*(warmup+window).Seconds()*1.5) + n*sc.concurrency + 500
+	r, err := newRig(ctx, rigConfig{
+		Sim:   &tinkersim.Config{Capacity: sc.capacity, BaseLatency: throughputLatency},
+		Queue: queue.Config{MaxAckPending: n*sc.concurrency + 1000},
+	})
+	if err != nil {
+		return throughputResult{}, err
+	}
+	defer r.close()
+	pub, err := r.connect(ctx, "bench-publisher")
+	if err != nil {
+		return throughputResult{}, err
+	}
+	if err := publishJobs(ctx, pub, "tput", 0, need); err != nil {
+		return throughputResult{}, err
+	}
+	ws, err := r.openWorkers(ctx, n, sc.concurrency, false)
+	if err != nil {
+		return throughputResult{}, err
+	}
+	run := start(ctx, ws)
+	res, err := steadyRate(ctx, r.sim, warmup, window)
+	if serr := run.stop(); err == nil && serr != nil {
+		err = fmt.Errorf("worker: %w", serr)
+	}
+	res.ideal = ideal
+	res.dry = r.sim.Stats().SamplesAccepted >= int64(need)
+	return res, err
+}
+
+// steadyRate waits for the first completion and the warm-up, then counts completions over window.
+func steadyRate(ctx context.Context, sim *tinkersim.Server, warmup, window time.Duration) (throughputResult, error) {
+	if err := waitFor(ctx, 60*time.Second, "the first completed sample", func() bool {
+		return sim.Stats().SamplesCompleted > 0
+	}); err != nil {
+		return throughputResult{}, err
+	}
+	if err := sleepCtx(ctx, warmup); err != nil {
+		return throughputResult{}, err
+	}
+	s1, t1 := sim.Stats(), time.Now()
+	if err := sleepCtx(ctx, window); err != nil {
+		return throughputResult{}, err
+	}
+	s2, t2 := sim.Stats(), time.Now()
+	done := s2.SamplesCompleted - s1.SamplesCompleted
+	return throughputResult{
+		rate:        float64(done) / t2.Sub(t1).Seconds(),
+		completed:   done,
+		capacity429: s2.CapacityRejections - s1.CapacityRejections,
+	}, nil
+}
