@@ -103,8 +103,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		batch, err := cons.Fetch(1024, jetstream.FetchContext(fetchCtx))
 		if err != nil {
 			cancel()
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return sum, ctx.Err()
+			case fetchCtx.Err() != nil:
+				continue // a loaded machine let the second pass before the request left
 			}
 			return sum, fmt.Errorf("follow results: %w", err)
 		}

@@ -147,8 +147,11 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 		batch, err := cons.Fetch(len(held), jetstream.FetchContext(fetchCtx))
 		if err != nil {
 			cancel()
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return ctx.Err()
+			case fetchCtx.Err() != nil:
+				continue // a loaded machine let the second pass before the request left
 			}
 			w.log.Warn("fetch jobs", "err", err)
 			w.sleep(ctx, 250*time.Millisecond)
