@@ -31,7 +31,7 @@ const childArg = "-bench-child"
 // runChild is the helper process.
 func runChild(args []string) error {
 	fs := flag.NewFlagSet("bench-child", flag.ContinueOnError)
-	role := fs.String("role", "", "sim or worker")
+	role := fs.String("role", "", "nats, sim or worker")
 	natsURL := fs.String("nats", "", "NATS URL (worker)")
 	simURL := fs.String("sim", "", "simulator URL (worker)")
 	concurrency := fs.Int("concurrency", 400, "job slots (worker)")
@@ -50,6 +50,20 @@ func runChild(args []string) error {
 		cancel()
 	}()
 	switch *role {
+	case "nats":
+		dir, err := os.MkdirTemp("", "tinkerfleet-bench-nats-*")
+		if err != nil {
+			return fmt.Errorf("temp dir: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+		if err != nil {
+			return err
+		}
+		fmt.Println(emb.ClientURL())
+		<-stdinDone
+		emb.Shutdown()
+		return nil
 	case "sim":
 		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{string(benchKey)}, Capacity: *capacity})
 		if err != nil {

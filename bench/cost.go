@@ -65,10 +65,22 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		return t, fmt.Errorf("client alone: %w", err)
 	}
 	fmt.Fprintf(log, "bench:   worker\n")
-	meas, err := workerCost(ctx, simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
+	meas, err := workerCost(ctx, "", simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
 	if err != nil {
 		return t, fmt.Errorf("worker: %w", err)
 	}
+	fmt.Fprintf(log, "bench:   worker, NATS server in a child process\n")
+	nats, err := startChild(ctx, "-role", "nats")
+	if err != nil {
+		return t, err
+	}
+	defer func() { _ = nats.stop() }()
+	natsBefore, _ := procCPU(nats.cmd.Process.Pid)
+	alone, err := workerCost(ctx, nats.first, simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
+	if err != nil {
+		return t, fmt.Errorf("worker, external NATS: %w", err)
+	}
+	natsAfter, _ := procCPU(nats.cmd.Process.Pid)
 
 	r := ratio(float64(meas.cpu), float64(base.cpu))
 	aim, v := atMost(r, 1.25)
@@ -80,6 +92,13 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: r, Aim: aim, Verdict: v})
 	t.add(row{Case: "allocations per sample (MemStats.Mallocs)", Measured: fmt.Sprintf("%.0f", meas.allocs),
 		Baseline: fmt.Sprintf("%.0f", base.allocs), Ratio: ratio(meas.allocs, base.allocs), Verdict: verdictInfo})
+	t.add(row{Case: "CPU per sample, worker alone (NATS server in a child process)", Measured: fmt.Sprintf("%.0f µs", us(alone.cpu)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(alone.cpu), float64(base.cpu)), Verdict: verdictInfo})
+	t.add(row{Case: "bytes allocated per sample, worker alone", Measured: fmt.Sprintf("%.1f KiB", alone.bytes/1024),
+		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: ratio(alone.bytes, base.bytes), Verdict: verdictInfo})
+	natsPer := (natsAfter - natsBefore) / time.Duration(s.CostWarmup+s.CostSamples)
+	t.add(row{Case: "NATS server CPU per sample (that child, whole run incl. publishing)", Measured: fmt.Sprintf("%.0f µs", us(natsPer)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, result lookup, tokenize, dispatch, asample, poll, decode, publish result, ack", costConcurrency)
@@ -162,8 +181,8 @@ func clientCost(ctx context.Context, simURL string, simPID, warmup, n int) (perS
 
 // workerCost runs warmup+n jobs through one worker and measures the stretch between warmup
 // and warmup+n results stored.
-func workerCost(ctx context.Context, simURL string, simPID, warmup, n int) (perSample, error) {
-	r, err := newRig(ctx, rigConfig{SimURL: simURL, Queue: queue.Config{MaxAckPending: 2000}})
+func workerCost(ctx context.Context, natsURL, simURL string, simPID, warmup, n int) (perSample, error) {
+	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: simURL, Queue: queue.Config{MaxAckPending: 2000}})
 	if err != nil {
 		return perSample{}, err
 	}

@@ -33,12 +33,13 @@ const benchMaxTokens = 16
 // rig is one embedded NATS server with the queue set up, and optionally an in-process
 // simulator listening on loopback. Every comparison builds its own and closes it.
 type rig struct {
-	dir    string
-	emb    *queue.Embedded
-	sim    *tinkersim.Server // nil when the simulator runs elsewhere
-	simURL string
-	qcfg   queue.Config
-	tokens *tokenizer.Registry
+	dir     string
+	emb     *queue.Embedded // nil when the server runs elsewhere
+	natsURL string
+	sim     *tinkersim.Server // nil when the simulator runs elsewhere
+	simURL  string
+	qcfg    queue.Config
+	tokens  *tokenizer.Registry
 
 	mu    sync.Mutex
 	conns []*nats.Conn
@@ -50,6 +51,8 @@ type rigConfig struct {
 	Sim *tinkersim.Config
 	// SimURL is a simulator running elsewhere (a child process).
 	SimURL string
+	// NatsURL is a NATS server running elsewhere (a child process); "" starts one in-process.
+	NatsURL string
 	// Queue sizes the streams and the consumer.
 	Queue queue.Config
 }
@@ -67,9 +70,13 @@ func newRig(ctx context.Context, cfg rigConfig) (_ *rig, err error) {
 			r.close()
 		}
 	}()
-	r.emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
-	if err != nil {
-		return nil, fmt.Errorf("rig: %w", err)
+	r.natsURL = cfg.NatsURL
+	if r.natsURL == "" {
+		r.emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+		if err != nil {
+			return nil, fmt.Errorf("rig: %w", err)
+		}
+		r.natsURL = r.emb.ClientURL()
 	}
 	if cfg.Sim != nil {
 		sc := *cfg.Sim
@@ -106,7 +113,7 @@ func (r *rig) close() {
 
 // connect opens a connection of its own and sets the queue up on it, as a worker does.
 func (r *rig) connect(ctx context.Context, name string) (*queue.Queue, error) {
-	nc, err := queue.Connect(queue.ConnectConfig{URL: r.emb.ClientURL(), Name: name})
+	nc, err := queue.Connect(queue.ConnectConfig{URL: r.natsURL, Name: name})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// windowLatency and windowConcurrency size the workers of the 429-window runs.
+const (
+	windowLatency     = 200 * time.Millisecond
+	windowConcurrency = 32
+	windowWarmup      = time.Second
+)
+
+// runFleet is comparison 3: how fast a backoff reaches every worker, and how many asample
+// calls reach the service during a 429 window with the fleet backoff and with local ones.
+func runFleet(ctx context.Context, s settings, log io.Writer) (*table, error) {
+	t := &table{ID: 3, Title: "fleet backoff: propagation and 429 window"}
+	for _, n := range []int{2, 4} {
+		fmt.Fprintf(log, "bench:   propagation, %d fleets\n", n)
+		fl, raw, err := propagation(ctx, n, s.PropagationTrials)
+		if err != nil {
+			return t, fmt.Errorf("propagation, %d fleets: %w", n, err)
+		}
+		for _, q := range []struct {
+			name string
+			p    float64
+		}{{"p50", 0.50}, {"p99", 0.99}} {
+			m, b := quantile(fl, q.p), quantile(raw, q.p)
+			t.add(row{Case: fmt.Sprintf("propagation %s, Signal on 1 -> all %d others moved", q.name, n-1),
+				Measured: fmt.Sprintf("%.2f ms", ms(m)), Baseline: fmt.Sprintf("%.2f ms raw NATS fan-out", ms(b)),
+				Ratio: ratio(float64(m), float64(b)), Verdict: verdictInfo})
+		}
+	}
+
+	type wcase struct {
+		n     int
+		local bool
+	}
+	cases := []wcase{{1, true}, {1, false}, {2, false}, {4, false}, {2, true}, {4, true}}
+	var alone int64
+	for _, c := range cases {
+		mode := "fleet"
+		if c.local {
+			mode = "local"
+		}
+		fmt.Fprintf(log, "bench:   429 window, %d workers, %s backoff\n", c.n, mode)
+		calls, err := windowCalls(ctx, c.n, c.local, s.Window)
+		if err != nil {
+			return t, fmt.Errorf("429 window, %d workers, %s: %w", c.n, mode, err)
+		}
+		r := row{Measured: fmt.Sprintf("%d calls", calls)}
+		switch {
+		case c.n == 1 && c.local:
+			alone = calls
+			r.Case = "asample calls in the 429 window: 1 worker alone (baseline)"
+			r.Baseline, r.Ratio, r.Verdict = fmt.Sprintf("%d calls", alone), 1, verdictInfo
+		case c.local:
+			r.Case = fmt.Sprintf("asample calls in the 429 window: %d workers, each backing off alone", c.n)
+			r.Baseline, r.Ratio, r.Verdict = fmt.Sprintf("%d calls", alone), ratio(float64(calls), float64(alone)), verdictInfo
+		default:
+			r.Case = fmt.Sprintf("asample calls in the 429 window: %d workers, fleet backoff", c.n)
+			r.Baseline, r.Ratio = fmt.Sprintf("%d calls", alone), ratio(float64(calls), float64(alone))
+			r.Aim, r.Verdict = atMost(r.Ratio, 1.10)
+		}
+		t.add(r)
+	}
+	t.note("propagation: N backoff.Fleet on separate connections to one embedded server; time from Signal's call to the last other fleet's OnChange with the new deadline; %d signals", s.PropagationTrials)
+	t.note("raw NATS fan-out: one core publish to N-1 subscribers on separate connections, time until the last received it (the floor)")
+	t.note("429 window: %s injected on asample after %s of steady state; workers x %d slots, simulator latency %s; calls counted by the simulator inside the window",
+		s.Window, windowWarmup, windowConcurrency, windowLatency)
+	t.note("aim: the fleet sends no more than one worker alone would (ratio <= 1, with 10 %% allowed for noise)")
+	return t, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// propagation signals on one of n fleets trials times and times how long until all the others
+// hold the new deadline; it does the same with a raw core NATS fan-out.
+func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration, err error) {
+	r, err := newRig(ctx, rigConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer r.close()
+	conn := func(name string) (*nats.Conn, jetstream.JetStream, error) {
+		q, err := r.connect(ctx, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		return q.JS.Conn(), q.JS, nil
+	}
+
+	// The fleets: 0 signals, the others record when they learn a new deadline.
+	seen := make([]atomic.Int64, n)
+	wake := make([]chan struct{}, n)
+	fs := make([]*backoff.Fleet, n)
+	defer func() {
+		for _, f := range fs {
+			if f != nil {
+				_ = f.Close()
+			}
+		}
+	}()
+	for i := range n {
+		wake[i] = make(chan struct{}, 1)
+		_, js, err := conn(fmt.Sprintf("bench-fleet-%d", i))
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := backoff.Config{Bucket: "bench_backoff", Account: fmt.Sprintf("bench-%d", n), Logger: slog.New(slog.DiscardHandler)}
+		if i > 0 {
+			cfg.OnChange = func(backoff.State) {
+				seen[i].Store(time.Now().UnixNano())
+				select {
+				case wake[i] <- struct{}{}:
+				default:
+				}
+			}
+		}
+		if fs[i], err = backoff.Open(ctx, js, cfg); err != nil {
+			return nil, nil, err
+		}
+	}
+	for k := range trials {
+		// Each signal is a second longer than the last, so it always extends, by far more
+		// than any clock-offset bound.
+		d := time.Hour + time.Duration(k)*time.Second
+		t0 := time.Now()
+		if err := fs[0].Signal(ctx, "bench", d); err != nil {
+			return nil, nil, err
+		}
+		target := fs[0].Until().Add(-500 * time.Millisecond)
+		var last int64
+		for i := 1; i < n; i++ {
+			for fs[i].Until().Before(target) {
+				select {
+				case <-wake[i]:
+				case <-time.After(10 * time.Second):
+					return nil, nil, fmt.Errorf("fleet %d did not learn signal %d", i, k)
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				}
+			}
+			last = max(last, seen[i].Load())
+		}
+		fleet = append(fleet, time.Duration(last-t0.UnixNano()))
+	}
+
+	// Raw fan-out on core NATS.
+	pub, _, err := conn("bench-raw-pub")
+	if err != nil {
+		return nil, nil, err
+	}
+	got := make(chan time.Time, n*trials)
+	for i := 1; i < n; i++ {
+		sub, _, err := conn(fmt.Sprintf("bench-raw-sub-%d", i))
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := sub.Subscribe("bench.fanout", func(*nats.Msg) { got <- time.Now() }); err != nil {
+			return nil, nil, fmt.Errorf("subscribe: %w", err)
+		}
+		if err := sub.Flush(); err != nil {
+			return nil, nil, fmt.Errorf("flush: %w", err)
+		}
+	}
+	for range trials {
+		t0 := time.Now()
+		if err := pub.Publish("bench.fanout", []byte("x")); err != nil {
+			return nil, nil, fmt.Errorf("publish: %w", err)
+		}
+		var last time.Time
+		for i := 1; i < n; i++ {
+			select {
+			case at := <-got:
+				if at.After(last) {
+					last = at
+				}
+			case <-time.After(10 * time.Second):
+				return nil, nil, fmt.Errorf("raw fan-out lost a message")
+			}
+		}
+		raw = append(raw, last.Sub(t0))
+	}
+	return fleet, raw, nil
+}
+
+// windowCalls runs n workers to steady state, injects a 429 window on asample and returns
+// the asample calls the simulator saw inside it.
+func windowCalls(ctx context.Context, n int, local bool, window time.Duration) (int64, error) {
+	r, err := newRig(ctx, rigConfig{
+		Sim:   &tinkersim.Config{Capacity: 100_000, BaseLatency: windowLatency},
+		Queue: queue.Config{MaxAckPending: n*windowConcurrency + 1000},
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer r.close()
+	pub, err := r.connect(ctx, "bench-publisher")
+	if err != nil {
+		return 0, err
+	}
+	perWorker := float64(windowConcurrency) / windowLatency.Seconds()
+	need := int(perWorker*float64(n)*(windowWarmup+window+time.Second).Seconds()) + 500
+	if err := publishJobs(ctx, pub, "win", 0, need); err != nil {
+		return 0, err
+	}
+	ws, err := r.openWorkers(ctx, n, windowConcurrency, local)
+	if err != nil {
+		return 0, err
+	}
+	run := start(ctx, ws)
+	err = waitFor(ctx, 60*time.Second, "the first completed sample", func() bool { return r.sim.Stats().SamplesCompleted > 0 })
+	if err == nil {
+		err = sleepCtx(ctx, windowWarmup)
+	}
+	if err == nil {
+		_, err = r.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultRateLimit, Duration: window})
+	}
+	if err == nil {
+		err = sleepCtx(ctx, window+300*time.Millisecond)
+	}
+	st := r.sim.Stats()
+	if serr := run.stop(); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(st.Windows) != 1 {
+		return 0, fmt.Errorf("simulator reports %d windows, want 1", len(st.Windows))
+	}
+	return st.Windows[0].AsampleCalls, nil
+}

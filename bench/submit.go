@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// runSubmit is comparison 4: lines per second from a JSONL file into JetStream through the
+// submit path, against a raw async publish of the same lines.
+func runSubmit(ctx context.Context, s settings, log io.Writer) (*table, error) {
+	t := &table{ID: 4, Title: "submit: JSONL into JetStream vs raw publish"}
+	r, err := newRig(ctx, rigConfig{})
+	if err != nil {
+		return t, err
+	}
+	defer r.close()
+	path := filepath.Join(r.dir, "jobs.jsonl")
+	size, err := writeJobsFile(path, s.SubmitLines)
+	if err != nil {
+		return t, err
+	}
+	q, err := r.connect(ctx, "bench-submit")
+	if err != nil {
+		return t, err
+	}
+
+	fmt.Fprintf(log, "bench:   raw publish of %d lines\n", s.SubmitLines)
+	rawN, rawD, err := timed(func() (int, error) { return rawPublish(ctx, q, path) })
+	if err != nil {
+		return t, fmt.Errorf("raw publish: %w", err)
+	}
+	if err := q.Jobs.Purge(ctx); err != nil {
+		return t, fmt.Errorf("purge: %w", err)
+	}
+	fmt.Fprintf(log, "bench:   submit path of %d lines\n", s.SubmitLines)
+	subN, subD, err := timed(func() (int, error) { return submitPublish(ctx, q, "submit", path) })
+	if err != nil {
+		return t, fmt.Errorf("submit path: %w", err)
+	}
+	info, err := q.Jobs.Info(ctx)
+	if err != nil {
+		return t, fmt.Errorf("stream info: %w", err)
+	}
+	if subN != s.SubmitLines || rawN != s.SubmitLines || info.State.Msgs != uint64(s.SubmitLines) {
+		return t, fmt.Errorf("published %d (submit) and %d (raw) of %d lines; the stream holds %d", subN, rawN, s.SubmitLines, info.State.Msgs)
+	}
+	sub, raw := float64(subN)/subD.Seconds(), float64(rawN)/rawD.Seconds()
+	rt := ratio(sub, raw)
+	aim, v := atLeast(rt, 0.5)
+	t.add(row{Case: fmt.Sprintf("%d lines (%.0f MB): read+validate+encode+publish with Nats-Msg-Id", s.SubmitLines, float64(size)/1e6),
+		Measured: fmt.Sprintf("%.0f lines/s", sub), Baseline: fmt.Sprintf("%.0f lines/s raw", raw), Ratio: rt, Aim: aim, Verdict: v})
+	t.note("measured: the hot loop of cmd/submit's publish (package main, not importable, so reproduced here): jobs.Reader.Next -> Job.Encode -> queue.PublishJobAsync, futures settled every 2048")
+	t.note("raw: bufio line read -> jetstream.PublishAsync of the same line bytes to the same file-backed stream, no id header, futures settled every 2048")
+	t.note("cmd/submit also reads the file once more before publishing (validation pass and digest); that pass is not counted here")
+	t.note("the file is generated in a temp dir and in the page cache; one embedded server, stream purged between the two runs")
+	return t, nil
+}
+
+// timed runs f and returns its count and how long it took.
+func timed(f func() (int, error)) (int, time.Duration, error) {
+	t0 := time.Now()
+	n, err := f()
+	return n, time.Since(t0), err
+}
+
+// writeJobsFile writes n native job lines and returns the file size.
+func writeJobsFile(path string, n int) (int64, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, fmt.Errorf("jobs file: %w", err)
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	for i := range n {
+		j := benchJob(i)
+		fmt.Fprintf(bw, `{"custom_id": %q, "model": %q, "prompt": %q, "sampling_params": {"max_tokens": %d, "temperature": 0.7}, "metadata": {"row": %d}}`+"\n",
+			j.CustomID, j.Model, j.Prompt, benchMaxTokens, i)
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return 0, fmt.Errorf("jobs file: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return 0, fmt.Errorf("jobs file: %w", err)
+	}
+	return st.Size(), f.Close()
+}
+
+// submitPublish is cmd/submit's publishing loop over one valid file.
+func submitPublish(ctx context.Context, q *queue.Queue, batch, path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("open input: %w", err)
+	}
+	defer f.Close()
+	r := jobs.NewReader(f, path, jobs.Limits{})
+	var pending []jetstream.PubAckFuture
+	n := 0
+	for {
+		j, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return n, err
+		}
+		data, err := j.Encode()
+		if err != nil {
+			return n, err
+		}
+		fut, err := q.PublishJobAsync(batch, j.CustomID, data)
+		if err != nil {
+			return n, err
+		}
+		n++
+		if pending = append(pending, fut); len(pending) >= 2048 {
+			if err := settle(ctx, pending); err != nil {
+				return n, err
+			}
+			pending = pending[:0]
+		}
+	}
+	return n, settle(ctx, pending)
+}
+
+// rawPublish publishes every line of path as it is, with the same settling cadence.
+func rawPublish(ctx context.Context, q *queue.Queue, path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("open input: %w", err)
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 1<<20)
+	subject := q.Names.JobSubject("raw")
+	var pending []jetstream.PubAckFuture
+	n := 0
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, io.EOF) && len(line) == 0 {
+			break
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return n, fmt.Errorf("read: %w", err)
+		}
+		data := make([]byte, len(line)-1) // the line without its newline, owned by the message
+		copy(data, line)
+		fut, err := q.JS.PublishAsync(subject, data)
+		if err != nil {
+			return n, fmt.Errorf("publish: %w", err)
+		}
+		n++
+		if pending = append(pending, fut); len(pending) >= 2048 {
+			if err := settle(ctx, pending); err != nil {
+				return n, err
+			}
+			pending = pending[:0]
+		}
+	}
+	return n, settle(ctx, pending)
+}
