@@ -1,0 +1,153 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
+)
+
+// runWorker opens a worker on q against the simulator at simURL and runs it until the
+// returned stop is called (also at cleanup); Run must return nil.
+func runWorker(t testing.TB, q *queue.Queue, simURL string, concurrency int) (stop func()) {
+	t.Helper()
+	cfg := worker.Config{
+		Queue:         q,
+		TinkerBaseURL: simURL,
+		TinkerAPIKey:  testKey,
+		Concurrency:   concurrency,
+		ShutdownGrace: 2 * time.Second,
+		RetryDelay:    200 * time.Millisecond,
+	}
+	if testing.Verbose() && os.Getenv("CLUSTER_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := worker.Open(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }() // stopped by stop
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker Run: %v", err)
+			}
+			w.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestStreamLeaderFailover runs a batch across three workers, each connected to a different
+// node of a three-node cluster, shuts down the JOBS stream's leader mid-batch, and checks
+// that every job ends with exactly one result.
+func TestStreamLeaderFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node NATS cluster; skipped with -short")
+	}
+	const total = 1000
+	c := startCluster(t, 3)
+	// A short AckWait so that an ack lost in the leader change is redelivered within the
+	// test; workers send InProgress every third of it.
+	qcfg := queue.Config{Replicas: 3, AckWait: 4 * time.Second, MaxAckPending: 3 * 64}
+	_, simURL := startSim(t, tinkersim.Config{Capacity: 256, BaseLatency: 20 * time.Millisecond})
+
+	admin := c.connect(t, 0, "test", qcfg)
+	for i := range c.nodes {
+		runWorker(t, c.connect(t, i, fmt.Sprintf("worker-%d", i+1), qcfg), simURL, 64)
+	}
+	const batch = "failover"
+	publishJobs(t, admin, batch, makeJobs(total))
+
+	ctx := context.Background()
+	eventually(t, 60*time.Second, "a third of the results", func() bool {
+		n, err := resultCount(ctx, admin, batch)
+		return err == nil && n >= total/3
+	})
+	info, err := admin.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("jobs stream has no cluster leader: %+v", info.Cluster)
+	}
+	leader := c.index(info.Cluster.Leader)
+	if leader < 0 {
+		t.Fatalf("leader %q is not one of the nodes", info.Cluster.Leader)
+	}
+	done, _ := resultCount(ctx, admin, batch)
+	t.Logf("shutting down the JOBS stream leader %s with %d of %d results stored", info.Cluster.Leader, done, total)
+	c.stop(leader)
+
+	eventually(t, 90*time.Second, "every result", func() bool {
+		n, err := resultCount(ctx, admin, batch)
+		return err == nil && n >= total
+	})
+	eventually(t, 30*time.Second, "an empty work queue", func() bool {
+		info, err := admin.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+
+	counts, results := readResults(t, admin, batch)
+	want := map[string]bool{}
+	for _, j := range makeJobs(total) {
+		want[j.CustomID] = true
+	}
+	for id := range want {
+		if counts[id] != 1 {
+			t.Errorf("custom_id %s: %d results, want 1", id, counts[id])
+		}
+	}
+	for id := range counts {
+		if !want[id] {
+			t.Errorf("result for unknown custom_id %s", id)
+		}
+	}
+	notOK := 0
+	for _, r := range results {
+		if r.Status != jobs.StatusOK {
+			notOK++
+			if notOK <= 5 {
+				t.Errorf("result %s: status %s, error %+v", r.CustomID, r.Status, r.Error)
+			}
+		}
+	}
+	// The results stream keeps one message per subject: a second result for a job would
+	// have replaced the first, which shows as a sequence number beyond the message count.
+	rinfo, err := admin.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rinfo.State.Msgs != total || rinfo.State.LastSeq != total {
+		t.Errorf("results stream: %d messages, last sequence %d; want %d and %d (no result written twice)",
+			rinfo.State.Msgs, rinfo.State.LastSeq, total, total)
+	}
+	cons, err := admin.JS.Consumer(ctx, admin.Names.JobsStream(), queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cinfo, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cinfo.NumAckPending != 0 || cinfo.NumPending != 0 {
+		t.Errorf("consumer after the batch: %d pending, %d ack pending", cinfo.NumPending, cinfo.NumAckPending)
+	}
+	if newInfo, err := admin.Jobs.Info(ctx); err == nil && newInfo.Cluster != nil {
+		t.Logf("new JOBS leader %s; %d redelivered", newInfo.Cluster.Leader, cinfo.NumRedelivered)
+	}
+}
