@@ -35,7 +35,8 @@ type settings struct {
 	Window            time.Duration
 
 	// 4. submit
-	SubmitLines int
+	SubmitLines  int
+	SubmitRounds int
 
 	// 5. memory
 	MemBacklog int
@@ -58,6 +59,7 @@ func quickSettings() settings {
 		PropagationTrials: 200,
 		Window:            2 * time.Second,
 		SubmitLines:       100_000,
+		SubmitRounds:      2,
 		MemBacklog:        100_000,
 		MemHold:           2500 * time.Millisecond,
 		TokBytes:          1 << 20,
@@ -77,6 +79,7 @@ func fullSettings() settings {
 		PropagationTrials: 1000,
 		Window:            5 * time.Second,
 		SubmitLines:       1_000_000,
+		SubmitRounds:      2,
 		MemBacklog:        1_000_000,
 		MemHold:           5 * time.Second,
 		TokBytes:          1 << 20,

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTokenizerComparison runs comparison 6 on a 50 kB corpus and checks its table.
+func TestTokenizerComparison(t *testing.T) {
+	s := quickSettings()
+	s.TokBytes, s.TokDuration = 50_000, 100*time.Millisecond
+	tb, err := runTokenizer(context.Background(), s, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tb.Rows) != 3 {
+		t.Fatalf("got %d rows, want 3", len(tb.Rows))
+	}
+	for _, r := range tb.Rows {
+		if math.IsNaN(r.Ratio) || r.Ratio <= 0 || r.Verdict != verdictInfo {
+			t.Fatalf("row %+v: want a positive ratio and no aim", r)
+		}
+	}
+	if !strings.Contains(tb.Rows[0].Measured, "Mtok/s") {
+		t.Fatalf("measured %q does not say tokens per second", tb.Rows[0].Measured)
+	}
+}
+
+// TestThroughputOneWorker runs comparison 1 with one worker for a 2 s window: jobs flow from
+// JetStream through a worker to the simulator, and the rate is judged against the ideal.
+func TestThroughputOneWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a worker for a few seconds")
+	}
+	s := quickSettings()
+	s.ThroughputSizes, s.CapacityBound = []int{1}, false
+	s.ThroughputWarmup, s.ThroughputWindow = 500*time.Millisecond, 2*time.Second
+	tb, err := runThroughput(context.Background(), s, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tb.Rows) != 1 {
+		t.Fatalf("got %d rows, want 1", len(tb.Rows))
+	}
+	r := tb.Rows[0]
+	// The ideal is 32 slots / 200 ms = 160 jobs/s; under -race on a loaded machine the rate
+	// may fall short of the aim, but jobs must have completed in the window.
+	if !strings.HasPrefix(r.Baseline, "160.0 jobs/s") || r.Ratio <= 0.1 || r.Ratio > 1.1 {
+		t.Fatalf("row %+v: want a rate between 0.1 and 1.1 of the 160 jobs/s ideal", r)
+	}
+	if want, v := atLeast(r.Ratio, 0.9); r.Aim != want || r.Verdict != v {
+		t.Fatalf("row %+v: aim/verdict not judged", r)
+	}
+	var out bytes.Buffer
+	tb.print(&out)
+	if !strings.Contains(out.String(), "worker-bound, 1 worker(s)") {
+		t.Fatalf("printed table lacks the case:\n%s", out.String())
+	}
+}
+
+// TestParseOnly checks the -only flag.
+func TestParseOnly(t *testing.T) {
+	got, err := parseOnly("1, 3")
+	if err != nil || len(got) != 2 || got[0] != 1 || got[1] != 3 {
+		t.Fatalf("parseOnly(1, 3) = %v, %v", got, err)
+	}
+	for _, bad := range []string{"0", "7", "x", "1,,2"} {
+		if _, err := parseOnly(bad); err == nil {
+			t.Fatalf("parseOnly(%q) accepted", bad)
+		}
+	}
+}
+
+// TestVerdicts checks the aim judgements, including NaN for a missing baseline.
+func TestVerdicts(t *testing.T) {
+	if _, v := atLeast(0.95, 0.9); v != verdictPass {
+		t.Fatal("0.95 >= 0.9 judged a miss")
+	}
+	if _, v := atLeast(0.5, 0.9); v != verdictMiss {
+		t.Fatal("0.5 >= 0.9 judged a pass")
+	}
+	if _, v := atMost(ratio(1, 0), 1.25); v != verdictMiss {
+		t.Fatal("a NaN ratio judged a pass")
+	}
+	if _, v := atMost(1.2, 1.25); v != verdictPass {
+		t.Fatal("1.2 <= 1.25 judged a miss")
+	}
+}
