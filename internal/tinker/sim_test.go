@@ -1,0 +1,557 @@
+package tinker_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// These tests are the cross test of issue 2: the real client against the real simulator
+// (internal/tinkersim, an independent reading of the protocol) over loopback HTTP.
+
+const simKey = "tml-sim-cross-test-key-0000000000000"
+
+// simEnv is a simulator behind an httptest server and a client dialled to it.
+type simEnv struct {
+	sim    *tinkersim.Server
+	client *tinker.Client
+	ctx    context.Context
+
+	mu     sync.Mutex
+	events []tinker.Event
+}
+
+// newSimEnv starts a simulator with cfg (key, long-poll wait and latency filled in) and
+// dials a client whose retry delays are shortened so that fault recovery is fast; mod may
+// change the client's Config.
+func newSimEnv(t *testing.T, cfg tinkersim.Config, mod func(*tinker.Config)) *simEnv {
+	t.Helper()
+	cfg.APIKeys = []string{simKey}
+	if cfg.LongPollWait == 0 {
+		cfg.LongPollWait = 100 * time.Millisecond
+	}
+	if cfg.BaseLatency == 0 {
+		cfg.BaseLatency = 5 * time.Millisecond
+	}
+	sim, err := tinkersim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(sim)
+	t.Cleanup(func() { ts.Close(); sim.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	e := &simEnv{sim: sim, ctx: ctx}
+	ccfg := tinker.Config{
+		BaseURL: ts.URL,
+		APIKey:  simKey,
+		OnEvent: func(ev tinker.Event) {
+			e.mu.Lock()
+			e.events = append(e.events, ev)
+			e.mu.Unlock()
+		},
+		Timing: tinker.Timing{
+			HTTPRetryBase:   5 * time.Millisecond,
+			HTTPRetryMax:    20 * time.Millisecond,
+			SubmitRetryBase: 10 * time.Millisecond,
+			SubmitRetryMax:  50 * time.Millisecond,
+			SampleRetryBase: 10 * time.Millisecond,
+			SampleRetryMax:  50 * time.Millisecond,
+			PollBackoffBase: 10 * time.Millisecond,
+			PollBackoffMax:  50 * time.Millisecond,
+		},
+	}
+	if mod != nil {
+		mod(&ccfg)
+	}
+	c, err := tinker.Dial(ctx, ccfg)
+	if err != nil {
+		t.Fatalf("dial the simulator: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	e.client = c
+	return e
+}
+
+// eventsOf returns the events of kind k seen so far.
+func (e *simEnv) eventsOf(k tinker.EventKind) []tinker.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []tinker.Event
+	for _, ev := range e.events {
+		if ev.Kind == k {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// requests returns how many replies with status the simulator sent on endpoint.
+func (e *simEnv) requests(endpoint string, status int) int64 {
+	return e.sim.Stats().Requests[endpoint][status]
+}
+
+func (e *simEnv) sampler(t *testing.T, spec tinker.SamplerSpec) *tinker.Sampler {
+	t.Helper()
+	s, err := e.client.NewSampler(e.ctx, spec)
+	if err != nil {
+		t.Fatalf("new sampler %+v: %v", spec, err)
+	}
+	return s
+}
+
+func simRequest(seed int64) tinker.SampleRequest {
+	maxTokens := 16
+	return tinker.SampleRequest{
+		Prompt: tinker.EncodedText([]int{151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30}),
+		Params: tinker.SamplingParams{MaxTokens: &maxTokens, Seed: &seed},
+	}
+}
+
+// checkSequences checks the shape the simulator promises for every sequence: tokens within
+// max_tokens, one logprob per token, each in (-8, 0].
+func checkSequences(t *testing.T, r *tinker.SampleResponse, n, maxTokens int) {
+	t.Helper()
+	if len(r.Sequences) != n {
+		t.Fatalf("%d sequences, want %d", len(r.Sequences), n)
+	}
+	for i, s := range r.Sequences {
+		if len(s.Tokens) == 0 || len(s.Tokens) > maxTokens || len(s.Logprobs) != len(s.Tokens) {
+			t.Fatalf("sequence %d: %d tokens, %d logprobs (max_tokens %d)", i, len(s.Tokens), len(s.Logprobs), maxTokens)
+		}
+		if s.StopReason != tinker.StopReasonStop && s.StopReason != tinker.StopReasonLength {
+			t.Fatalf("sequence %d: stop reason %q", i, s.StopReason)
+		}
+		if s.StopReason == tinker.StopReasonLength && len(s.Tokens) != maxTokens {
+			t.Fatalf("sequence %d: stopped for length after %d of %d tokens", i, len(s.Tokens), maxTokens)
+		}
+		for _, lp := range s.Logprobs {
+			if lp > 0 || lp <= -8 {
+				t.Fatalf("sequence %d: logprob %v outside (-8, 0]", i, lp)
+			}
+		}
+	}
+}
+
+// TestSimStartupAndHeartbeat: Dial runs client/config, client/dynamic_config and
+// create_session once each (§2), applies the simulator's flags (§3.1) and refresh interval,
+// and heartbeats (§3.4); with dynamic config disabled the 404 means defaults.
+func TestSimStartupAndHeartbeat(t *testing.T) {
+	e := newSimEnv(t, tinkersim.Config{ClientConfig: map[string]any{
+		"sample_max_concurrent_requests":       7,
+		"sample_dispatch_bytes_semaphore_size": 1 << 20,
+		"sample_no_retries":                    false,
+		"some_future_flag":                     "ignored",
+	}}, func(c *tinker.Config) { c.Timing.HeartbeatInterval = 20 * time.Millisecond })
+	for _, ep := range []string{"client/config", "client/dynamic_config", "create_session"} {
+		if n := e.requests(ep, 200); n != 1 {
+			t.Errorf("%s answered 200 %d times, want 1", ep, n)
+		}
+	}
+	f := e.client.Flags()
+	if f.SampleMaxConcurrentRequests != 7 || f.SampleDispatchBytesSemaphoreSize != 1<<20 ||
+		f.InflightResponseBytesSemaphoreSize != 52428800 || !f.SampleEnableStuckDetection ||
+		f.BillingExceptionMaxPauseDuration != time.Hour || f.DynamicConfigRefreshInterval != 300*time.Second {
+		t.Errorf("flags %+v", f)
+	}
+	if id := e.client.SessionID(); len(id) != 36 || strings.Count(id, "-") != 4 {
+		t.Errorf("session id %q is not UUID-shaped", id)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for e.requests("session_heartbeat", 200) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeats: %v", e.sim.Stats().Requests["session_heartbeat"])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if hf := e.eventsOf(tinker.EventHeartbeatFailed); len(hf) != 0 {
+		t.Errorf("heartbeat failures: %v", hf[0].Err)
+	}
+	if err := e.client.Healthz(e.ctx); err != nil {
+		t.Errorf("healthz: %v", err)
+	}
+	// Close stops the heartbeat.
+	_ = e.client.Close()
+	n := e.requests("session_heartbeat", 200)
+	time.Sleep(100 * time.Millisecond)
+	if m := e.requests("session_heartbeat", 200); m != n {
+		t.Errorf("%d heartbeats after Close", m-n)
+	}
+
+	d := newSimEnv(t, tinkersim.Config{DisableDynamicConfig: true}, nil)
+	if n := d.requests("client/dynamic_config", 404); n != 1 {
+		t.Errorf("dynamic_config answered 404 %d times, want 1", n)
+	}
+	if got := d.client.Flags().DynamicConfigRefreshInterval; got != 300*time.Second {
+		t.Errorf("refresh interval after a 404: %v, want the 300 s default", got)
+	}
+}
+
+// TestSimCapabilitiesAndListings: get_server_capabilities carries max_context_length (§3.8);
+// the paginated listings (§3.14) return every synthetic training run and checkpoint of the
+// simulator, one request per page; weights_info and a run's checkpoints agree with them.
+func TestSimCapabilitiesAndListings(t *testing.T) {
+	const runs = 7
+	e := newSimEnv(t, tinkersim.Config{TrainingRuns: runs}, nil)
+	caps, err := e.client.Capabilities(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range tinkersim.DefaultModels() {
+		got, ok := caps.Model(m.Name)
+		if !ok || got.MaxContextLength != m.MaxContextLength {
+			t.Errorf("capabilities for %s: %+v (found %v), want max_context_length %d", m.Name, got, ok, m.MaxContextLength)
+		}
+	}
+
+	var trs []tinker.TrainingRun
+	for tr, err := range e.client.TrainingRuns(e.ctx, tinker.ListOptions{PageSize: 2}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		trs = append(trs, tr)
+	}
+	if len(trs) != runs {
+		t.Fatalf("listed %d training runs, the simulator has %d", len(trs), runs)
+	}
+	if pages := e.requests("training_runs", 200); pages != (runs+1)/2 {
+		t.Errorf("%d training_runs pages for %d runs of 2", pages, runs)
+	}
+	seen := map[string]bool{}
+	for _, tr := range trs {
+		if seen[tr.TrainingRunID] || !strings.HasSuffix(tr.TrainingRunID, ":train:0") || tr.LastSamplerCheckpoint == nil ||
+			tr.LastRequestTime.IsZero() || tr.LoraRank == nil || !tr.IsLora {
+			t.Fatalf("training run %+v", tr)
+		}
+		seen[tr.TrainingRunID] = true
+		if _, ok := caps.Model(tr.BaseModel); !ok {
+			t.Errorf("run %s: base model %q is not a supported model", tr.TrainingRunID, tr.BaseModel)
+		}
+	}
+
+	var cps []tinker.Checkpoint
+	for cp, err := range e.client.Checkpoints(e.ctx, tinker.ListOptions{PageSize: 3}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		cps = append(cps, cp)
+	}
+	if len(cps) != 2*runs {
+		t.Fatalf("listed %d checkpoints, want %d (two per run)", len(cps), 2*runs)
+	}
+	if pages := e.requests("checkpoints", 200); pages != (2*runs+2)/3 {
+		t.Errorf("%d checkpoints pages for %d checkpoints of 3", pages, 2*runs)
+	}
+	paths := map[string]bool{}
+	for _, cp := range cps {
+		run, _, ok := strings.Cut(strings.TrimPrefix(cp.TinkerPath, "tinker://"), "/")
+		if !ok || !seen[run] || paths[cp.TinkerPath] || !strings.HasSuffix(cp.TinkerPath, "/"+cp.CheckpointID) ||
+			(cp.CheckpointType != "training" && cp.CheckpointType != "sampler") || cp.Time.IsZero() {
+			t.Fatalf("checkpoint %+v", cp)
+		}
+		paths[cp.TinkerPath] = true
+	}
+
+	// Breaking out early fetches no further page.
+	before := e.requests("checkpoints", 200)
+	for range e.client.Checkpoints(e.ctx, tinker.ListOptions{PageSize: 3}) {
+		break
+	}
+	if got := e.requests("checkpoints", 200) - before; got != 1 {
+		t.Errorf("early break fetched %d pages", got)
+	}
+
+	run := trs[runs-1]
+	rc, err := e.client.RunCheckpoints(e.ctx, run.TrainingRunID)
+	if err != nil || len(rc) != 2 {
+		t.Fatalf("checkpoints of run %s: %+v, %v", run.TrainingRunID, rc, err)
+	}
+	wi, err := e.client.WeightsInfo(e.ctx, run.LastSamplerCheckpoint.TinkerPath)
+	if err != nil || wi.BaseModel != run.BaseModel || !wi.IsLora {
+		t.Fatalf("weights_info of %s: %+v, %v (run base model %s)", run.LastSamplerCheckpoint.TinkerPath, wi, err, run.BaseModel)
+	}
+}
+
+// TestSimSamplersLogprobsDeterminism: samplers for a base model and for a tinker://
+// checkpoint path (§3.5, §3.9), prompt logprobs and top-k prompt logprobs (§T4, k capped at
+// 20), and determinism: the same seed gives the same tokens (the simulator's outputs are a
+// function of prompt, seed and sample index).
+func TestSimSamplersLogprobsDeterminism(t *testing.T) {
+	e := newSimEnv(t, tinkersim.Config{TrainingRuns: 2}, nil)
+	base := e.sampler(t, tinker.SamplerSpec{BaseModel: "meta-llama/Llama-3.1-8B-Instruct"})
+	info, err := base.Info(e.ctx)
+	if err != nil || info.BaseModel != "meta-llama/Llama-3.1-8B-Instruct" || info.SamplerID != base.ID() || info.ModelPath != "" {
+		t.Fatalf("base sampler info %+v, %v", info, err)
+	}
+	if !strings.HasPrefix(base.ID(), e.client.SessionID()+":sample:") {
+		t.Errorf("sampler id %q does not extend session %q", base.ID(), e.client.SessionID())
+	}
+
+	var run tinker.TrainingRun
+	for tr, err := range e.client.TrainingRuns(e.ctx, tinker.ListOptions{}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		run = tr
+	}
+	path := run.LastSamplerCheckpoint.TinkerPath
+	ckpt := e.sampler(t, tinker.SamplerSpec{ModelPath: path})
+	info, err = ckpt.Info(e.ctx)
+	if err != nil || info.ModelPath != path || info.BaseModel != run.BaseModel {
+		t.Fatalf("checkpoint sampler info %+v, %v; want model path %s, base model %s", info, err, path, run.BaseModel)
+	}
+	if ckpt.ID() == base.ID() {
+		t.Fatalf("two samplers share id %s", base.ID())
+	}
+
+	req := simRequest(1234)
+	req.NumSamples = 3
+	req.PromptLogprobs = true
+	req.TopKPromptLogprobs = 5
+	for _, s := range []*tinker.Sampler{base, ckpt} {
+		res, err := s.Sample(e.ctx, req)
+		if err != nil {
+			t.Fatalf("sampler %s: %v", s.ID(), err)
+		}
+		if res.Attempts != 1 || res.Submissions != 1 || res.RequestID == "" {
+			t.Errorf("result bookkeeping %+v", res)
+		}
+		r := res.Response
+		checkSequences(t, r, 3, *req.Params.MaxTokens)
+		n := len(req.Prompt.Chunks[0].Tokens)
+		if len(r.PromptLogprobs) != n || !math.IsNaN(r.PromptLogprobs[0]) {
+			t.Fatalf("prompt logprobs %v for %d prompt tokens (first must be NaN)", r.PromptLogprobs, n)
+		}
+		for i, lp := range r.PromptLogprobs[1:] {
+			if math.IsNaN(lp) || lp > 0 {
+				t.Fatalf("prompt logprob %d: %v", i+1, lp)
+			}
+		}
+		checkTopK(t, r.TopKPromptLogprobs, n, 5)
+	}
+
+	// k above the service's maximum is capped at 20.
+	req.TopKPromptLogprobs = 50
+	req.NumSamples = 1
+	res, err := base.Sample(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTopK(t, res.Response.TopKPromptLogprobs, len(req.Prompt.Chunks[0].Tokens), tinkersim.MaxTopK)
+
+	// Determinism: same seed, same tokens (each call a new seq_id); another seed differs.
+	tokens := func(s *tinker.Sampler, seed int64) [][]int {
+		t.Helper()
+		r := simRequest(seed)
+		r.NumSamples = 2
+		res, err := s.Sample(e.ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [][]int
+		for _, q := range res.Response.Sequences {
+			out = append(out, q.Tokens)
+		}
+		return out
+	}
+	a, b, c := tokens(base, 42), tokens(base, 42), tokens(base, 43)
+	if !slices.EqualFunc(a, b, slices.Equal[[]int]) {
+		t.Errorf("seed 42 twice: %v then %v", a, b)
+	}
+	if slices.Equal(a[0], a[1]) {
+		t.Errorf("two samples of one request are identical: %v", a[0])
+	}
+	if slices.EqualFunc(a, c, slices.Equal[[]int]) {
+		t.Errorf("seeds 42 and 43 give the same tokens %v", a)
+	}
+	if st := e.sim.Stats(); st.IdempotentReplays != 0 || st.SamplesCompleted != st.SamplesAccepted {
+		t.Errorf("simulator: %d replays, %d accepted, %d completed", st.IdempotentReplays, st.SamplesAccepted, st.SamplesCompleted)
+	}
+}
+
+// checkTopK checks top-k prompt logprobs: one row per prompt token, none for the first, k
+// cells with decreasing logprobs elsewhere.
+func checkTopK(t *testing.T, rows [][]tinker.TokenLogprob, n, k int) {
+	t.Helper()
+	if len(rows) != n || len(rows[0]) != 0 {
+		t.Fatalf("top-k rows: %d for %d prompt tokens, first %v", len(rows), n, rows)
+	}
+	for i, row := range rows[1:] {
+		if len(row) != k {
+			t.Fatalf("top-k row %d has %d cells, want %d", i+1, len(row), k)
+		}
+		for j := 1; j < k; j++ {
+			if row[j].Logprob > row[j-1].Logprob {
+				t.Fatalf("top-k row %d not in decreasing order: %v", i+1, row)
+			}
+		}
+	}
+}
+
+// TestSimFaults: the faults of §12 the client must survive, injected into the simulator.
+func TestSimFaults(t *testing.T) {
+	// Each case injects its fault, starts a sample, waits until the simulator answered
+	// endpoint with status at least once (the fault was hit), then removes the fault; the
+	// sample must recover and check tells how.
+	type faultCase struct {
+		name     string
+		fault    tinkersim.Fault
+		endpoint string
+		status   int
+		check    func(t *testing.T, e *simEnv, res *tinker.SampleResult, before tinkersim.Stats)
+	}
+	cases := []faultCase{{
+		// §4.2: 5xx on a poll → poll again at once.
+		name: "5xx on polls", endpoint: "retrieve_future", status: 503,
+		fault: tinkersim.Fault{Kind: tinkersim.FaultServerError, Status: 503, Endpoints: []string{"retrieve_future"}},
+		check: func(t *testing.T, e *simEnv, res *tinker.SampleResult, _ tinkersim.Stats) {
+			if res.Attempts != 1 {
+				t.Errorf("a 5xx poll re-ran the attempt: %d attempts", res.Attempts)
+			}
+		},
+	}, {
+		// §4.2: 408 with a try_again body → poll again at once, the queue state is reported.
+		name: "408 on polls", endpoint: "retrieve_future", status: 408,
+		fault: tinkersim.Fault{Kind: tinkersim.FaultTimeout},
+		check: func(t *testing.T, e *simEnv, res *tinker.SampleResult, _ tinkersim.Stats) {
+			if res.Attempts != 1 {
+				t.Errorf("a 408 poll re-ran the attempt: %d attempts", res.Attempts)
+			}
+			if qs := e.eventsOf(tinker.EventQueueState); len(qs) == 0 || qs[0].QueueState != tinker.QueueActive {
+				t.Errorf("queue-state events %+v, want active", qs)
+			}
+		},
+	}, {
+		// §4.2, §6.3: 410 → the whole sample is resubmitted with a new seq_id (a new future,
+		// not an idempotent replay of the old one).
+		name: "410 expired", endpoint: "retrieve_future", status: 410,
+		fault: tinkersim.Fault{Kind: tinkersim.FaultExpired},
+		check: func(t *testing.T, e *simEnv, res *tinker.SampleResult, before tinkersim.Stats) {
+			st := e.sim.Stats()
+			if res.Attempts < 2 || st.SamplesAccepted-before.SamplesAccepted != int64(res.Attempts) ||
+				st.IdempotentReplays != before.IdempotentReplays {
+				t.Errorf("%d attempts, %d futures accepted, %d replays: want a new future per attempt",
+					res.Attempts, st.SamplesAccepted-before.SamplesAccepted, st.IdempotentReplays-before.IdempotentReplays)
+			}
+			if !strings.HasSuffix(res.RequestID, ":"+strconv.FormatInt(res.SeqID, 10)) {
+				t.Errorf("request id %s does not end in the final seq_id %d", res.RequestID, res.SeqID)
+			}
+			if len(e.eventsOf(tinker.EventRetry)) == 0 {
+				t.Error("no retry event for the resubmission")
+			}
+		},
+	}, {
+		// §1.4, §6.2: a bare 400 on asample is a connection-level rejection, retried by the
+		// submission loop with the same seq_id.
+		name: "bare 400 on asample", endpoint: "asample", status: 400,
+		fault: tinkersim.Fault{Kind: tinkersim.FaultBare400, Endpoints: []string{"asample"}},
+		check: func(t *testing.T, e *simEnv, res *tinker.SampleResult, before tinkersim.Stats) {
+			st := e.sim.Stats()
+			if res.Attempts != 1 || res.Submissions < 2 || st.SamplesAccepted-before.SamplesAccepted != 1 {
+				t.Errorf("%d attempts, %d submissions, %d futures: want one attempt resubmitted after the 400",
+					res.Attempts, res.Submissions, st.SamplesAccepted-before.SamplesAccepted)
+			}
+		},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newSimEnv(t, tinkersim.Config{}, nil)
+			s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+			before := e.sim.Stats()
+			id, err := e.sim.Inject(tc.fault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type out struct {
+				res *tinker.SampleResult
+				err error
+			}
+			done := make(chan out, 1)
+			go func() {
+				res, err := s.Sample(e.ctx, simRequest(7))
+				done <- out{res, err}
+			}()
+			deadline := time.Now().Add(20 * time.Second)
+			for e.requests(tc.endpoint, tc.status) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the fault was never hit: %v", e.sim.Stats().Requests)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			e.sim.RemoveFault(id)
+			o := <-done
+			if o.err != nil {
+				t.Fatalf("sample did not survive %s: %v", tc.name, o.err)
+			}
+			checkSequences(t, o.res.Response, 1, 16)
+			tc.check(t, e, o.res, before)
+		})
+	}
+
+	// §4.3: a paused_capacity window holds the futures back; polls answer try_again with the
+	// queue state and reason, which the client reports; the sample completes after the window.
+	t.Run("paused_capacity window", func(t *testing.T) {
+		e := newSimEnv(t, tinkersim.Config{}, nil)
+		s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		const reason = "Tinker backend is running short on capacity (simulated)"
+		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPausedCapacity, Duration: 400 * time.Millisecond, Reason: reason}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Sample(e.ctx, simRequest(9))
+		if err != nil {
+			t.Fatalf("sample across the pause: %v", err)
+		}
+		checkSequences(t, res.Response, 1, 16)
+		var paused []tinker.Event
+		for _, ev := range e.eventsOf(tinker.EventQueueState) {
+			if ev.QueueState == tinker.QueuePausedCapacity {
+				paused = append(paused, ev)
+			}
+		}
+		if len(paused) == 0 || paused[0].Reason != reason || paused[0].SamplerID != s.ID() {
+			t.Fatalf("paused queue-state events %+v, want reason %q for sampler %s", paused, reason, s.ID())
+		}
+		if w := e.sim.Stats().Windows; len(w) != 1 || w[0].AsampleCalls != 1 {
+			t.Errorf("pause window stats %+v, want the one asample call", w)
+		}
+	})
+
+	// §4.2, §7.2: a failed future is terminal: *RequestFailedError with the category, no
+	// retry. Both an injected user failure and a prompt beyond the context window.
+	t.Run("failed future", func(t *testing.T) {
+		e := newSimEnv(t, tinkersim.Config{}, nil)
+		s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		id, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultFailed, Category: "user", Reason: "prompt rejected by policy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Sample(e.ctx, simRequest(11))
+		var rf *tinker.RequestFailedError
+		if !errors.As(err, &rf) || rf.Category != tinker.CategoryUser || rf.Message != "prompt rejected by policy" ||
+			!strings.HasPrefix(rf.RequestID, s.ID()+":") {
+			t.Fatalf("err %v (%T), want a user RequestFailedError for sampler %s", err, err, s.ID())
+		}
+		if tinker.IsRetryable(err) || e.sim.Stats().SamplesAccepted != 1 {
+			t.Errorf("failed future retried: %d futures accepted", e.sim.Stats().SamplesAccepted)
+		}
+		e.sim.RemoveFault(id)
+
+		req := simRequest(12)
+		tooMany := 32768
+		req.Params.MaxTokens = &tooMany
+		_, err = s.Sample(e.ctx, req)
+		if !errors.As(err, &rf) || rf.Category != tinker.CategoryUser || !strings.Contains(rf.Message, "context window") {
+			t.Fatalf("context overflow: err %v, want a user RequestFailedError", err)
+		}
+	})
+}
