@@ -1,0 +1,213 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// violations collects the permission errors the server sends to one connection.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err.Error())
+}
+
+func (v *violations) list() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.errs...)
+}
+
+// matching lists the collected errors that mention subject.
+func (v *violations) matching(subject string) []string {
+	var out []string
+	for _, e := range v.list() {
+		if strings.Contains(e, subject) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// startFromConfig starts one server from deploy/nats/nats-1.conf (and what it includes), on
+// loopback with a random port, a temporary store and no cluster.
+func startFromConfig(t *testing.T) *server.Server {
+	t.Helper()
+	for _, role := range []string{"ADMIN", "SUBMIT", "WORKER"} {
+		t.Setenv("NATS_"+role+"_PASSWORD", "pw-"+strings.ToLower(role))
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats", "nats-1.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Users) != 3 {
+		t.Fatalf("config has %d users, want admin, submit and worker", len(opts.Users))
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.Cluster, opts.Routes = server.ClusterOpts{}, nil
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // stopped at cleanup
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("server from deploy/nats/nats-1.conf not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+// connectAs connects as user and returns a JetStream context and the permission errors the
+// connection receives.
+func connectAs(t *testing.T, srv *server.Server, user string) (jetstream.JetStream, *violations) {
+	t.Helper()
+	v := &violations{}
+	nc, err := queue.Connect(queue.ConnectConfig{URL: srv.ClientURL(), Name: user, User: user, Password: "pw-" + user},
+		nats.ErrorHandler(v.handler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, v
+}
+
+// TestNATSConfigPermissions runs submit's and a worker's calls under the users of
+// deploy/nats/auth.conf: normal work meets no permission violation, submit cannot take a
+// job, and only admin can delete a stream.
+func TestNATSConfigPermissions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads the deploy NATS config into a server; skipped with -short")
+	}
+	srv := startFromConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	if _, err := queue.Connect(queue.ConnectConfig{URL: srv.ClientURL(), User: "worker", Password: "wrong"}); err == nil {
+		t.Fatal("a wrong password was accepted")
+	}
+
+	// submit comes first, as on a fresh cluster: it creates what is missing (queue.Bind),
+	// writes a manifest and publishes the jobs.
+	subJS, subV := connectAs(t, srv, "submit")
+	sub, err := queue.Bind(ctx, subJS, queue.Config{})
+	if err != nil {
+		t.Fatalf("submit: bind: %v", err)
+	}
+	const batch, total = "perm", 20
+	if _, err := sub.PutManifest(ctx, queue.Manifest{BatchID: batch, Status: queue.BatchSubmitted, Jobs: total, CreatedAt: time.Now()}, 0); err != nil {
+		t.Fatalf("submit: manifest: %v", err)
+	}
+	publishJobs(t, sub, batch, makeJobs(total))
+
+	// The worker sets up the consumer (submit never does).
+	wJS, wV := connectAs(t, srv, "worker")
+	wq, err := queue.Setup(ctx, wJS, queue.Config{})
+	if err != nil {
+		t.Fatalf("worker: setup: %v", err)
+	}
+
+	// submit may look at the consumer but not pull from it nor make one of its own.
+	subCons, err := subJS.Consumer(ctx, sub.Names.JobsStream(), queue.ConsumerName)
+	if err != nil {
+		t.Fatalf("submit: consumer info: %v", err)
+	}
+	msgs, err := subCons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+	if err == nil {
+		for m := range msgs.Messages() {
+			t.Errorf("submit pulled job %s", m.Subject())
+		}
+	}
+	eventually(t, 10*time.Second, "a permission violation for submit's pull", func() bool {
+		return len(subV.matching("$JS.API.CONSUMER.MSG.NEXT."+sub.Names.JobsStream())) > 0
+	})
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	_, err = subJS.CreateOrUpdateConsumer(short, sub.Names.JobsStream(), jetstream.ConsumerConfig{Durable: "thief", AckPolicy: jetstream.AckExplicitPolicy})
+	cancelShort()
+	if err == nil {
+		t.Error("submit created a consumer on the jobs stream")
+	}
+	for _, js := range []jetstream.JetStream{subJS, wJS} {
+		short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+		err := js.DeleteStream(short, sub.Names.JobsStream())
+		cancelShort()
+		if err == nil {
+			t.Fatal("a non-admin user deleted the jobs stream")
+		}
+	}
+	if info, err := sub.Jobs.Info(ctx); err != nil || info.State.Msgs != total {
+		t.Fatalf("jobs stream after the attempts: %v, err %v; want %d jobs waiting", info, err, total)
+	}
+	subBefore, wBefore := len(subV.list()), len(wV.list())
+
+	// Normal work: a worker runs the batch, submit follows the results, lists batches and
+	// cancels one; none of it may hit a permission violation.
+	// A 429 window at the start makes the worker signal the fleet backoff (a KV write).
+	sim, simURL := startSim(t, tinkersim.Config{Capacity: 16})
+	if _, err := sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultRateLimit, Duration: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, wq, simURL, 8)
+	eventually(t, 60*time.Second, "every result", func() bool {
+		n, err := resultCount(ctx, sub, batch)
+		return err == nil && n == total
+	})
+	counts, _ := readResults(t, sub, batch)
+	if len(counts) != total {
+		t.Errorf("submit read %d results, want %d", len(counts), total)
+	}
+	if _, err := sub.Manifests(ctx); err != nil {
+		t.Errorf("submit: list: %v", err)
+	}
+	if _, err := sub.UpdateManifest(ctx, batch, func(m *queue.Manifest) error { m.Status = queue.BatchCancelled; return nil }); err != nil {
+		t.Errorf("submit: cancel: %v", err)
+	}
+	if _, err := sub.Jobs.Info(ctx, jetstream.WithSubjectFilter(sub.Names.JobSubject(batch))); err != nil {
+		t.Errorf("submit: status: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
+	if v := subV.list()[subBefore:]; len(v) > 0 {
+		t.Errorf("submit met permission violations in normal work: %q", v)
+	}
+	if v := wV.list()[wBefore:]; len(v) > 0 {
+		t.Errorf("worker met permission violations in normal work: %q", v)
+	}
+
+	// admin can do what the others cannot.
+	adminJS, _ := connectAs(t, srv, "admin")
+	kv, err := adminJS.KeyValue(ctx, sub.Names.BackoffBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := kv.Keys(ctx); err != nil || len(keys) == 0 {
+		t.Errorf("backoff bucket keys %v, err %v: the worker never signalled the 429 window", keys, err)
+	}
+	if err := adminJS.DeleteStream(ctx, sub.Names.DeadStream()); err != nil {
+		t.Errorf("admin: delete stream: %v", err)
+	}
+	if _, err := adminJS.Stream(ctx, sub.Names.DeadStream()); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("dead stream after admin deleted it: %v", err)
+	}
+}
