@@ -112,9 +112,14 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 
 // startWorker runs a worker in this process until the session closes, sampling on the real
 // service (TINKER_API_KEY) or, with --simulate, on an in-process simulator.
-func (s *session) startWorker(ctx context.Context, o localOptions, env *environment) error {
+func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Config, env *environment) error {
+	// The in-process worker is the fleet here: it sets up the consumer (submit only binds).
+	q, err := queue.Setup(ctx, s.q.JS, qcfg)
+	if err != nil {
+		return err
+	}
 	cfg := worker.Config{
-		Queue:         s.q,
+		Queue:         q,
 		TinkerBaseURL: o.baseURL,
 		Concurrency:   o.concurrency,
 		ShutdownGrace: 5 * time.Second,
@@ -156,7 +161,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, env *environm
 	s.stopRun = stop
 	s.workers.Go(func() {
 		if err := w.Run(runCtx); err != nil {
-			s.log.Error("local worker", "err", err)
+			fmt.Fprintln(env.stderr, "submit: local worker stopped:", err)
 		}
 		w.Close()
 	})

@@ -119,7 +119,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	defer sess.close()
 	local := o.conn.conn.URL == "" || o.conn.local
 	if local {
-		if err := sess.startWorker(ctx, o.local, env); err != nil {
+		if err := sess.startWorker(ctx, o.local, o.conn.queue, env); err != nil {
 			return err
 		}
 	}
