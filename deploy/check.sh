@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Checks the deployment files without Docker or a cluster (CI runs it; well under 2 minutes
+# with a warm Go cache):
+#   1. every YAML file (compose, Kubernetes, Helm values, Prometheus, Grafana provisioning)
+#      and every JSON file (the dashboard) parses, and holds what the fleet relies on
+#      (replicas, NATS URLs, grace periods, probes, the KEDA stream and consumer, the
+#      dashboard's metrics exist in internal/worker/metrics.go, ...);
+#   2. the Helm values grant the same per-role permissions as deploy/nats/auth.conf;
+#   3. each NATS node config loads in nats-server -t (nats-server built from the module cache);
+#   4. deploy/build.sh, the Dockerfile's build step, builds the three static binaries;
+#   5. `docker compose config`, when the compose plugin is installed (it needs no engine).
+# The permissions themselves are exercised by internal/cluster's TestNATSConfigPermissions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+step() { printf -- '--- deploy/check.sh: %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+step "YAML and JSON parse and say what the fleet needs"
+if ! python3 -c 'import yaml' 2>/dev/null; then
+	echo "python3-yaml is missing; installing it (Debian package python3-yaml)"
+	if [ "$(id -u)" = 0 ]; then apt-get install -y -qq python3-yaml >/dev/null || { apt-get update -qq && apt-get install -y -qq python3-yaml >/dev/null; }
+	else sudo apt-get install -y -qq python3-yaml >/dev/null; fi
+fi
+python3 - <<'PY'
+import glob, json, re, sys
+import yaml
+
+errors = []
+def check(cond, msg):
+    if not cond:
+        errors.append(msg)
+
+docs = {}
+for path in sorted(glob.glob("deploy/**/*.y*ml", recursive=True)):
+    try:
+        docs[path] = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+    except yaml.YAMLError as e:
+        errors.append(f"{path}: {e}")
+jsons = {}
+for path in sorted(glob.glob("deploy/**/*.json", recursive=True)):
+    try:
+        jsons[path] = json.load(open(path))
+    except ValueError as e:
+        errors.append(f"{path}: {e}")
+print(f"parsed {len(docs)} YAML and {len(jsons)} JSON files")
+if errors:
+    sys.exit("\n".join(errors))
+
+def dur(s):
+    m = re.fullmatch(r"(\d+)s", str(s))
+    return int(m.group(1)) if m else None
+
+# compose: three NATS nodes, three workers reaching all of them, R3 streams, a grace
+# period longer than the workers' own.
+c = docs["deploy/compose.yaml"][0]["services"]
+for n in (1, 2, 3):
+    s = c.get(f"nats-{n}")
+    check(s is not None, f"compose: no service nats-{n}")
+    if s:
+        check(s["image"].startswith("nats:2.1"), f"compose: nats-{n} image {s['image']} (want nats:2.11+)")
+        check(f"/etc/nats/nats-{n}.conf" in s["command"], f"compose: nats-{n} does not load nats-{n}.conf")
+w = c["worker"]
+env = w["environment"]
+check(w["deploy"]["replicas"] == 3, "compose: worker replicas != 3")
+check(all(f"nats://nats-{n}:4222" in env["NATS_URL"] for n in (1, 2, 3)), "compose: worker NATS_URL misses a node")
+check(env["TINKERFLEET_REPLICAS"] == "3", "compose: TINKERFLEET_REPLICAS != 3")
+check(env["NATS_USER"] == "worker", "compose: workers must connect as the worker user")
+check(c["submit"]["environment"]["NATS_USER"] == "submit", "compose: submit must connect as the submit user")
+check(dur(w["stop_grace_period"]) > dur(env["TINKERFLEET_SHUTDOWN_GRACE"]), "compose: worker stop_grace_period must exceed the shutdown grace")
+check(int(env["TINKERFLEET_MAX_ACK_PENDING"]) == 3 * int(env["TINKERFLEET_CONCURRENCY"]), "compose: MaxAckPending != workers x concurrency")
+check("TINKER_API_KEY" not in env and env.get("TINKER_API_KEY_FILE"), "compose: the key must come from a secret file")
+
+# prometheus scrapes the workers and the exporters
+p = docs["deploy/prometheus/prometheus.yml"][0]
+jobs = {j["job_name"]: j for j in p["scrape_configs"]}
+check("tinkerfleet-worker" in jobs and "nats" in jobs, "prometheus: needs the tinkerfleet-worker and nats jobs")
+check(jobs["tinkerfleet-worker"]["dns_sd_configs"][0]["port"] == 9464, "prometheus: workers serve metrics on 9464")
+
+# grafana provisioning
+ds = docs["deploy/grafana/provisioning/datasources/prometheus.yaml"][0]["datasources"][0]
+check(ds["uid"] == "prometheus" and ds["type"] == "prometheus", "grafana: datasource uid/type")
+check(docs["deploy/grafana/provisioning/dashboards/tinkerfleet.yaml"][0]["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards", "grafana: dashboard path")
+
+# the dashboard: the five views, and every tinkerfleet_* metric it uses exists
+dash = jsons["deploy/grafana/dashboards/tinkerfleet.json"]
+exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+alltext = "\n".join(exprs)
+for need in ("rate(tinkerfleet_jobs_finished_total", "histogram_quantile(", "tinkerfleet_job_duration_seconds_bucket",
+             "tinkerfleet_dispatch_", "tinkerfleet_backoff_active", "tinkerfleet_tinker_rate_limited_total",
+             "jetstream_consumer_num_pending"):
+    check(need in alltext, f"dashboard: no panel uses {need}")
+defined = set(re.findall(r'Name:\s*"(tinkerfleet_[a-z_]+)"', open("internal/worker/metrics.go").read()))
+defined |= set(re.findall(r'gauge\("(tinkerfleet_[a-z_]+)"', open("internal/worker/metrics.go").read()))
+for m in set(re.findall(r"tinkerfleet_[a-z_]+", alltext)):
+    base = re.sub(r"_(bucket|sum|count)$", "", m)
+    check(m in defined or base in defined or m == "tinkerfleet_dispatch_", f"dashboard: metric {m} is not defined in internal/worker/metrics.go")
+check(all(p.get("datasource", {}).get("uid", "prometheus") == "prometheus" for p in dash["panels"] if p["type"] != "row"), "dashboard: panels must use the provisioned datasource")
+
+# Kubernetes
+k = {}
+for path, ds_ in docs.items():
+    if path.startswith("deploy/k8s/") and not path.endswith("nats-values.yaml"):
+        for d in ds_:
+            check("apiVersion" in d and "kind" in d, f"{path}: a document without apiVersion/kind")
+            k.setdefault(d["kind"], []).append(d)
+dep = k["Deployment"][0]["spec"]["template"]["spec"]
+ctr = dep["containers"][0]
+cenv = {e["name"]: e.get("value") for e in ctr["env"]}
+check(dep["terminationGracePeriodSeconds"] > dur(cenv["TINKERFLEET_SHUTDOWN_GRACE"]), "k8s: terminationGracePeriodSeconds must exceed --shutdown-grace")
+check(ctr["livenessProbe"]["httpGet"]["path"] == "/healthz" and ctr["readinessProbe"]["httpGet"]["path"] == "/readyz", "k8s: probes")
+check("requests" in ctr["resources"] and "limits" in ctr["resources"], "k8s: resources")
+check(cenv.get("TINKER_API_KEY_FILE") and "TINKER_API_KEY" not in cenv, "k8s: the key must be a mounted file")
+mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
+check(any(cenv["TINKER_API_KEY_FILE"].startswith(m + "/") for m in mounts), "k8s: TINKER_API_KEY_FILE is not on a mounted volume")
+check(any(cenv["NATS_NKEY"].startswith(m + "/") for m in mounts), "k8s: NATS_NKEY is not on a mounted volume")
+check(dep["securityContext"]["runAsUser"] == 65532, "k8s: run as 65532")
+secrets = {s["metadata"]["name"] for s in k["Secret"]}
+for v in dep["volumes"]:
+    if "secret" in v:
+        check(v["secret"]["secretName"] in secrets, f"k8s: volume {v['name']} uses an undefined secret")
+so = k["ScaledObject"][0]["spec"]
+trig = so["triggers"][0]
+check(trig["type"] == "nats-jetstream", "keda: trigger type")
+check(trig["metadata"]["stream"] == "TINKERFLEET_JOBS" and trig["metadata"]["consumer"] == "workers", "keda: stream/consumer")
+check(so["scaleTargetRef"]["name"] == k["Deployment"][0]["metadata"]["name"], "keda: scale target")
+check(int(cenv["TINKERFLEET_MAX_ACK_PENDING"]) >= so["maxReplicaCount"] * int(cenv["TINKERFLEET_CONCURRENCY"]), "k8s: MaxAckPending below maxReplicaCount x concurrency")
+
+# Helm values: cluster of 3, JetStream file store, and the permissions of auth.conf
+hv = docs["deploy/k8s/nats-values.yaml"][0]
+check(hv["config"]["cluster"]["enabled"] and hv["config"]["cluster"]["replicas"] == 3, "helm: cluster of 3")
+check(hv["config"]["jetstream"]["enabled"] and hv["config"]["jetstream"]["fileStore"]["enabled"], "helm: JetStream file store")
+conf = open("deploy/nats/auth.conf").read()
+def conf_perms(name):
+    i = conf.index(name + " = {"); j = conf.index("{", i); depth = 0
+    for e in range(j, len(conf)):
+        depth += {"{": 1, "}": -1}.get(conf[e], 0)
+        if depth == 0:
+            break
+    body = re.sub(r"#[^\n]*", "", conf[j:e + 1])
+    out = {}
+    for sec in ("publish", "subscribe"):
+        s = re.search(sec + r": \{(.*?)\n  \}", body, re.S).group(1)
+        out[sec] = {kind: sorted(re.findall(r'"([^"]+)"', m.group(1)))
+                    for kind in ("allow", "deny") if (m := re.search(kind + r": \[(.*?)\]", s, re.S))}
+    return out
+users = hv["config"]["merge"]["authorization"]["users"]
+helm = {}
+for u in users:
+    if "permissions" in u:
+        role = "WORKER" if "WORKER" in u["nkey"] else "SUBMIT"
+        helm[role] = {sec: {kind: sorted(v) for kind, v in d.items()} for sec, d in u["permissions"].items()}
+for role in ("WORKER", "SUBMIT"):
+    check(helm.get(role) == conf_perms(role + "_PERMISSIONS"), f"helm: {role.lower()} permissions differ from deploy/nats/auth.conf")
+
+if errors:
+    sys.exit("deploy check failed:\n  " + "\n  ".join(errors))
+print("manifests hold together")
+PY
+
+step "NATS configs load (nats-server -t)"
+go build -o "$tmp/nats-server" github.com/nats-io/nats-server/v2
+for n in 1 2 3; do
+	NATS_ADMIN_PASSWORD=check-admin NATS_SUBMIT_PASSWORD=check-submit NATS_WORKER_PASSWORD=check-worker \
+		"$tmp/nats-server" -t -c "deploy/nats/nats-$n.conf" 2>&1
+done
+
+step "the image's build step outside Docker (deploy/build.sh)"
+deploy/build.sh "$tmp/bin"
+usage=$("$tmp/bin/worker" -h 2>&1 || true)
+grep -q -- '-nats-url' <<<"$usage" || { echo "the built worker does not run: $usage" >&2; exit 1; }
+
+if docker compose version >/dev/null 2>&1; then
+	step "docker compose config"
+	docker compose -f deploy/compose.yaml --env-file deploy/.env.example config -q
+else
+	step "docker compose plugin not installed: compose.yaml checked by the parser above only"
+fi
+step "ok"
