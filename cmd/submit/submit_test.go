@@ -429,3 +429,24 @@ func TestSubcommandAfterFlagsGetsAHint(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
+	t.Parallel()
+	// The README's main job: embedded NATS, an in-process worker and the simulator.
+	dir := t.TempDir()
+	out := filepath.Join(dir, "results.jsonl")
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	args := []string{"--local", "--simulate", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
+	if err := run(context.Background(), args, env); err != nil {
+		t.Fatal(err)
+	}
+	res := readResults(t, out)
+	if len(res) != 21 {
+		t.Fatalf("%d results for the 21 example lines", len(res))
+	}
+	for id, r := range res {
+		if r["status"] != "ok" {
+			t.Fatalf("%s: %v", id, r)
+		}
+	}
+}

@@ -42,11 +42,12 @@
 // Until() = deadline − lo. Since lo ≤ offset, the local deadline is never
 // earlier than the true one: an estimation error can only lengthen a pause,
 // by the one-way latency of the probe (tens of µs on a LAN). Signal skips
-// the write when the known deadline surely covers now + d, judged with hi
-// (server now ≤ local now + hi), so a 429 storm costs one write, not one per
-// sample. After its write, Signal applies at once the lower bound
-// t0 + lo + d of the new deadline, so the signalling worker's next Wait
-// blocks without waiting for the watch; the watch then delivers the exact
+// the write when the known deadline surely covers now + d less a coalescing
+// slack (d/10, at most 250 ms), judged with hi (server now ≤ local now + hi),
+// so a burst of 429s costs one write, not one per sample. Before writing,
+// Signal applies at once the lower bound now + lo + d of the new deadline, so
+// the signalling worker's next Wait blocks without waiting for the watch, and
+// still backs off when NATS is unreachable; the watch then delivers the exact
 // value.
 //
 // # The watch

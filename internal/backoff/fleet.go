@@ -227,6 +227,9 @@ func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) erro
 	if f.covers(f.deadline.Load(), d) {
 		return nil
 	}
+	// This worker backs off at once, whatever happens to the write: a lower bound of the
+	// deadline about to be stored (or, if NATS is unreachable, of the one it would have).
+	f.extend(f.now().UnixNano()+f.offLo.Load()+int64(d), reason, 0)
 	for range maxCASRetries {
 		var (
 			rev    uint64
@@ -277,10 +280,14 @@ func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) erro
 	return fmt.Errorf("backoff: signal %s: gave up after %d conflicting writes", reason, maxCASRetries)
 }
 
-// covers reports whether a server deadline is surely ≥ server now + d, using
-// the upper bound of the clock offset (server now ≤ local now + offHi).
+// covers reports whether a server deadline is surely ≥ server now + d, up to
+// the coalescing slack, using the upper bound of the clock offset (server now ≤
+// local now + offHi). The slack (a tenth of d, at most 250 ms) makes a burst of
+// 429s one write instead of one each, each later by a few milliseconds; a pause
+// can thus end up to the slack before now + d of the burst's last signal.
 func (f *Fleet) covers(deadline int64, d time.Duration) bool {
-	return deadline != 0 && deadline >= f.now().UnixNano()+f.offHi.Load()+int64(d)
+	slack := min(d/10, 250*time.Millisecond)
+	return deadline != 0 && deadline >= f.now().UnixNano()+f.offHi.Load()+int64(d-slack)
 }
 
 func decode(e jetstream.KeyValueEntry) (record, bool) {
