@@ -25,6 +25,7 @@ type Gate struct {
 	limiter *dispatch.Limiter
 	backoff Backoff
 	log     *slog.Logger
+	metrics *Metrics
 }
 
 // NewGate combines a limiter and a backoff into a tinker.Dispatcher.
@@ -65,9 +66,10 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 // Wait blocks while the backoff is active.
 func (g *Gate) Wait(ctx context.Context) error { return g.backoff.Wait(ctx) }
 
-// Backoff signals the backoff. A failed signal (NATS unreachable) is logged: the submission
-// loop still waits on the local copy of the deadline.
+// Backoff signals the backoff. A failed signal (NATS unreachable) is logged: the worker still
+// backs off on its own copy of the deadline, which Signal extends before it writes.
 func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
+	g.metrics.signal(reason)
 	if err := g.backoff.Signal(ctx, reason, d); err != nil {
 		g.log.Warn("signal fleet backoff", "reason", reason, "duration", d, "err", err)
 	}

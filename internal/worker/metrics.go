@@ -26,6 +26,7 @@ type Metrics struct {
 	billingPaused    prometheus.Counter
 	retries          *prometheus.CounterVec
 	queueState       *prometheus.GaugeVec
+	backoffSignals   *prometheus.CounterVec
 }
 
 // NewMetrics creates the worker's metrics and registers them with reg.
@@ -72,8 +73,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		queueState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tinkerfleet_sampler_queue_state", Help: "Samplers whose last reported queue state is the label's.",
 		}, []string{"state"}),
+		backoffSignals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.jobsPulled, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -123,6 +127,12 @@ func (m *Metrics) event(e tinker.Event) {
 		m.billingPaused.Inc()
 	case tinker.EventRetry:
 		m.retries.WithLabelValues(string(e.Layer)).Inc()
+	}
+}
+
+func (m *Metrics) signal(reason string) {
+	if m != nil {
+		m.backoffSignals.WithLabelValues(reason).Inc()
 	}
 }
 

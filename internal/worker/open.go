@@ -143,6 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
 	gate := NewGate(nil, w.backoff, cfg.Logger)
+	gate.metrics = w.metrics
 	client, err := tinker.Dial(ctx, tinker.Config{
 		BaseURL:    cfg.TinkerBaseURL,
 		APIKey:     cfg.TinkerAPIKey,
@@ -183,6 +184,7 @@ func (w *Worker) onEvent(observer *backoff.QueueStateObserver) func(tinker.Event
 		}
 		paused := observer.Observe(e.SamplerID, string(e.QueueState), e.Reason)
 		if paused && w.cfg.PausedBackoff > 0 {
+			w.metrics.signal(string(e.QueueState))
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := w.backoff.Signal(ctx, string(e.QueueState), w.cfg.PausedBackoff); err != nil {
