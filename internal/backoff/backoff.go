@@ -101,9 +101,15 @@ func (n *notifier) notify() {
 
 // waitUntil blocks until until() is zero or not after now(), re-reading it
 // whenever changed fires (a deadline extended while waiting re-blocks). It
-// sleeps on a timer, never in a polling loop.
-func waitUntil(ctx context.Context, n *notifier, now func() time.Time, until func() time.Time) error {
-	var timer *time.Timer
+// sleeps on a timer, never in a polling loop. When the call found a backoff
+// active, it returns only jitter() after the deadline (drawn once per call;
+// nil means none), re-checking the deadline until then.
+func waitUntil(ctx context.Context, n *notifier, now func() time.Time, until func() time.Time, jitter func() time.Duration) error {
+	var (
+		timer  *time.Timer
+		extra  time.Duration
+		active bool
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -115,7 +121,16 @@ func waitUntil(ctx context.Context, n *notifier, now func() time.Time, until fun
 		if u.IsZero() {
 			return nil
 		}
-		d := u.Sub(now())
+		if !active {
+			if !u.After(now()) {
+				return nil
+			}
+			active = true
+			if jitter != nil {
+				extra = jitter()
+			}
+		}
+		d := u.Add(extra).Sub(now())
 		if d <= 0 {
 			return nil
 		}
@@ -195,7 +210,7 @@ func (l *Local) Recent(window time.Duration) bool { return recent(l.Until(), l.n
 
 // Wait blocks until no backoff is active (see Fleet.Wait).
 func (l *Local) Wait(ctx context.Context) error {
-	return waitUntil(ctx, &l.n, l.now, l.Until)
+	return waitUntil(ctx, &l.n, l.now, l.Until, nil)
 }
 
 // State returns the current state.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -23,9 +24,11 @@ const (
 	// DefaultResync is how often the watcher re-reads the key and re-probes
 	// the server clock, catching a watch that went silent (JS notes §6).
 	DefaultResync = 10 * time.Second
-	minRetry      = 50 * time.Millisecond
-	maxRetry      = 5 * time.Second
-	maxCASRetries = 1000
+	// DefaultWakeJitter is Config.WakeJitter's default.
+	DefaultWakeJitter = 250 * time.Millisecond
+	minRetry          = 50 * time.Millisecond
+	maxRetry          = 5 * time.Second
+	maxCASRetries     = 1000
 )
 
 // Config configures Open.
@@ -46,6 +49,13 @@ type Config struct {
 	OnChange func(State)
 	// Resync is the period of the safety re-read (default 10 s).
 	Resync time.Duration
+	// WakeJitter spreads the end of a pause: a Wait that found the fleet paused
+	// returns at a random point in the first WakeJitter after the deadline,
+	// re-checking the deadline until then. The first submission to wake meets
+	// any 429 that is still there, and its signal (propagated in well under a
+	// millisecond) holds back the rest, so the whole fleet sends about as much
+	// into a 429 window as one worker would. Default 250 ms; negative disables.
+	WakeJitter time.Duration
 }
 
 var validKey = regexp.MustCompile(`^[-/_=\.a-zA-Z0-9]+$`)
@@ -80,6 +90,7 @@ type Fleet struct {
 	now      func() time.Time
 	onChange func(State)
 	resync   time.Duration
+	jitter   func() time.Duration // nil: no wake jitter
 
 	deadline atomic.Int64 // server unix ns, 0 = none; only moves forward
 	offLo    atomic.Int64 // lower bound of server − local clock, ns
@@ -120,6 +131,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 	if cfg.Resync <= 0 {
 		cfg.Resync = DefaultResync
 	}
+	if cfg.WakeJitter == 0 {
+		cfg.WakeJitter = DefaultWakeJitter
+	}
 	kv, err := bindBucket(ctx, js, cfg)
 	if err != nil {
 		return nil, err
@@ -132,6 +146,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 		now:      cfg.Now,
 		onChange: cfg.OnChange,
 		resync:   cfg.Resync,
+		jitter:   wakeJitter(cfg.WakeJitter),
 		done:     make(chan struct{}),
 	}
 	if err := f.probe(ctx); err != nil {
@@ -144,6 +159,14 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 	f.cancel = cancel
 	go f.run(runCtx)
 	return f, nil
+}
+
+// wakeJitter draws a waiter's delay after the deadline, uniform in [0, max).
+func wakeJitter(max time.Duration) func() time.Duration {
+	if max <= 0 {
+		return nil
+	}
+	return func() time.Duration { return rand.N(max) }
 }
 
 func bindBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
@@ -203,7 +226,7 @@ func (f *Fleet) Recent(window time.Duration) bool { return recent(f.Until(), f.n
 // extended meanwhile (woken by the watch, not by a polling loop). It returns
 // ctx.Err() if ctx ends first.
 func (f *Fleet) Wait(ctx context.Context) error {
-	return waitUntil(ctx, &f.n, f.now, f.Until)
+	return waitUntil(ctx, &f.n, f.now, f.Until, f.jitter)
 }
 
 // State returns the current state.

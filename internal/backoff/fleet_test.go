@@ -499,3 +499,59 @@ func TestSignalBacksOffLocallyWhenNATSIsDown(t *testing.T) {
 		t.Fatalf("with NATS down the signalling worker does not back off: until %v", f.Until())
 	}
 }
+
+func TestWaitersWakeSpreadOverTheJitterAndRecheck(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	_, js := connect(t, s.ClientURL())
+	f := open(t, js, Config{WakeJitter: 400 * time.Millisecond})
+	if err := f.Wait(ctxT(t)); err != nil { // not paused: returns at once, no jitter
+		t.Fatal(err)
+	}
+	if err := f.Signal(ctxT(t), ReasonRateLimited, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	until := f.Until()
+	const n = 40
+	woke := make(chan time.Time, n)
+	for range n {
+		go func() {
+			if err := f.Wait(ctxT(t)); err != nil {
+				t.Error(err)
+			}
+			woke <- time.Now()
+		}()
+	}
+	var first, last time.Time
+	for range n {
+		w := <-woke
+		if w.Before(until) {
+			t.Fatalf("a waiter woke %v before the deadline", until.Sub(w))
+		}
+		if first.IsZero() || w.Before(first) {
+			first = w
+		}
+		if w.After(last) {
+			last = w
+		}
+	}
+	if spread := last.Sub(first); spread < 100*time.Millisecond {
+		t.Fatalf("40 waiters woke within %v of each other; want them spread over the 400ms jitter", spread)
+	}
+
+	// A signal during the jitter holds back those that have not woken yet.
+	if err := f.Signal(ctxT(t), ReasonRateLimited, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	second := f.Until()
+	time.Sleep(time.Until(second) + 5*time.Millisecond)
+	if err := f.Signal(ctxT(t), ReasonRateLimited, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	extended := f.Until()
+	if err := f.Wait(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if time.Now().Before(extended) {
+		t.Fatal("Wait returned before an extended deadline")
+	}
+}
