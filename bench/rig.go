@@ -219,7 +219,7 @@ func publishJobs(ctx context.Context, q *queue.Queue, batch string, from, n int)
 		if err != nil {
 			return fmt.Errorf("encode job: %w", err)
 		}
-		f, err := q.PublishJobAsync(batch, j.CustomID, data)
+		f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
 		if err != nil {
 			return err
 		}

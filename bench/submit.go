@@ -144,7 +144,7 @@ func submitPublish(ctx context.Context, q *queue.Queue, batch, path string) (int
 		if err != nil {
 			return n, err
 		}
-		fut, err := q.PublishJobAsync(batch, j.CustomID, data)
+		fut, err := q.PublishJobAsync(batch, j.CustomID, data, false)
 		if err != nil {
 			return n, err
 		}

@@ -259,6 +259,7 @@ func writeRejects(path string, rejects []*jobs.LineError) error {
 // result check) drop what was already there.
 func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, env *environment) (queue.Manifest, error) {
 	m, rev, err := q.GetManifest(ctx, batch)
+	republished := err == nil // an earlier publish of this batch was interrupted
 	switch {
 	case errors.Is(err, queue.ErrNoBatch):
 		m = queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: files, Digest: scan.digest,
@@ -318,7 +319,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 				f.Close()
 				return m, err
 			}
-			fut, err := q.PublishJobAsync(batch, j.CustomID, data)
+			fut, err := q.PublishJobAsync(batch, j.CustomID, data, republished)
 			if err != nil {
 				f.Close()
 				return m, err

@@ -264,7 +264,7 @@ func publishJobs(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f, err := q.PublishJobAsync(batch, j.CustomID, data)
+			f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
 			if err != nil {
 				failed = append(failed, j)
 				continue

@@ -22,6 +22,9 @@ const (
 	HeaderCustomID = "Tinkerfleet-Custom-Id"
 	// HeaderDeadReason says why a payload was dead-lettered.
 	HeaderDeadReason = "Tinkerfleet-Dead-Reason"
+	// HeaderRepublished marks a job published again by a resumed submit: it may already have
+	// a result, so the worker looks before sampling (first deliveries are otherwise not checked).
+	HeaderRepublished = "Tinkerfleet-Republished"
 )
 
 // DefaultCompressThreshold is the payload size above which results are zstd-compressed.
@@ -126,10 +129,14 @@ func (q *Queue) HasResult(ctx context.Context, batch, customID string) (bool, er
 }
 
 // PublishJobAsync publishes one job without waiting for its ack; the returned future settles
-// when the stream has stored it or found it a duplicate.
-func (q *Queue) PublishJobAsync(batch, customID string, data []byte) (jetstream.PubAckFuture, error) {
+// when the stream has stored it or found it a duplicate. republished says the batch was
+// published before (a resumed submit), so the job may already have a result.
+func (q *Queue) PublishJobAsync(batch, customID string, data []byte, republished bool) (jetstream.PubAckFuture, error) {
 	msg := nats.NewMsg(q.Names.JobSubject(batch))
 	msg.Header.Set(HeaderCustomID, customID)
+	if republished {
+		msg.Header.Set(HeaderRepublished, "1")
+	}
 	msg.Data = data
 	f, err := q.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(batch, customID)))
 	if err != nil {

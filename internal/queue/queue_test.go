@@ -74,7 +74,7 @@ func TestPublishJobTwiceStoresItOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	for range 2 {
-		f, err := b.q.PublishJobAsync("b1", "job-1", []byte(`{"custom_id":"job-1"}`))
+		f, err := b.q.PublishJobAsync("b1", "job-1", []byte(`{"custom_id":"job-1"}`), false)
 		if err != nil {
 			t.Fatal(err)
 		}

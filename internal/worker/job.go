@@ -50,9 +50,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		return
 	}
 
-	stopKeepAlive := w.keepAlive(msg)
-	out := w.work(ctx, msg, batch, customID, r)
-	stopKeepAlive()
+	w.alive.add(msg)
+	out := w.work(ctx, msg, batch, customID, delivered, r)
+	w.alive.remove(msg)
 	log.Debug("job worked", "settle", out.settle, "err", out.err, "has_result", out.result != nil)
 
 	if out.result != nil {
@@ -83,7 +83,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	var err error
 	switch out.settle {
 	case settleAck:
-		err = msg.DoubleAck(ctx)
+		// The result is stored; a lost ack only means a redelivery, which finds it.
+		err = msg.Ack()
 	case settleTerm:
 		err = msg.Term()
 	case settleRetry:
@@ -107,7 +108,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 }
 
 // work decides the outcome of one delivery.
-func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, r *dispatch.Reservation) outcome {
+func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, delivered uint64, r *dispatch.Reservation) outcome {
 	job, err := jobs.DecodeJob(msg.Data())
 	if err == nil {
 		err = job.Validate(w.cfg.Limits)
@@ -125,12 +126,17 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		return outcome{result: &res, settle: settleTerm}
 	}
 
-	done, err := w.cfg.Queue.HasResult(ctx, batch, job.CustomID)
-	if err != nil {
-		return transient(err)
-	}
-	if done {
-		return outcome{settle: settleAck} // a redelivery after the result was stored
+	// A job delivered again, or published again by a resumed submit, may have a result
+	// already (its worker died between publishing it and the ack): never sample it twice.
+	// A first delivery of a first publish cannot, and skips the lookup.
+	if delivered > 1 || msg.Headers().Get(queue.HeaderRepublished) != "" {
+		done, err := w.cfg.Queue.HasResult(ctx, batch, job.CustomID)
+		if err != nil {
+			return transient(err)
+		}
+		if done {
+			return outcome{settle: settleAck}
+		}
 	}
 	if w.cancelled.has(batch) {
 		res := errorResult(job, batch, jobs.ResultError{
@@ -309,27 +315,6 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 		return fmt.Errorf("encode result: %w", err)
 	}
 	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
-}
-
-// keepAlive tells JetStream the job is being worked on, every third of AckWait, until stopped.
-func (w *Worker) keepAlive(msg jetstream.Msg) (stop func()) {
-	every := w.cfg.Queue.Config.AckWait / 3
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() { // owned by the returned stop func.
-		defer close(finished)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() { close(done); <-finished }
 }
 
 // jobOrStub decodes the job of msg for an error result, or makes a stub from the custom id.

@@ -28,6 +28,7 @@ type Worker struct {
 	metrics *Metrics
 	closers []func()
 	health  sessionHealth
+	alive   aliveSet
 
 	pullDone    chan struct{} // closed when Run stopped pulling
 	pullExpired time.Time     // when the last pull request has expired at the server
@@ -57,6 +58,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	loaded := make(chan struct{})
 	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log, loaded) })
 	bg.Go(func() { w.deadLetters(bgCtx) })
+	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
+	defer stopAlive()
+	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3) })
 	select { // know the cancelled batches before the first job
 	case <-loaded:
 	case <-ctx.Done():
@@ -90,6 +94,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		_ = nc.FlushTimeout(5 * time.Second)
 	}
 	stopBG()
+	stopAlive()
 	bg.Wait()
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
