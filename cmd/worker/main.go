@@ -66,6 +66,7 @@ type options struct {
 	tokenizerDir  string
 	logLevel      string
 	logJSON       bool
+	setupStreams  bool
 }
 
 func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options, error) {
@@ -86,6 +87,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
 	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
+	s.Bool(&o.setupStreams, "setup-streams", "TINKERFLEET_SETUP_STREAMS", true, "create or update the streams, consumer and buckets; false binds what an operator set up, so the worker's NATS user needs no right to change streams")
 	s.String(&o.logLevel, "log-level", "TINKERFLEET_LOG_LEVEL", "info", "debug, info, warn or error")
 	s.Bool(&o.logJSON, "log-json", "TINKERFLEET_LOG_JSON", false, "log JSON lines instead of text")
 	if err := s.Err(); err != nil {
@@ -136,7 +138,11 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	q, err := queue.Setup(ctx, js, o.queue)
+	setup := queue.Setup
+	if !o.setupStreams {
+		setup = queue.Bind
+	}
+	q, err := setup(ctx, js, o.queue)
 	if err != nil {
 		return err
 	}

@@ -139,15 +139,20 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		MaxAckPending: cfg.MaxAckPending,
 		Replicas:      cfg.Replicas,
 	}
+	var c jetstream.Consumer
 	if update {
-		c, err := retry(ctx, func() (jetstream.Consumer, error) {
+		c, err = retry(ctx, func() (jetstream.Consumer, error) {
 			return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), consumer)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
 		}
-		// Another worker may have set the consumer up a moment later with other flags: what
-		// the server holds is what redelivery follows.
+	} else if c, err = js.Consumer(ctx, names.JobsStream(), ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
+	}
+	if c != nil {
+		// Another worker (or the operator) may have set the consumer up with other flags:
+		// what the server holds is what redelivery follows.
 		got := c.CachedInfo().Config
 		q.Config.AckWait, q.Config.MaxDeliver, q.Config.MaxAckPending = got.AckWait, got.MaxDeliver, got.MaxAckPending
 	}
