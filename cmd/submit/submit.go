@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -86,8 +87,26 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		}
 	}
 
-	// 1. Validate everything before publishing anything.
-	scan, err := validate(files, o.limits, env.stderr)
+	// 1. Validate everything before publishing anything. With --skip-invalid the rejects go
+	// straight to a file (named after the batch once the digest is known): a file with a
+	// million bad lines never sits in memory.
+	var rejectsTmp *os.File
+	if o.skipInvalid {
+		dir := "."
+		if o.rejects != "" {
+			dir = filepath.Dir(o.rejects)
+		}
+		if rejectsTmp, err = os.CreateTemp(dir, ".rejects-*.jsonl"); err != nil {
+			return fmt.Errorf("rejects file: %w", err)
+		}
+		defer os.Remove(rejectsTmp.Name()) // a no-op once renamed
+		defer rejectsTmp.Close()
+	}
+	var rejectsOut io.Writer // nil: count the rejects only
+	if rejectsTmp != nil {
+		rejectsOut = rejectsTmp
+	}
+	scan, err := validate(files, o.limits, env.stderr, rejectsOut)
 	if err != nil {
 		return err
 	}
@@ -103,8 +122,11 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		if path == "" {
 			path = o.batchID + ".rejects.jsonl"
 		}
-		if err := writeRejects(path, scan.rejects); err != nil {
-			return err
+		if err := rejectsTmp.Close(); err != nil {
+			return fmt.Errorf("rejects file: %w", err)
+		}
+		if err := os.Rename(rejectsTmp.Name(), path); err != nil {
+			return fmt.Errorf("rejects file: %w", err)
 		}
 		fmt.Fprintf(env.stderr, "%d invalid lines skipped; written to %s\n", scan.rejected, path)
 	}
@@ -164,22 +186,22 @@ func outputNote(path string) string {
 type scanResult struct {
 	accepted, rejected int
 	digest             string // hex sha256 over the input files, in order
-	rejects            []*jobs.LineError
-	skip               map[lineRef]bool // rejected lines, skipped when publishing
 }
 
-type lineRef struct {
-	file int
-	line int
-}
-
-// validate reads every file once, reports bad lines (the first maxReported of them) and
-// computes the input digest. Memory: the custom_id set and the rejected lines.
-func validate(files []string, limits jobs.Limits, stderr io.Writer) (*scanResult, error) {
-	res := &scanResult{skip: map[lineRef]bool{}}
+// validate reads every file once, reports bad lines (the first maxReported of them on stderr,
+// all of them to rejects when it is not nil) and computes the input digest. Memory: the
+// custom_id set.
+func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer) (*scanResult, error) {
+	res := &scanResult{}
+	var rejectsOut *bufio.Writer
+	var enc *json.Encoder
+	if rejects != nil {
+		rejectsOut = bufio.NewWriter(rejects)
+		enc = json.NewEncoder(rejectsOut)
+	}
 	h := sha256.New()
 	var r *jobs.Reader
-	for i, name := range files {
+	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
 			return nil, fmt.Errorf("open input: %w", err)
@@ -202,10 +224,14 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer) (*scanResult
 				continue
 			case errors.As(err, &le):
 				res.rejected++
-				res.rejects = append(res.rejects, le)
-				res.skip[lineRef{i, le.Line}] = true
 				if res.rejected <= maxReported {
 					fmt.Fprintln(stderr, le.Error())
+				}
+				if enc != nil {
+					if err := enc.Encode(rejectLine{File: le.File, Line: le.Line, Field: le.Field, Message: le.Msg}); err != nil {
+						f.Close()
+						return nil, fmt.Errorf("rejects file: %w", err)
+					}
 				}
 				continue
 			case errors.Is(err, jobs.ErrEmptyFile):
@@ -222,6 +248,11 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer) (*scanResult
 		fmt.Fprintf(stderr, "… and %d more invalid lines\n", res.rejected-maxReported)
 	}
 	res.digest = hex.EncodeToString(h.Sum(nil))
+	if rejectsOut != nil {
+		if err := rejectsOut.Flush(); err != nil {
+			return nil, fmt.Errorf("rejects file: %w", err)
+		}
+	}
 	return res, nil
 }
 
@@ -231,26 +262,6 @@ type rejectLine struct {
 	Line    int    `json:"line"`
 	Field   string `json:"field,omitempty"`
 	Message string `json:"message"`
-}
-
-func writeRejects(path string, rejects []*jobs.LineError) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("rejects file: %w", err)
-	}
-	bw := bufio.NewWriter(f)
-	enc := json.NewEncoder(bw)
-	for _, le := range rejects {
-		if err := enc.Encode(rejectLine{File: le.File, Line: le.Line, Field: le.Field, Message: le.Msg}); err != nil {
-			f.Close()
-			return fmt.Errorf("rejects file: %w", err)
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		f.Close()
-		return fmt.Errorf("rejects file: %w", err)
-	}
-	return f.Close()
 }
 
 // publish records the manifest and publishes every valid line, streaming the files again.
@@ -291,8 +302,11 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		pending = pending[:0]
 		return nil
 	}
-	var r *jobs.Reader
-	for i, name := range files {
+	var (
+		r                  *jobs.Reader
+		accepted, rejected int
+	)
+	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
 			return m, fmt.Errorf("open input: %w", err)
@@ -307,13 +321,18 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 			if err == io.EOF {
 				break
 			}
-			if err != nil {
-				if scan.skip[lineRef{i, r.Line()}] || errors.Is(err, jobs.ErrEmptyFile) {
-					continue
-				}
+			var le *jobs.LineError
+			switch {
+			case errors.As(err, &le):
+				rejected++ // reported by the validation pass
+				continue
+			case errors.Is(err, jobs.ErrEmptyFile):
+				continue
+			case err != nil:
 				f.Close()
-				return m, fmt.Errorf("%s changed while submitting: %w", name, err)
+				return m, err
 			}
+			accepted++
 			data, err := j.Encode()
 			if err != nil {
 				f.Close()
@@ -335,6 +354,10 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	}
 	if err := settle(); err != nil {
 		return m, err
+	}
+	if accepted != scan.accepted || rejected != scan.rejected {
+		return m, fmt.Errorf("the input changed while it was being submitted (%d valid lines, %d when validated); batch %s stays %s: submit it again",
+			accepted, scan.accepted, batch, queue.BatchPublishing)
 	}
 	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
 	if _, err := q.PutManifest(ctx, m, rev); err != nil {
