@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,13 +17,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
-
-const testKey = "tml-submit-test-key-000000000000000"
 
 // fleet is a NATS server, a simulator and the workers started on them.
 type fleet struct {
@@ -38,22 +36,9 @@ type fleet struct {
 
 func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 	t.Helper()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	simCfg.APIKeys = []string{testKey}
-	if simCfg.LongPollWait == 0 {
-		simCfg.LongPollWait = 200 * time.Millisecond
-	}
-	sim, err := tinkersim.New(simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(sim)
-	t.Cleanup(func() { ts.Close(); sim.Close() })
-	return &fleet{t: t, emb: emb, sim: sim, url: ts.URL, qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, emb: fleettest.NATS(t), qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f.sim, f.url = fleettest.Sim(t, simCfg)
+	return f
 }
 
 // startWorker runs a worker on a connection of its own; kill closes that connection at once,
@@ -61,19 +46,9 @@ func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 func (f *fleet) startWorker(concurrency int) (kill func()) {
 	t := f.t
 	t.Helper()
-	nc, err := queue.Connect(queue.ConnectConfig{URL: f.emb.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := queue.Setup(context.Background(), js, f.qcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.Open(context.Background(), worker.Config{Queue: q, TinkerBaseURL: f.url, TinkerAPIKey: testKey,
+	q := fleettest.Queue(t, f.emb.ClientURL(), f.qcfg)
+	nc := q.JS.Conn()
+	w, err := worker.Open(context.Background(), worker.Config{Queue: q, TinkerBaseURL: f.url, TinkerAPIKey: fleettest.APIKey,
 		Tokenizers: f.tok, Concurrency: concurrency, ShutdownGrace: time.Second})
 	if err != nil {
 		t.Fatal(err)

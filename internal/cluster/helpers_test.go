@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,13 +14,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 // testKey is the Tinker API key the simulator accepts in these tests.
-const testKey = "tml-cluster-test-key-000000000000000"
+const testKey = fleettest.APIKey
 
 // node is one nats-server of a test cluster; its options are kept so that it can be
 // restarted on the same ports and store.
@@ -215,17 +215,7 @@ func (c *testCluster) connect(t testing.TB, first int, name string, cfg queue.Co
 // startSim serves a simulator over loopback HTTP and returns it with its base URL.
 func startSim(t testing.TB, cfg tinkersim.Config) (*tinkersim.Server, string) {
 	t.Helper()
-	cfg.APIKeys = []string{testKey}
-	if cfg.LongPollWait == 0 {
-		cfg.LongPollWait = 200 * time.Millisecond
-	}
-	sim, err := tinkersim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(sim)
-	t.Cleanup(func() { ts.Close(); sim.Close() })
-	return sim, ts.URL
+	return fleettest.Sim(t, cfg)
 }
 
 // makeJobs returns n prompt-token jobs (no tokenizer needed) with custom ids job-00000….
@@ -244,53 +234,15 @@ func makeJobs(n int) []jobs.Job {
 	return out
 }
 
-// publishJobs publishes js in batch and waits for every ack; publishes that fail (a leader
-// election) are retried with the same message id, which the stream deduplicates.
+// publishJobs publishes js in batch and waits for every ack (retrying through elections).
 func publishJobs(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 	t.Helper()
-	pending := js
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == 5 {
-			t.Fatalf("%d jobs still unpublished after 5 attempts", len(pending))
-		}
-		type pub struct {
-			job jobs.Job
-			f   jetstream.PubAckFuture
-		}
-		var pubs []pub
-		var failed []jobs.Job
-		for _, j := range pending {
-			data, err := j.Encode()
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
-			if err != nil {
-				failed = append(failed, j)
-				continue
-			}
-			pubs = append(pubs, pub{j, f})
-		}
-		for _, p := range pubs {
-			select {
-			case <-p.f.Ok():
-			case <-p.f.Err():
-				failed = append(failed, p.job)
-			case <-time.After(30 * time.Second):
-				failed = append(failed, p.job)
-			}
-		}
-		pending = failed
-	}
+	fleettest.Publish(t, q, batch, js)
 }
 
 // resultCount is the number of distinct result subjects (custom ids) of batch.
 func resultCount(ctx context.Context, q *queue.Queue, batch string) (int, error) {
-	info, err := q.Results.Info(ctx, jetstream.WithSubjectFilter(q.Names.ResultsFilter(batch)))
-	if err != nil {
-		return 0, fmt.Errorf("results info: %w", err)
-	}
-	return len(info.State.Subjects), nil
+	return fleettest.ResultCount(ctx, q, batch)
 }
 
 // readResults reads every stored result of batch and counts them per custom id (the value

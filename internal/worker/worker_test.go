@@ -5,23 +5,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
-
-const testKey = "tml-worker-test-key-0000000000000000"
 
 type testBundle struct {
 	emb     *queue.Embedded
@@ -34,22 +31,8 @@ type testBundle struct {
 
 func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
 	t.Helper()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	sim.APIKeys = []string{testKey}
-	if sim.LongPollWait == 0 {
-		sim.LongPollWait = 200 * time.Millisecond
-	}
-	s, err := tinkersim.New(sim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(func() { ts.Close(); s.Close() })
-	b := &testBundle{emb: emb, sim: s, simURL: ts.URL, qcfg: qcfg}
+	b := &testBundle{emb: fleettest.NATS(t), qcfg: qcfg}
+	b.sim, b.simURL = fleettest.Sim(t, sim)
 	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true})
 	b.results = b.connect(t)
 	return b
@@ -58,27 +41,14 @@ func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
 // connect opens a connection of its own (a worker's, or the test's) and sets up the queue.
 func (b *testBundle) connect(t *testing.T) *queue.Queue {
 	t.Helper()
-	nc, err := queue.Connect(queue.ConnectConfig{URL: b.emb.ClientURL(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := queue.Setup(context.Background(), js, b.qcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q
+	return fleettest.Queue(t, b.emb.ClientURL(), b.qcfg)
 }
 
 func (b *testBundle) open(t *testing.T, q *queue.Queue, cfg Config) *Worker {
 	t.Helper()
 	cfg.Queue = q
 	cfg.TinkerBaseURL = b.simURL
-	cfg.TinkerAPIKey = testKey
+	cfg.TinkerAPIKey = fleettest.APIKey
 	cfg.Tokenizers = b.tokens
 	cfg.ShutdownGrace = 2 * time.Second
 	if testing.Verbose() {
@@ -113,77 +83,17 @@ func run(t *testing.T, w *Worker) (stop func()) {
 
 func publishJobs(t *testing.T, q *queue.Queue, batch string, js []jobs.Job) {
 	t.Helper()
-	var futures []jetstream.PubAckFuture
-	for _, j := range js {
-		data, err := j.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		futures = append(futures, f)
-	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("publish not acked")
-		}
-	}
+	fleettest.Publish(t, q, batch, js)
 }
 
-// waitResults reads results of batch until want of them are stored, and returns them by
-// custom id, failing on any custom id seen twice.
+// waitResults waits until want results of batch are stored and returns them by custom id,
+// failing on a custom id with more than one result.
 func waitResults(t *testing.T, q *queue.Queue, batch string, want int, timeout time.Duration) map[string]jobs.Result {
 	t.Helper()
-	codec, _ := queue.NewCodec(0)
-	defer codec.Close()
-	deadline := time.Now().Add(timeout)
-	for {
-		info, err := q.Results.Info(context.Background(), jetstream.WithSubjectFilter(q.Names.ResultsFilter(batch)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(info.State.Subjects) >= want || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	ctx := context.Background()
-	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]jobs.Result{}
-	for {
-		batchMsgs, err := cons.FetchNoWait(1000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batchMsgs.Messages() {
-			n++
-			data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var r jobs.Result
-			if err := json.Unmarshal(data, &r); err != nil {
-				t.Fatalf("result %s: %v", data, err)
-			}
-			if _, dup := out[r.CustomID]; dup {
-				t.Fatalf("two results for %s", r.CustomID)
-			}
-			out[r.CustomID] = r
-		}
-		if n == 0 {
-			break
+	out, counts := fleettest.Results(t, q, batch, want, timeout)
+	for id, n := range counts {
+		if n > 1 {
+			t.Fatalf("%d results for %s", n, id)
 		}
 	}
 	if len(out) != want {

@@ -1,0 +1,177 @@
+package fleettest
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// APIKey is the Tinker key the simulators of Sim accept.
+const APIKey = "tml-fleettest-key-000000000000000000"
+
+// NATS starts an embedded nats-server with JetStream on a random port, storing in a temporary
+// directory, and shuts it down when the test ends.
+func NATS(t testing.TB) *queue.Embedded {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	return emb
+}
+
+// Sim serves a simulator over loopback HTTP and returns it with its base URL. It accepts
+// APIKey; a zero LongPollWait becomes 200 ms so that polls turn over quickly.
+func Sim(t testing.TB, cfg tinkersim.Config) (*tinkersim.Server, string) {
+	t.Helper()
+	cfg.APIKeys = []string{APIKey}
+	if cfg.LongPollWait == 0 {
+		cfg.LongPollWait = 200 * time.Millisecond
+	}
+	sim, err := tinkersim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(sim)
+	t.Cleanup(func() { ts.Close(); sim.Close() })
+	return sim, ts.URL
+}
+
+// Queue connects to url on a connection of its own (closed when the test ends) and sets the
+// queue up with cfg, as a worker does.
+func Queue(t testing.TB, url string, cfg queue.Config, opts ...nats.Option) *queue.Queue {
+	t.Helper()
+	nc, err := queue.Connect(queue.ConnectConfig{URL: url, Name: t.Name()}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := queue.Setup(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// Publish publishes the jobs of batch and waits until the stream has stored every one.
+// Failed publishes (a leader election on a cluster) are retried with the same message id,
+// which the stream deduplicates.
+func Publish(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
+	t.Helper()
+	pending := js
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == 5 {
+			t.Fatalf("%d jobs still unpublished after 5 attempts", len(pending))
+		}
+		type pub struct {
+			job jobs.Job
+			f   jetstream.PubAckFuture
+		}
+		var (
+			pubs   []pub
+			failed []jobs.Job
+		)
+		for _, j := range pending {
+			data, err := j.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
+			if err != nil {
+				failed = append(failed, j)
+				continue
+			}
+			pubs = append(pubs, pub{j, f})
+		}
+		for _, p := range pubs {
+			select {
+			case <-p.f.Ok():
+			case <-p.f.Err():
+				failed = append(failed, p.job)
+			case <-time.After(30 * time.Second):
+				failed = append(failed, p.job)
+			}
+		}
+		pending = failed
+	}
+}
+
+// ResultCount is the number of distinct jobs of batch with a stored result.
+func ResultCount(ctx context.Context, q *queue.Queue, batch string) (int, error) {
+	info, err := q.Results.Info(ctx, jetstream.WithSubjectFilter(q.Names.ResultsFilter(batch)))
+	if err != nil {
+		return 0, err
+	}
+	return len(info.State.Subjects), nil
+}
+
+// Results waits (up to timeout) until want jobs of batch have a result, then reads every
+// stored result message. It returns the results by custom id and how many messages each
+// custom id has (more than one is a duplicate).
+func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.Duration) (map[string]jobs.Result, map[string]int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+	defer cancel()
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := ResultCount(ctx, q, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, counts := map[string]jobs.Result{}, map[string]int{}
+	for {
+		msgs, err := cons.FetchNoWait(1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range msgs.Messages() {
+			n++
+			data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r jobs.Result
+			if err := json.Unmarshal(data, &r); err != nil {
+				t.Fatalf("result %s: %v", data, err)
+			}
+			results[r.CustomID] = r
+			counts[r.CustomID]++
+		}
+		if n == 0 {
+			return results, counts
+		}
+	}
+}
