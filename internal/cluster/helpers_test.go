@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -249,45 +248,6 @@ func resultCount(ctx context.Context, q *queue.Queue, batch string) (int, error)
 // is how many result messages the stream holds for it).
 func readResults(t testing.TB, q *queue.Queue, batch string) (map[string]int, map[string]jobs.Result) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	codec, err := queue.NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
-	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]int{}
-	results := map[string]jobs.Result{}
-	for {
-		msgs, err := cons.FetchNoWait(1000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range msgs.Messages() {
-			n++
-			data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var r jobs.Result
-			if err := json.Unmarshal(data, &r); err != nil {
-				t.Fatalf("result %s: %v", data, err)
-			}
-			counts[r.CustomID]++
-			results[r.CustomID] = r
-		}
-		if err := msgs.Error(); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return counts, results
-		}
-	}
+	results, counts := fleettest.Results(t, q, batch, 0, 0)
+	return counts, results
 }
