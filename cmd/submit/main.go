@@ -82,7 +82,7 @@ var errInvalidInput = errors.New("invalid input")
 func exitCode(err error) int {
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		return 2
+		return 0
 	case errors.Is(err, errInvalidInput):
 		return 3
 	default:

@@ -43,7 +43,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
+			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
