@@ -33,6 +33,12 @@ func TestGoldenQwen3(t *testing.T) { checkGolden(t, qwen3(t), "qwen3-golden.json
 
 func TestGoldenLlama3(t *testing.T) { checkGolden(t, llama3(t), "llama3-golden.jsonl") }
 
+// DeepSeek V3 pre-tokenizes with a Sequence of three Splits (digits, CJK runs, words),
+// which exercises the chained splitters and the regexp2 fallback.
+func TestGoldenDeepSeekV3(t *testing.T) {
+	checkGolden(t, deepseekV3(t), "deepseek_v3-golden.jsonl")
+}
+
 // TestCommittedQwen3Checksum checks that the committed .zst decompresses to
 // the tokenizer.json named in testdata/tokenizer/README.md.
 func TestCommittedQwen3Checksum(t *testing.T) {

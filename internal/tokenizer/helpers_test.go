@@ -52,6 +52,23 @@ func llama3(t testing.TB) *Tokenizer {
 	return tok
 }
 
+// deepseekEnv names the tokenizer.json (or its directory) of DeepSeek V3, fetched like
+// Llama 3's by testdata/tokenizer/fetch-deepseek-v3.sh rather than committed.
+const deepseekEnv = "TINKERFLEET_DEEPSEEK_V3_TOKENIZER"
+
+func deepseekV3(t testing.TB) *Tokenizer {
+	t.Helper()
+	p := os.Getenv(deepseekEnv)
+	if p == "" {
+		t.Skipf("%s is not set; run testdata/tokenizer/fetch-deepseek-v3.sh DIR and set %s to its output to run the DeepSeek V3 tests", deepseekEnv, deepseekEnv)
+	}
+	tok, err := Load(p)
+	if err != nil {
+		t.Fatalf("load DeepSeek V3 from $%s: %v", deepseekEnv, err)
+	}
+	return tok
+}
+
 type golden struct {
 	Text    string `json:"text"`
 	IDs     []int  `json:"ids"`

@@ -188,6 +188,32 @@ func scanClass(s string, j int, cls uint8) int {
 	return j
 }
 
+// chained applies splitters in turn, each to every piece of the one before, as a
+// Sequence of Split pre-tokenizers does (DeepSeek V3: digits, then CJK runs, then
+// its word pattern).
+type chained []splitter
+
+// chain appends next to first (which may be nil or a chain already).
+func chain(first, next splitter) splitter {
+	switch f := first.(type) {
+	case nil:
+		return next
+	case chained:
+		return append(f[:len(f):len(f)], next)
+	default:
+		return chained{first, next}
+	}
+}
+
+func (c chained) split(s string, emit func(string)) {
+	if len(c) == 1 {
+		c[0].split(s, emit)
+		return
+	}
+	rest := c[1:]
+	c[0].split(s, func(piece string) { rest.split(piece, emit) })
+}
+
 // regexSplitter is the fallback for any other Split pattern (behavior
 // Isolated): every match and every gap between matches is a piece.
 type regexSplitter struct {

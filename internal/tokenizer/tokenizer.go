@@ -191,9 +191,6 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 			}
 		}
 	case "Split":
-		if t.split != nil {
-			return errors.New("parse tokenizer.json: more than one splitting pre-tokenizer")
-		}
 		if c.Behavior != "Isolated" || c.Invert {
 			return fmt.Errorf("parse tokenizer.json: unsupported Split behavior %q (invert %v)", c.Behavior, c.Invert)
 		}
@@ -213,18 +210,15 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 		if err != nil {
 			return fmt.Errorf("parse tokenizer.json: %w", err)
 		}
-		t.split = sp
+		t.split = chain(t.split, sp)
 	case "ByteLevel":
 		t.addPrefixSpace = c.AddPrefixSpace
 		if c.UseRegex == nil || *c.UseRegex {
-			if t.split != nil {
-				return errors.New("parse tokenizer.json: ByteLevel use_regex after a Split")
-			}
 			sp, err := splitterFor(PatternGPT2)
 			if err != nil {
 				return fmt.Errorf("parse tokenizer.json: %w", err)
 			}
-			t.split = sp
+			t.split = chain(t.split, sp)
 		}
 	default:
 		return fmt.Errorf("parse tokenizer.json: unsupported pre_tokenizer %q", c.Type)
