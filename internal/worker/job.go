@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -43,9 +44,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	if meta, err := msg.Metadata(); err == nil {
 		delivered = meta.NumDelivered
 	}
-	log := w.log.With("batch", batch, "custom_id", customID, "delivery", delivered)
+	// The job's logger is made only when something is logged: most jobs log nothing.
+	log := func() *slog.Logger { return w.log.With("batch", batch, "custom_id", customID, "delivery", delivered) }
 	if batch == "" {
-		log.Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
+		log().Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
 		_ = msg.TermWithReason("not a job subject")
 		return
 	}
@@ -53,7 +55,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	w.alive.add(msg)
 	out := w.work(ctx, msg, batch, customID, delivered, r)
 	w.alive.remove(msg)
-	log.Debug("job worked", "settle", out.settle, "err", out.err, "has_result", out.result != nil)
 
 	if out.result != nil {
 		out.result.LatencyMS = time.Since(start).Milliseconds()
@@ -68,14 +69,14 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		})
 		res.LatencyMS = time.Since(start).Milliseconds()
 		if err := w.cfg.Queue.PublishDead(ctx, batch, customID, out.err.Error(), msg.Data()); err != nil {
-			log.Error("keep dead-letter payload", "err", err)
+			log().Error("keep dead-letter payload", "err", err)
 		}
 		out = outcome{result: &res, settle: settleTerm}
 		w.metrics.deadLetter()
 	}
 	if out.result != nil {
 		if err := w.publish(ctx, batch, out.result); err != nil {
-			log.Warn("publish result; the job will be delivered again", "err", err)
+			log().Warn("publish result; the job will be delivered again", "err", err)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -92,7 +93,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		if delay == 0 {
 			delay = w.retryDelay(delivered)
 		}
-		log.Info("job will be retried", "delay", delay, "err", out.err)
+		log().Info("job will be retried", "delay", delay, "err", out.err)
 		err = msg.NakWithDelay(delay)
 	case settleNak:
 		<-w.pullDone
@@ -100,7 +101,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		err = msg.Nak()
 	}
 	if err != nil {
-		log.Warn("settle job message", "err", err)
+		log().Warn("settle job message", "err", err)
 	}
 	if out.result != nil {
 		w.metrics.finished(out.result, time.Since(start))
