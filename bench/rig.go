@@ -21,7 +21,7 @@ import (
 
 // benchKey is the Tinker key of the simulated account; the simulator accepts only it. It is
 // a made-up key for a local simulator, not a credential.
-const benchKey = tinker.APIKey("tml-bench-00000000000000000000000000000000")
+const benchKey = tinker.APIKey("tml-bench.not-a-real-key")
 
 // benchModel is the model of every job: its tokenizer (Qwen3) is built into the program.
 const benchModel = "Qwen/Qwen3-8B"

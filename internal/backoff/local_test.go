@@ -16,7 +16,7 @@ import (
 )
 
 func TestAccountKey(t *testing.T) {
-	const key = "tml-supersecretkey1234567890"
+	const key = "tml-supersecret.key.1234567890"
 	a := AccountKey("https://tinker.example.com/", key)
 	if a != AccountKey("HTTPS://tinker.example.com", key) {
 		t.Fatal("trailing slash / case changed the account key")

@@ -16,7 +16,7 @@ import (
 )
 
 // APIKey is the Tinker key the simulators of Sim accept.
-const APIKey = "tml-fleettest-key-000000000000000000"
+const APIKey = "tml-fleettest.not-a-real-key"
 
 // NATS starts an embedded nats-server with JetStream on a random port, storing in a temporary
 // directory, and shuts it down when the test ends.

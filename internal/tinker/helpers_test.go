@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-const testKey = APIKey("tml-TESTSECRET0123456789abcdef")
+const testKey = APIKey("tml-TESTSECRET.0123456789abcdef")
 
 // fakeClock is a virtual clock: Sleep records the duration and advances time at
 // once, so protocol-sized delays (seconds to hours) cost nothing and tests can

@@ -19,7 +19,7 @@ import (
 // These tests are the cross test of issue 2: the real client against the real simulator
 // (internal/tinkersim, an independent reading of the protocol) over loopback HTTP.
 
-const simKey = "tml-sim-cross-test-key-0000000000000"
+const simKey = "tml-sim.cross-test-key"
 
 // simEnv is a simulator behind an httptest server and a client dialled to it.
 type simEnv struct {

@@ -22,7 +22,7 @@ import (
 
 // The numbers of the fleet scenario (issue 3).
 const (
-	fleetKey     = "tml-fleet-test-key-000000000000000000"
+	fleetKey     = "tml-fleet.test-key"
 	fleetWorkers = 3
 	fleetWarmup  = 5   // samples per worker that complete before the 429 window opens
 	fleetCalls   = 100 // Sample calls per worker inside the window (worker A's probe included)
