@@ -21,12 +21,8 @@ func (s *Server) model(name string) (Model, bool) {
 // handleClientConfig implements POST /api/v1/client/config (§3.1): the SDK defaults, overridden
 // by Config.ClientConfig.
 func (s *Server) handleClientConfig(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req sdkVersionRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	flags := map[string]any{
@@ -51,12 +47,8 @@ func (s *Server) handleDynamicConfig(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not found")
 		return
 	}
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req sdkVersionRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"refresh_interval_sec": 300})
@@ -64,12 +56,8 @@ func (s *Server) handleDynamicConfig(w http.ResponseWriter, r *http.Request) {
 
 // handleCreateSession implements POST /api/v1/create_session (§3.3).
 func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req createSessionRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	if e := checkLiteral("type", req.Type, "create_session", true); e != nil {
@@ -92,12 +80,8 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
 // handleHeartbeat implements POST /api/v1/session_heartbeat (§3.4), slowed by an injected
 // slow_heartbeat fault. Sessions never expire in the simulator.
 func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req heartbeatRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	if e := checkLiteral("type", req.Type, "session_heartbeat", true); e != nil {
@@ -135,12 +119,8 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 // handleCreateSamplingSession implements POST /api/v1/create_sampling_session (§3.5). The id
 // is <session_id>:sample:<sampling_session_seq_id>, so a repeated request gets the same sampler.
 func (s *Server) handleCreateSamplingSession(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req createSamplingSessionRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	if e := checkLiteral("type", req.Type, "create_sampling_session", true); e != nil {
@@ -213,12 +193,8 @@ func (s *Server) handleGetSampler(w http.ResponseWriter, r *http.Request, id str
 
 // handleTelemetry implements POST /api/v1/telemetry (§3.12): accepted and dropped.
 func (s *Server) handleTelemetry(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req telemetryRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "accepted"})
@@ -242,12 +218,8 @@ func (s *Server) handleCapabilities(w http.ResponseWriter, r *http.Request) {
 
 // handleWeightsInfo implements POST /api/v1/weights_info (§3.11) for the synthetic checkpoints.
 func (s *Server) handleWeightsInfo(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req weightsInfoRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	if req.TinkerPath == nil {

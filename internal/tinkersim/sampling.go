@@ -46,12 +46,8 @@ type future struct {
 
 // handleAsample implements POST /api/v1/asample (§3.6).
 func (s *Server) handleAsample(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req sampleRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	p, maxCtx, requestID, e := s.validateSample(&req)
@@ -355,12 +351,8 @@ func (s *Server) armWindowEndLocked(end time.Time) {
 // handleRetrieveFuture implements POST /api/v1/retrieve_future (§3.7, §4): a long poll that
 // answers the result, a failure, or 408 try_again after LongPollWait.
 func (s *Server) handleRetrieveFuture(w http.ResponseWriter, r *http.Request) {
-	if !requireMethod(w, r, http.MethodPost) {
-		return
-	}
 	var req retrieveFutureRequest
-	if e := decodeStrict(r, s.cfg.MaxBodyBytes, &req); e != nil {
-		writeHTTPError(w, e)
+	if !s.decodePost(w, r, &req) {
 		return
 	}
 	if req.RequestID == nil {

@@ -374,6 +374,19 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest
 }
 
 // requireMethod answers 405 unless r uses method.
+// decodePost accepts only POST and decodes its body strictly into req; when it returns false
+// it has already answered the request.
+func (s *Server) decodePost(w http.ResponseWriter, r *http.Request, req any) bool {
+	if !requireMethod(w, r, http.MethodPost) {
+		return false
+	}
+	if e := decodeStrict(r, s.cfg.MaxBodyBytes, req); e != nil {
+		writeHTTPError(w, e)
+		return false
+	}
+	return true
+}
+
 func requireMethod(w http.ResponseWriter, r *http.Request, method string) bool {
 	if r.Method == method {
 		return true
