@@ -19,58 +19,97 @@ type Backoff interface {
 	Signal(ctx context.Context, reason string, d time.Duration) error
 }
 
-// Gate is the tinker.Dispatcher of a worker: the dispatch limiter in front of asample and the
-// backoff deadline around it (§5.1).
+// Gate is the tinker.Dispatcher of a worker: the dispatch limiter in front of asample, the
+// backoff deadline around it (§5.1), and the learned capacity (see capacity).
 type Gate struct {
-	limiter *dispatch.Limiter
-	backoff Backoff
-	log     *slog.Logger
-	metrics *Metrics
+	limiter  *dispatch.Limiter
+	backoff  Backoff
+	capacity *capacity
+	log      *slog.Logger
+	metrics  *Metrics
 }
 
-// NewGate combines a limiter and a backoff into a tinker.Dispatcher.
+// NewGate combines a limiter and a backoff into a tinker.Dispatcher. It learns no capacity
+// limit; Open's gates do (Config.CapacityTTL).
 func NewGate(l *dispatch.Limiter, b Backoff, log *slog.Logger) *Gate {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Gate{limiter: l, backoff: b, log: log}
+	return &Gate{limiter: l, backoff: b, capacity: newCapacity(0), log: log}
 }
 
-type reservationKey struct{}
-
-// withReservation hands a count permit reserved before the job was pulled to the first
-// Acquire of that job's sample, so the job does not queue for a second permit.
-func withReservation(ctx context.Context, r *dispatch.Reservation) context.Context {
-	return context.WithValue(ctx, reservationKey{}, r)
+// sampleState is one job's passage through the gate, carried in the context of its Sample
+// call: the count permit reserved before the job was pulled (used by its first Acquire, so
+// the job does not queue for a second one) and its capacity phase.
+type sampleState struct {
+	reservation *dispatch.Reservation
+	phase       samplePhase
 }
 
-// Acquire takes the dispatch permits for one asample submission, using the job's reserved
-// count permit the first time.
-func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error) {
-	if r, ok := ctx.Value(reservationKey{}).(*dispatch.Reservation); ok {
-		p, err := r.Acquire(ctx, estimatedBytes)
-		if err == nil {
-			return p.Release, nil
-		}
-		if err != dispatch.ErrUsed {
-			return nil, err
-		}
+type sampleStateKey struct{}
+
+func withSampleState(ctx context.Context, st *sampleState) context.Context {
+	return context.WithValue(ctx, sampleStateKey{}, st)
+}
+
+func sampleStateOf(ctx context.Context) *sampleState {
+	st, _ := ctx.Value(sampleStateKey{}).(*sampleState)
+	if st == nil {
+		st = &sampleState{} // a sample outside a job: accounted for its own duration only
 	}
-	p, err := g.limiter.Acquire(ctx, estimatedBytes)
-	if err != nil {
+	return st
+}
+
+// Acquire waits for room under the learned capacity, then takes the dispatch permits for one
+// asample submission (the job's reserved count permit the first time). The returned release
+// also records that asample was answered.
+func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error) {
+	st := sampleStateOf(ctx)
+	if err := g.capacity.submit(ctx, &st.phase); err != nil {
 		return nil, err
 	}
-	return p.Release, nil
+	var (
+		p   dispatch.Permit
+		err error
+	)
+	if st.reservation != nil {
+		p, err = st.reservation.Acquire(ctx, estimatedBytes)
+	}
+	if st.reservation == nil || err == dispatch.ErrUsed {
+		p, err = g.limiter.Acquire(ctx, estimatedBytes)
+	}
+	if err != nil {
+		g.capacity.requeue(&st.phase)
+		return nil, err
+	}
+	return func() {
+		p.Release()
+		g.capacity.answered(&st.phase)
+	}, nil
 }
 
-// Wait blocks while the backoff is active.
-func (g *Gate) Wait(ctx context.Context) error { return g.backoff.Wait(ctx) }
+// Wait blocks while the backoff is active, then (after a 429) until there is room under the
+// learned capacity again.
+func (g *Gate) Wait(ctx context.Context) error {
+	if err := g.backoff.Wait(ctx); err != nil {
+		return err
+	}
+	return g.capacity.submit(ctx, &sampleStateOf(ctx).phase)
+}
 
-// Backoff signals the backoff. A failed signal (NATS unreachable) is logged: the worker still
-// backs off on its own copy of the deadline, which Signal extends before it writes.
+// Backoff signals the backoff; a 429 also teaches the capacity. A failed signal (NATS
+// unreachable) is logged: the worker still backs off on its own copy of the deadline, which
+// Signal extends before it writes.
 func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
 	g.metrics.signal(reason)
+	if reason == reasonRateLimited {
+		g.capacity.learn()
+		g.capacity.requeue(&sampleStateOf(ctx).phase)
+	}
 	if err := g.backoff.Signal(ctx, reason, d); err != nil {
 		g.log.Warn("signal fleet backoff", "reason", reason, "duration", d, "err", err)
 	}
 }
+
+// reasonRateLimited is the reason the Tinker client gives Backoff for a 429 on asample.
+const reasonRateLimited = "rate_limited"

@@ -187,13 +187,15 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return outcome{settle: settleRetry, delay: left, err: errors.New("the fleet is backing off")}
 	}
 
-	res, err := sampler.Sample(withReservation(ctx, r), tinker.SampleRequest{
+	st := &sampleState{reservation: r}
+	res, err := sampler.Sample(withSampleState(ctx, st), tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
 		NumSamples:         job.NumSamples,
 		Params:             params,
 		PromptLogprobs:     job.PromptLogprobs,
 		TopKPromptLogprobs: job.TopKPromptLogprobs,
 	})
+	w.gate.capacity.done(&st.phase)
 	if err != nil {
 		return w.failure(ctx, job, batch, err)
 	}

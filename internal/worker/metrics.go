@@ -82,8 +82,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// watch registers gauges read on scrape from the limiter and the backoff.
-func (m *Metrics) watch(l *dispatch.Limiter, b Backoff) {
+// watch registers gauges read on scrape from the limiter, the backoff and the capacity.
+func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity) {
 	if m == nil {
 		return
 	}
@@ -101,6 +101,9 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff) {
 			func(s dispatch.Stats) float64 { return float64(s.BytesEstimated) }),
 		gauge("tinkerfleet_dispatch_waiting", "Callers waiting on any dispatch layer.",
 			func(s dispatch.Stats) float64 { return float64(s.CountWaiting + s.ThrottledWaiting + s.BytesWaiting) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_capacity_limit", Help: "Samples in flight this worker allows itself, learned from the last 429 (0: no limit).",
+		}, func() float64 { return float64(c.current()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
 		}, func() float64 {

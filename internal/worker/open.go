@@ -56,6 +56,10 @@ type Config struct {
 	// RetryDelay is the wait before a job that failed transiently is delivered again, doubled
 	// with each delivery (at most 5 minutes); default 5s.
 	RetryDelay time.Duration
+	// CapacityTTL is how long a capacity learned from a 429 limits this worker's samples in
+	// flight (see capacity); default 60s, negative turns learning off (the SDK's behaviour:
+	// refill after every pause).
+	CapacityTTL time.Duration
 	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
 	// handed back with NakWithDelay instead of waiting in this worker; default 10s.
 	NakAbove time.Duration
@@ -79,6 +83,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 30 * time.Second
+	}
+	if cfg.CapacityTTL == 0 {
+		cfg.CapacityTTL = time.Minute
 	}
 	if cfg.RetryDelay <= 0 {
 		cfg.RetryDelay = 5 * time.Second
@@ -115,6 +122,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		w.maxPayload = nc.MaxPayload()
 	}
 
+	learned := newCapacity(cfg.CapacityTTL)
 	if cfg.LocalBackoff {
 		w.backoff = backoff.NewLocal(nil)
 	} else {
@@ -124,6 +132,12 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 			Account:  backoff.AccountKey(baseURL, string(cfg.TinkerAPIKey)),
 			Replicas: cfg.Queue.Config.Replicas,
 			Logger:   cfg.Logger,
+			// Another worker's 429 says the service is full too: learn this worker's share.
+			OnChange: func(st backoff.State) {
+				if st.Reason == reasonRateLimited && time.Now().Before(st.Until) {
+					learned.learn()
+				}
+			},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("worker: fleet backoff: %w", err)
@@ -143,7 +157,8 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
 	gate := NewGate(nil, w.backoff, cfg.Logger)
-	gate.metrics = w.metrics
+	gate.metrics, gate.capacity = w.metrics, learned
+	w.gate = gate
 	client, err := tinker.Dial(ctx, tinker.Config{
 		BaseURL:    cfg.TinkerBaseURL,
 		APIKey:     cfg.TinkerAPIKey,
@@ -168,7 +183,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, w.backoff)
+	w.metrics.watch(w.limiter, w.backoff, learned)
 	ok = true
 	return w, nil
 }

@@ -24,6 +24,7 @@ type Worker struct {
 	slots   chan struct{}
 	client  *tinker.Client
 	limiter *dispatch.Limiter
+	gate    *Gate
 	backoff Backoff
 	metrics *Metrics
 	closers []func()

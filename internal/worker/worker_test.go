@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -331,5 +332,39 @@ func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 	}
 	if got != 5 {
 		t.Fatalf("another worker got %d of the 5 unfinished jobs within 5s", got)
+	}
+}
+
+func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
+	t.Parallel()
+	// A capacity-bound batch: 2 workers with 64 slots each against a service that runs 8
+	// samples at once. Refilling after every pause (the SDK's way, CapacityTTL < 0) runs into
+	// the ceiling again after each one; learning the capacity from the first 429 stays under
+	// it. Counted: the fleet's pauses (each is one write of the backoff key, bursts coalesce).
+	pauses := func(ttl time.Duration) uint64 {
+		b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: 50 * time.Millisecond})
+		var js []jobs.Job
+		for i := range 96 {
+			js = append(js, jobs.Job{CustomID: fmt.Sprintf("cap-%03d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1,
+				Params: jobs.SamplingParams{MaxTokens: intp(2)}})
+		}
+		var ws []*Worker
+		for range 2 {
+			w := b.open(t, b.connect(t), Config{Concurrency: 64, CapacityTTL: ttl})
+			run(t, w)
+			ws = append(ws, w)
+		}
+		publishJobs(t, b.results, "cap", js)
+		for _, r := range waitResults(t, b.results, "cap", len(js), 2*time.Minute) {
+			if r.Status != jobs.StatusOK {
+				t.Fatalf("result %+v", r)
+			}
+		}
+		return ws[0].Backoff().(*backoff.Fleet).State().Revision
+	}
+	learned, refill := pauses(time.Minute), pauses(-1)
+	t.Logf("fleet pauses for 96 samples at capacity 8: learning %d, refilling %d", learned, refill)
+	if learned*3 > refill {
+		t.Fatalf("learning the capacity paused the fleet %d times, refilling %d: want a third or less", learned, refill)
 	}
 }
