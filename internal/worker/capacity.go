@@ -125,7 +125,10 @@ func (c *capacity) done(phase *samplePhase) {
 }
 
 // learn takes the samples the service holds for this worker now as its limit (a 429 says
-// the service is full). A worker holding none learns nothing.
+// the service is full). With a limit already in force, only a 429 met at that limit lowers
+// it (to nine tenths): one met below it says nothing about this worker's share (a rate
+// limit, or samples that finished meanwhile), and lowering on every 429 of a long 429 storm
+// would leave the worker crawling long after it. A worker holding no sample learns nothing.
 func (c *capacity) learn() {
 	if c.ttl <= 0 {
 		return
@@ -133,9 +136,16 @@ func (c *capacity) learn() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.accepted == 0 {
-		return // no share of the service to learn from (a worker that just started)
+		return
 	}
-	c.limit = c.accepted
+	switch limit := c.limitNow(); {
+	case limit == 0:
+		c.limit = c.accepted
+	case c.accepted >= limit:
+		c.limit = max(1, c.accepted*9/10)
+	default:
+		return
+	}
 	c.learnedAt = c.now()
 	c.wake()
 }

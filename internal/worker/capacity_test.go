@@ -87,3 +87,35 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 		t.Fatalf("counts after a cancelled wait: phase %v, submitting %d, accepted %d", b, c.submitting, c.accepted)
 	}
 }
+
+func TestCapacityLowersOnlyWhenRefusedAtItsLimit(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	ctx := context.Background()
+	phases := make([]samplePhase, 10)
+	for i := range phases {
+		_ = c.submit(ctx, &phases[i])
+		c.answered(&phases[i])
+	}
+	c.learn()
+	if got := c.current(); got != 10 {
+		t.Fatalf("limit = %d, want 10", got)
+	}
+	// A 429 storm: samples finish, more 429s come while under the limit: no ratchet down.
+	for i := range 7 {
+		c.done(&phases[i])
+		c.learn()
+	}
+	if got := c.current(); got != 10 {
+		t.Fatalf("limit after 429s met below it = %d, want it kept at 10", got)
+	}
+	// Refused at the limit: the share was too big, lower it.
+	for i := range 7 {
+		_ = c.submit(ctx, &phases[i])
+		c.answered(&phases[i])
+	}
+	c.learn()
+	if got := c.current(); got != 9 {
+		t.Fatalf("limit after a 429 at the limit = %d, want 9", got)
+	}
+}
