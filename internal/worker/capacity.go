@@ -24,11 +24,13 @@ type capacity struct {
 	now func() time.Time
 
 	mu         sync.Mutex
-	submitting int       // admitted, asample not yet answered
-	accepted   int       // asample accepted, result not yet back
-	limit      int       // 0: none
-	learnedAt  time.Time // when limit was set
-	changed    chan struct{}
+	submitting int // admitted, asample not yet answered
+	accepted   int // asample accepted, result not yet back
+	// acceptedSince counts acceptances since the limit was last learned.
+	acceptedSince int
+	limit         int       // 0: none
+	learnedAt     time.Time // when limit was set
+	changed       chan struct{}
 }
 
 // samplePhase is where one job's sample stands for capacity accounting.
@@ -104,6 +106,7 @@ func (c *capacity) answered(phase *samplePhase) {
 	if *phase == phaseSubmitting {
 		c.submitting--
 		c.accepted++
+		c.acceptedSince++
 		*phase = phaseAccepted
 	}
 }
@@ -125,10 +128,11 @@ func (c *capacity) done(phase *samplePhase) {
 }
 
 // learn takes the samples the service holds for this worker now as its limit (a 429 says
-// the service is full). With a limit already in force, only a 429 met at that limit lowers
-// it (to nine tenths): one met below it says nothing about this worker's share (a rate
-// limit, or samples that finished meanwhile), and lowering on every 429 of a long 429 storm
-// would leave the worker crawling long after it. A worker holding no sample learns nothing.
+// the service is full). With a limit already in force, a 429 is learned from only if the
+// service accepted a sample of this worker since the last one: 429 after 429 with nothing
+// accepted in between is a storm (a rate limit, or a pause), not a new measure of the share,
+// and lowering on each would leave the worker crawling long after the storm. A worker
+// holding no sample learns nothing.
 func (c *capacity) learn() {
 	if c.ttl <= 0 {
 		return
@@ -138,14 +142,10 @@ func (c *capacity) learn() {
 	if c.accepted == 0 {
 		return
 	}
-	switch limit := c.limitNow(); {
-	case limit == 0:
-		c.limit = c.accepted
-	case c.accepted >= limit:
-		c.limit = max(1, c.accepted*9/10)
-	default:
+	if c.limitNow() > 0 && c.acceptedSince == 0 {
 		return
 	}
+	c.limit, c.acceptedSince = c.accepted, 0
 	c.learnedAt = c.now()
 	c.wake()
 }

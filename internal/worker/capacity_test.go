@@ -88,7 +88,7 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	}
 }
 
-func TestCapacityLowersOnlyWhenRefusedAtItsLimit(t *testing.T) {
+func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
 	ctx := context.Background()
@@ -101,21 +101,21 @@ func TestCapacityLowersOnlyWhenRefusedAtItsLimit(t *testing.T) {
 	if got := c.current(); got != 10 {
 		t.Fatalf("limit = %d, want 10", got)
 	}
-	// A 429 storm: samples finish, more 429s come while under the limit: no ratchet down.
-	for i := range 7 {
+	// A 429 storm: samples finish, 429s keep coming, nothing is accepted: no ratchet down.
+	for i := range 8 {
 		c.done(&phases[i])
 		c.learn()
 	}
 	if got := c.current(); got != 10 {
-		t.Fatalf("limit after 429s met below it = %d, want it kept at 10", got)
+		t.Fatalf("limit after a storm of 429s = %d, want it kept at 10", got)
 	}
-	// Refused at the limit: the share was too big, lower it.
-	for i := range 7 {
+	// New work accepted, then full again at 5: the share is 5.
+	for i := range 3 {
 		_ = c.submit(ctx, &phases[i])
 		c.answered(&phases[i])
 	}
 	c.learn()
-	if got := c.current(); got != 9 {
-		t.Fatalf("limit after a 429 at the limit = %d, want 9", got)
+	if got := c.current(); got != 5 {
+		t.Fatalf("limit after a 429 following new work = %d, want 5", got)
 	}
 }
