@@ -102,11 +102,12 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
 		batch, err := cons.Fetch(1024, jetstream.FetchContext(fetchCtx))
 		if err != nil {
+			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it
 			cancel()
 			switch {
 			case ctx.Err() != nil:
 				return sum, ctx.Err()
-			case fetchCtx.Err() != nil:
+			case expired:
 				continue // a loaded machine let the second pass before the request left
 			}
 			return sum, fmt.Errorf("follow results: %w", err)

@@ -152,11 +152,12 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 		fetchCtx, cancel := context.WithTimeout(ctx, fetchExpiry)
 		batch, err := cons.Fetch(len(held), jetstream.FetchContext(fetchCtx))
 		if err != nil {
+			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it
 			cancel()
 			switch {
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case fetchCtx.Err() != nil:
+			case expired:
 				continue // a loaded machine let the second pass before the request left
 			}
 			w.log.Warn("fetch jobs", "err", err)
