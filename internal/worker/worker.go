@@ -117,6 +117,7 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 			<-w.slots
 		}
 	}()
+	var lastWarn time.Time
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -160,7 +161,10 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 			case expired:
 				continue // a loaded machine let the second pass before the request left
 			}
-			w.log.Warn("fetch jobs", "err", err)
+			if now := time.Now(); now.Sub(lastWarn) >= 10*time.Second { // one line per outage second is noise
+				w.log.Warn("fetch jobs", "err", err)
+				lastWarn = now
+			}
 			w.sleep(ctx, 250*time.Millisecond)
 			continue
 		}
