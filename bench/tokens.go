@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -41,9 +42,14 @@ const corpusMultilingual = "日本語のテキストも大丈夫です。中文�
 // buildCorpus returns a deterministic text of at least size bytes built like the tokenizer
 // package's benchmark corpus: prose, CJK/emoji lines and Go source from $GOROOT/src/net/http.
 func buildCorpus(size int) (string, error) {
-	files, err := filepath.Glob(filepath.Join(runtime.GOROOT(), "src", "net", "http", "*.go"))
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOROOT: %w", err)
+	}
+	goroot := strings.TrimSpace(string(out))
+	files, err := filepath.Glob(filepath.Join(goroot, "src", "net", "http", "*.go"))
 	if err != nil || len(files) == 0 {
-		return "", fmt.Errorf("no Go source under GOROOT (%s) for the corpus: %v", runtime.GOROOT(), err)
+		return "", fmt.Errorf("no Go source under GOROOT (%s) for the corpus: %v", goroot, err)
 	}
 	slices.Sort(files)
 	var b strings.Builder

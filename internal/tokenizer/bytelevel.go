@@ -43,15 +43,6 @@ func byteLevelDecode(tok string) (string, bool) {
 	return string(out), true
 }
 
-// byteLevelEncode maps raw bytes to their byte-level characters.
-func byteLevelEncode(raw string) string {
-	out := make([]byte, 0, 2*len(raw))
-	for i := 0; i < len(raw); i++ {
-		out = utf8.AppendRune(out, byteToRune[raw[i]])
-	}
-	return string(out)
-}
-
 // appendLossyUTF8 appends b to dst, replacing each maximal invalid subpart
 // with U+FFFD exactly as Rust's String::from_utf8_lossy does (the Unicode
 // "substitution of maximal subparts" practice; Go's own conversions replace

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -37,7 +37,11 @@ const multilingual = "日本語のテキストも大丈夫です。中文测试�
 // multilingual lines and Go source from $GOROOT/src/net/http.
 func buildCorpus(t testing.TB, size int) string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(runtime.GOROOT(), "src", "net", "http", "*.go"))
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		t.Fatalf("go env GOROOT: %v", err)
+	}
+	files, err := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "src", "net", "http", "*.go"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no Go source under GOROOT for the corpus: %v", err)
 	}
