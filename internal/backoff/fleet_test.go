@@ -538,20 +538,25 @@ func TestWaitersWakeSpreadOverTheJitterAndRecheck(t *testing.T) {
 		t.Fatalf("40 waiters woke within %v of each other; want them spread over the 400ms jitter", spread)
 	}
 
-	// A signal during the jitter holds back those that have not woken yet.
+	// A signal during a waiter's jitter holds it back: it re-checks the deadline before it
+	// returns. (A fixed jitter makes the timing certain.)
+	f.jitter = func() time.Duration { return 300 * time.Millisecond }
 	if err := f.Signal(ctxT(t), ReasonRateLimited, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	second := f.Until()
-	time.Sleep(time.Until(second) + 5*time.Millisecond)
-	if err := f.Signal(ctxT(t), ReasonRateLimited, 500*time.Millisecond); err != nil {
+	returned := make(chan time.Time, 1)
+	go func() {
+		if err := f.Wait(ctxT(t)); err != nil {
+			t.Error(err)
+		}
+		returned <- time.Now()
+	}()
+	time.Sleep(time.Until(f.Until()) + 50*time.Millisecond) // past the deadline, inside the jitter
+	if err := f.Signal(ctxT(t), ReasonRateLimited, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	extended := f.Until()
-	if err := f.Wait(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
-	if time.Now().Before(extended) {
-		t.Fatal("Wait returned before an extended deadline")
+	if at := <-returned; at.Before(extended) {
+		t.Fatalf("a waiter in its jitter returned %v before the extended deadline", extended.Sub(at))
 	}
 }
