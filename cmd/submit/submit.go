@@ -200,49 +200,28 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	var r *jobs.Reader
-	for _, name := range files {
-		f, err := os.Open(name)
-		if err != nil {
-			return nil, fmt.Errorf("open input: %w", err)
-		}
-		in := io.TeeReader(f, h)
-		if r == nil {
-			r = jobs.NewReader(in, name, limits)
-		} else {
-			r.NextFile(in, name)
-		}
-		for {
-			_, err := r.Next()
-			if err == io.EOF {
-				break
+	err := eachJob(files, limits, h, func(_ jobs.Job, err error) error {
+		var le *jobs.LineError
+		switch {
+		case err == nil:
+			res.accepted++
+		case errors.As(err, &le):
+			res.rejected++
+			if res.rejected <= maxReported {
+				fmt.Fprintln(stderr, le.Error())
 			}
-			var le *jobs.LineError
-			switch {
-			case err == nil:
-				res.accepted++
-				continue
-			case errors.As(err, &le):
-				res.rejected++
-				if res.rejected <= maxReported {
-					fmt.Fprintln(stderr, le.Error())
+			if enc != nil {
+				if err := enc.Encode(rejectLine{File: le.File, Line: le.Line, Field: le.Field, Message: le.Msg}); err != nil {
+					return fmt.Errorf("rejects file: %w", err)
 				}
-				if enc != nil {
-					if err := enc.Encode(rejectLine{File: le.File, Line: le.Line, Field: le.Field, Message: le.Msg}); err != nil {
-						f.Close()
-						return nil, fmt.Errorf("rejects file: %w", err)
-					}
-				}
-				continue
-			case errors.Is(err, jobs.ErrEmptyFile):
-				fmt.Fprintln(stderr, err.Error())
-				continue
 			}
-			f.Close()
-			return nil, err
+		default: // jobs.ErrEmptyFile
+			fmt.Fprintln(stderr, err.Error())
 		}
-		f.Close()
-		h.Write([]byte{0}) // file boundary, so that moving a line between files changes the digest
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if res.rejected > maxReported {
 		fmt.Fprintf(stderr, "… and %d more invalid lines\n", res.rejected-maxReported)
@@ -254,6 +233,49 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		}
 	}
 	return res, nil
+}
+
+// eachJob reads files in order as one batch (one custom_id set, line numbers per file) and
+// calls fn with each line's job or error (*jobs.LineError, or jobs.ErrEmptyFile for a file
+// without job lines); fn's error stops the reading. hash, when not nil, sees every byte read
+// and a zero byte after each file, so that moving a line to another file changes the digest.
+func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Job, error) error) error {
+	var r *jobs.Reader
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return fmt.Errorf("open input: %w", err)
+		}
+		var in io.Reader = f
+		if hash != nil {
+			in = io.TeeReader(f, hash)
+		}
+		if r == nil {
+			r = jobs.NewReader(in, name, limits)
+		} else {
+			r.NextFile(in, name)
+		}
+		for {
+			j, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			var le *jobs.LineError
+			if err != nil && !errors.As(err, &le) && !errors.Is(err, jobs.ErrEmptyFile) {
+				f.Close()
+				return err // reading failed: not a line's fault
+			}
+			if err := fn(j, err); err != nil {
+				f.Close()
+				return err
+			}
+		}
+		f.Close()
+		if hash != nil {
+			hash.Write([]byte{0})
+		}
+	}
+	return nil
 }
 
 // rejectLine is one line of the rejects file.
@@ -302,55 +324,32 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		pending = pending[:0]
 		return nil
 	}
-	var (
-		r                  *jobs.Reader
-		accepted, rejected int
-	)
-	for _, name := range files {
-		f, err := os.Open(name)
+	var accepted, rejected int
+	err = eachJob(files, limits, nil, func(j jobs.Job, err error) error {
+		var le *jobs.LineError
+		switch {
+		case errors.As(err, &le):
+			rejected++ // reported by the validation pass
+			return nil
+		case err != nil: // jobs.ErrEmptyFile
+			return nil
+		}
+		accepted++
+		data, err := j.Encode()
 		if err != nil {
-			return m, fmt.Errorf("open input: %w", err)
+			return err
 		}
-		if r == nil {
-			r = jobs.NewReader(f, name, limits)
-		} else {
-			r.NextFile(f, name)
+		fut, err := q.PublishJobAsync(batch, j.CustomID, data, republished)
+		if err != nil {
+			return err
 		}
-		for {
-			j, err := r.Next()
-			if err == io.EOF {
-				break
-			}
-			var le *jobs.LineError
-			switch {
-			case errors.As(err, &le):
-				rejected++ // reported by the validation pass
-				continue
-			case errors.Is(err, jobs.ErrEmptyFile):
-				continue
-			case err != nil:
-				f.Close()
-				return m, err
-			}
-			accepted++
-			data, err := j.Encode()
-			if err != nil {
-				f.Close()
-				return m, err
-			}
-			fut, err := q.PublishJobAsync(batch, j.CustomID, data, republished)
-			if err != nil {
-				f.Close()
-				return m, err
-			}
-			if pending = append(pending, fut); len(pending) >= 2048 {
-				if err := settle(); err != nil {
-					f.Close()
-					return m, err
-				}
-			}
+		if pending = append(pending, fut); len(pending) >= 2048 {
+			return settle()
 		}
-		f.Close()
+		return nil
+	})
+	if err != nil {
+		return m, err
 	}
 	if err := settle(); err != nil {
 		return m, err
