@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -366,5 +367,27 @@ func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
 	t.Logf("fleet pauses for 96 samples at capacity 8: learning %d, refilling %d", learned, refill)
 	if learned*3 > refill {
 		t.Fatalf("learning the capacity paused the fleet %d times, refilling %d: want a third or less", learned, refill)
+	}
+}
+
+func TestResultTooLargeForNATSEndsAsAnErrorResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4})
+	w.maxPayload = 1024 // as if the server's max payload were 1 KiB
+	run(t, w)
+	publishJobs(t, b.results, "big", []jobs.Job{
+		{CustomID: "huge", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 8,
+			Params: jobs.SamplingParams{MaxTokens: intp(256)}, PromptLogprobs: true},
+		{CustomID: "small", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(1)}},
+	})
+	res := waitResults(t, b.results, "big", 2, 30*time.Second)
+	if r := res["huge"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInternal ||
+		!strings.Contains(r.Error.Message, "max payload") {
+		t.Fatalf("oversized result = %+v", r)
+	}
+	if r := res["small"]; r.Status != jobs.StatusOK {
+		t.Fatalf("small result = %+v", r)
 	}
 }
