@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ type settings struct {
 	// 2. per-sample cost
 	CostWarmup  int
 	CostSamples int
+	CostRounds  int
 
 	// 3. fleet backoff
 	PropagationTrials int
@@ -56,6 +58,7 @@ func quickSettings() settings {
 		CapacityBound:     true,
 		CostWarmup:        300,
 		CostSamples:       2000,
+		CostRounds:        3,
 		PropagationTrials: 200,
 		Window:            2 * time.Second,
 		SubmitLines:       100_000,
@@ -76,6 +79,7 @@ func fullSettings() settings {
 		CapacityBound:     true,
 		CostWarmup:        1000,
 		CostSamples:       20_000,
+		CostRounds:        3,
 		PropagationTrials: 1000,
 		Window:            5 * time.Second,
 		SubmitLines:       1_000_000,
@@ -133,6 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	full := fs.Bool("full", false, "full sizes: 1M-line submit and backlog, longer windows (about 10 minutes)")
 	only := fs.String("only", "", "comma-separated comparisons to run, e.g. 1,3 (default: all)")
 	verbose := fs.Bool("v", false, "progress lines on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (this process, not its children) to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -150,6 +155,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log := io.Discard
 	if *verbose {
 		log = stderr
+	}
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	started := time.Now()
