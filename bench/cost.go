@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
@@ -38,16 +41,20 @@ type perSample struct {
 	allocs float64
 	n      int64
 	simCPU time.Duration // the simulator child's CPU per sample (not in cpu)
+
+	fetches, pulled float64 // the worker's pull requests and jobs pulled, whole run
 }
 
 // cheaper keeps, figure by figure, the lower of two measurements of the same variant.
 func (p perSample) cheaper(q perSample) perSample {
 	return perSample{
-		cpu:    min(p.cpu, q.cpu),
-		bytes:  min(p.bytes, q.bytes),
-		allocs: min(p.allocs, q.allocs),
-		n:      p.n + q.n,
-		simCPU: min(p.simCPU, q.simCPU),
+		cpu:     min(p.cpu, q.cpu),
+		bytes:   min(p.bytes, q.bytes),
+		allocs:  min(p.allocs, q.allocs),
+		n:       p.n + q.n,
+		simCPU:  min(p.simCPU, q.simCPU),
+		fetches: p.fetches + q.fetches,
+		pulled:  p.pulled + q.pulled,
 	}
 }
 
@@ -125,6 +132,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
+	t.add(row{Case: "jobs per pull request (worker, all rounds)", Measured: fmt.Sprintf("%.2f", alone.pulled/max(alone.fetches, 1)),
+		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, result lookup, tokenize, dispatch, asample, poll, decode, publish result, ack", costConcurrency)
 	t.note("baseline: tinker.Dial + Sampler.Sample in %d goroutines: tokenize the same prompts, asample, poll, decode text", costConcurrency)
 	t.note("the simulator (zero latency) runs in a child process, so neither figure includes it: nothing to subtract")
@@ -233,6 +242,8 @@ func workerCost(ctx context.Context, natsURL, simURL, batch string, simPID, warm
 	if err := publishJobs(ctx, q, batch, 0, warmup+n-int(earlier)); err != nil {
 		return perSample{}, err
 	}
+	reg := prometheus.NewRegistry()
+	r.registry = reg
 	w, err := r.openWorker(ctx, "bench-worker", costConcurrency, false)
 	if err != nil {
 		return perSample{}, err
@@ -258,5 +269,25 @@ func workerCost(ctx context.Context, natsURL, simURL, batch string, simPID, warm
 	}
 	p := before.per(after, k1-k0)
 	p.simCPU = (simAfter - simBefore) / time.Duration(p.n)
+	p.fetches = counterSum(reg, "tinkerfleet_fetches_total")
+	p.pulled = counterSum(reg, "tinkerfleet_jobs_pulled_total")
 	return p, nil
+}
+
+// counterSum is the total of a counter (over its labels) in reg; 0 when absent.
+func counterSum(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
 }

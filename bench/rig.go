@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -40,6 +41,8 @@ type rig struct {
 	simURL  string
 	qcfg    queue.Config
 	tokens  *tokenizer.Registry
+	// registry, when set, receives the metrics of the next worker opened (one at a time).
+	registry *prometheus.Registry
 
 	mu    sync.Mutex
 	conns []*nats.Conn
@@ -141,7 +144,20 @@ func (r *rig) openWorker(ctx context.Context, name string, concurrency int, loca
 		Concurrency:   concurrency,
 		Tokenizers:    r.tokens,
 		ShutdownGrace: 500 * time.Millisecond,
+		Registerer:    r.takeRegistry(),
 	})
+}
+
+// takeRegistry returns the registry for one worker's metrics and clears it, or nil.
+func (r *rig) takeRegistry() prometheus.Registerer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg := r.registry
+	r.registry = nil
+	if reg == nil {
+		return nil // a typed nil would register
+	}
+	return reg
 }
 
 // openWorkers opens n workers, each on its own connection.

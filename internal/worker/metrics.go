@@ -15,6 +15,7 @@ import (
 type Metrics struct {
 	reg              prometheus.Registerer
 	jobsPulled       prometheus.Counter
+	fetches          *prometheus.CounterVec
 	jobsFinished     *prometheus.CounterVec
 	jobLatency       prometheus.Histogram
 	deadLetters      prometheus.Counter
@@ -36,6 +37,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		jobsPulled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_jobs_pulled_total", Help: "Job deliveries pulled from the jobs stream.",
 		}),
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_fetches_total",
+			Help: "Pull requests for jobs, by outcome: jobs (at least one came), empty (expired with none), error.",
+		}, []string{"outcome"}),
 		jobsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tinkerfleet_jobs_finished_total", Help: "Jobs that ended with a published result, by status and error code.",
 		}, []string{"status", "code"}),
@@ -77,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -136,6 +141,13 @@ func (m *Metrics) event(e tinker.Event) {
 func (m *Metrics) signal(reason string) {
 	if m != nil {
 		m.backoffSignals.WithLabelValues(reason).Inc()
+	}
+}
+
+// fetched counts one pull request by its outcome.
+func (m *Metrics) fetched(outcome string) {
+	if m != nil {
+		m.fetches.WithLabelValues(outcome).Inc()
 	}
 }
 

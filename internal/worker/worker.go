@@ -161,6 +161,7 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 			case expired:
 				continue // a loaded machine let the second pass before the request left
 			}
+			w.metrics.fetched("error")
 			if now := time.Now(); now.Sub(lastWarn) >= 10*time.Second { // one line per outage second is noise
 				w.log.Warn("fetch jobs", "err", err)
 				lastWarn = now
@@ -168,11 +169,18 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(j
 			w.sleep(ctx, 250*time.Millisecond)
 			continue
 		}
+		got := 0
 		for msg := range batch.Messages() {
+			got++
 			r := held[len(held)-1]
 			held = held[:len(held)-1]
 			w.metrics.pulled()
 			start(msg, r)
+		}
+		if got > 0 {
+			w.metrics.fetched("jobs")
+		} else {
+			w.metrics.fetched("empty")
 		}
 		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
 			w.log.Debug("fetch batch ended", "err", err)
