@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,15 +26,34 @@ const costConcurrency = 64
 
 // usage is a snapshot of this process's CPU time and allocations.
 type usage struct {
-	cpu    time.Duration
-	bytes  uint64
-	allocs uint64
+	cpu      time.Duration
+	bytes    uint64
+	allocs   uint64
+	syscalls uint64 // read and write system calls (/proc/self/io), sockets included
 }
 
 func snapshot() usage {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return usage{cpu: cpuTime(), bytes: ms.TotalAlloc, allocs: ms.Mallocs}
+	return usage{cpu: cpuTime(), bytes: ms.TotalAlloc, allocs: ms.Mallocs, syscalls: readWriteSyscalls()}
+}
+
+// readWriteSyscalls is this process's count of read and write system calls so far (syscr +
+// syscw of /proc/self/io); 0 where that file does not exist.
+func readWriteSyscalls() uint64 {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for line := range strings.Lines(string(data)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		if ok && (k == "syscr" || k == "syscw") {
+			c, _ := strconv.ParseUint(v, 10, 64)
+			n += c
+		}
+	}
+	return n
 }
 
 // perSample is the cost of one sample over a measured stretch.
@@ -39,8 +61,10 @@ type perSample struct {
 	cpu    time.Duration
 	bytes  float64
 	allocs float64
-	n      int64
-	simCPU time.Duration // the simulator child's CPU per sample (not in cpu)
+	// syscalls is read and write system calls per sample.
+	syscalls float64
+	n        int64
+	simCPU   time.Duration // the simulator child's CPU per sample (not in cpu)
 
 	fetches, pulled float64 // the worker's pull requests and jobs pulled, whole run
 }
@@ -48,22 +72,24 @@ type perSample struct {
 // cheaper keeps, figure by figure, the lower of two measurements of the same variant.
 func (p perSample) cheaper(q perSample) perSample {
 	return perSample{
-		cpu:     min(p.cpu, q.cpu),
-		bytes:   min(p.bytes, q.bytes),
-		allocs:  min(p.allocs, q.allocs),
-		n:       p.n + q.n,
-		simCPU:  min(p.simCPU, q.simCPU),
-		fetches: p.fetches + q.fetches,
-		pulled:  p.pulled + q.pulled,
+		cpu:      min(p.cpu, q.cpu),
+		bytes:    min(p.bytes, q.bytes),
+		allocs:   min(p.allocs, q.allocs),
+		syscalls: min(p.syscalls, q.syscalls),
+		n:        p.n + q.n,
+		simCPU:   min(p.simCPU, q.simCPU),
+		fetches:  p.fetches + q.fetches,
+		pulled:   p.pulled + q.pulled,
 	}
 }
 
 func (a usage) per(b usage, n int64) perSample {
 	return perSample{
-		cpu:    (b.cpu - a.cpu) / time.Duration(n),
-		bytes:  float64(b.bytes-a.bytes) / float64(n),
-		allocs: float64(b.allocs-a.allocs) / float64(n),
-		n:      n,
+		cpu:      (b.cpu - a.cpu) / time.Duration(n),
+		bytes:    float64(b.bytes-a.bytes) / float64(n),
+		allocs:   float64(b.allocs-a.allocs) / float64(n),
+		syscalls: float64(b.syscalls-a.syscalls) / float64(n),
+		n:        n,
 	}
 }
 
@@ -132,6 +158,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
+	t.add(row{Case: "read+write system calls per sample, worker alone", Measured: fmt.Sprintf("%.1f", alone.syscalls),
+		Baseline: fmt.Sprintf("%.1f", base.syscalls), Ratio: ratio(alone.syscalls, base.syscalls), Verdict: verdictInfo})
 	t.add(row{Case: "jobs per pull request (worker, all rounds)", Measured: fmt.Sprintf("%.2f", alone.pulled/max(alone.fetches, 1)),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, result lookup, tokenize, dispatch, asample, poll, decode, publish result, ack", costConcurrency)
