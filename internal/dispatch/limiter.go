@@ -148,6 +148,20 @@ func (l *Limiter) Reserve(ctx context.Context) (Reservation, error) {
 	return Reservation{t: t, gen: t.gen.Load()}, nil
 }
 
+// TryReserve takes a count permit like Reserve, but only if one is free now and
+// nobody is queued for it; ok is false otherwise and nothing is held.
+func (l *Limiter) TryReserve() (r Reservation, ok bool) {
+	l.mu.Lock()
+	if l.count.head != nil || !l.count.fits(1) {
+		l.mu.Unlock()
+		return Reservation{}, false
+	}
+	l.count.avail.Add(-1)
+	l.mu.Unlock()
+	t := l.getTicket()
+	return Reservation{t: t, gen: t.gen.Load()}, true
+}
+
 // Free returns the number of count permits not held right now (neither by a
 // Permit nor by a Reservation). It is a lock-free read for metrics and
 // heuristics; use Reserve to actually claim a slot.

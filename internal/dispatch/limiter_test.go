@@ -338,6 +338,9 @@ func TestReservation(t *testing.T) {
 		t.Fatalf("Reserve on full limiter: %v", err)
 	}
 	cancel()
+	if _, ok := l.TryReserve(); ok {
+		t.Fatal("TryReserve on a full limiter took a permit")
+	}
 	r1.Release()
 	r1.Release()
 	if _, err := r1.Acquire(ctx, 1); !errors.Is(err, ErrUsed) {
@@ -358,6 +361,23 @@ func TestReservation(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	p.Release()
+	assertIdle(t, l)
+
+	// TryReserve takes a free permit, and leaves it to a queued Reserve.
+	r4, ok := l.TryReserve()
+	if !ok || l.Free() != 1 {
+		t.Fatalf("TryReserve on a free limiter: ok %v, Free %d", ok, l.Free())
+	}
+	r5, _ := l.Reserve(ctx)
+	queued := make(chan Reservation)
+	go func() { r, _ := l.Reserve(ctx); queued <- r }()
+	eventually(t, "a queued Reserve", func() bool { return l.Stats().CountWaiting == 1 })
+	r4.Release()
+	if _, ok := l.TryReserve(); ok {
+		t.Fatal("TryReserve took the permit handed to the queued Reserve")
+	}
+	(<-queued).Release()
+	r5.Release()
 	assertIdle(t, l)
 
 	// A reservation whose Acquire is cancelled releases its count permit too.
