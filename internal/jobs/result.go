@@ -262,15 +262,13 @@ func InvalidJobResult(j Job, batchID string, err error) Result {
 	})
 }
 
-// resultNoMethods has Result's fields without its methods, for the default JSON codec.
+// resultNoMethods has Result's fields without its methods, for the default JSON decoder.
 type resultNoMethods Result
 
 // Encode returns the compact one-line JSON of the result; metadata is written byte for byte
 // (compacted only if it contains a newline).
 func (r Result) Encode() ([]byte, error) {
-	meta := r.Metadata
-	r.Metadata = nil
-	b, err := encodeWithMetadata(resultNoMethods(r), meta)
+	b, err := r.AppendJSON(make([]byte, 0, 512))
 	if err != nil {
 		return nil, fmt.Errorf("encode result %q: %w", r.CustomID, err)
 	}
