@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -299,10 +300,13 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 // publish stores a result; a result too large for the server even compressed is replaced by
 // an error result saying so, so that the job still ends with exactly one result.
 func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
-	data, err := res.Encode()
+	buf := w.resultBufs.get()
+	defer w.resultBufs.put(buf)
+	data, err := res.AppendJSON(buf.b[:0])
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
+	buf.b = data
 	err = w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
 	if !errors.Is(err, queue.ErrTooLarge) {
 		return err
@@ -314,10 +318,33 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 	})
 	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
 	*res = small
-	if data, err = res.Encode(); err != nil {
+	if data, err = res.AppendJSON(data[:0]); err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
 	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+}
+
+// bufferPool recycles the buffers results are encoded into: PublishResult copies the bytes
+// into the connection's buffer before it returns.
+type bufferPool struct{ p sync.Pool }
+
+// pooledBuffer is one recycled buffer.
+type pooledBuffer struct{ b []byte }
+
+// maxPooledBuffer is the largest buffer kept for reuse; a rare huge result is not held on to.
+const maxPooledBuffer = 64 << 10
+
+func (bp *bufferPool) get() *pooledBuffer {
+	if b, ok := bp.p.Get().(*pooledBuffer); ok {
+		return b
+	}
+	return &pooledBuffer{b: make([]byte, 0, 1024)}
+}
+
+func (bp *bufferPool) put(b *pooledBuffer) {
+	if cap(b.b) <= maxPooledBuffer {
+		bp.p.Put(b)
+	}
 }
 
 // jobOrStub decodes the job of msg for an error result, or makes a stub from the custom id.
