@@ -8,12 +8,14 @@
 // any path prefix before /api/v1/ is accepted). API keys come from -api-key (repeatable) and the
 // comma-separated env TINKERSIM_API_KEYS; the admin endpoints (/admin/faults, /admin/stats,
 // /admin/reset) take -admin-token / TINKERSIM_ADMIN_TOKEN in X-Admin-Token, or an API key when
-// no admin token is set. Run with -h for every flag. SIGINT or SIGTERM shut it down gracefully
-// (held long polls answer 408 try_again).
+// no admin token is set. With -tls-cert FILE -tls-key FILE it serves HTTPS with that PEM key
+// pair instead, HTTP/2 offered by ALPN like the real service (§1.4). Run with -h for every
+// flag. SIGINT or SIGTERM shut it down gracefully (held long polls answer 408 try_again).
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -78,6 +80,7 @@ func (l *rawList) Set(v string) error {
 // options are the parsed command line.
 type options struct {
 	addr            string
+	tlsCert, tlsKey string
 	shutdownTimeout time.Duration
 	logLevel        string
 	cfg             tinkersim.Config
@@ -93,6 +96,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	var models listFlag
 	var faults rawList
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8765", "TCP address to listen on (host:port; port 0 picks a free one)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) file: serve HTTPS, HTTP/2 offered, instead of HTTP; needs -tls-key")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key file of -tls-cert")
 	fs.Var(&keys, "api-key", "accepted X-API-Key (must start with tml-); repeatable or comma-separated; also env TINKERSIM_API_KEYS. None: any tml- key is accepted")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "token for the X-Admin-Token header of /admin/ endpoints (also env TINKERSIM_ADMIN_TOKEN); empty: admin accepts the API keys")
 	fs.IntVar(&c.Capacity, "capacity", 64, "samples the backend runs at once; beyond it asample with X-Tinker-Sampling-Backpressure: 1 gets 429")
@@ -125,6 +130,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return nil, errors.New("-tls-cert and -tls-key go together: give both or neither")
+	}
 	if env := getenv("TINKERSIM_API_KEYS"); env != "" {
 		if err := keys.Set(env); err != nil {
 			return nil, fmt.Errorf("TINKERSIM_API_KEYS: %w", err)
@@ -154,6 +162,19 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	return o, nil
 }
 
+// listen serves sim on o.addr, over HTTPS with the key pair of -tls-cert and -tls-key when
+// they are set, and returns the base URL.
+func listen(ctx context.Context, sim *tinkersim.Server, o *options) (string, error) {
+	if o.tlsCert == "" {
+		return sim.Listen(ctx, o.addr)
+	}
+	cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+	if err != nil {
+		return "", fmt.Errorf("load -tls-cert/-tls-key: %w", err)
+	}
+	return sim.ListenTLSWithCert(ctx, o.addr, cert)
+}
+
 // run starts the simulator and serves until ctx is done.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	o, err := parseFlags(args, getenv, stderr)
@@ -172,7 +193,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	base, err := sim.Listen(serveCtx, o.addr)
+	base, err := listen(serveCtx, sim, o)
 	if err != nil {
 		sim.Close()
 		return fmt.Errorf("start simulator: %w", err)

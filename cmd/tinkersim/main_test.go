@@ -3,10 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -46,7 +57,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	for _, name := range []string{"addr", "api-key", "admin-token", "capacity", "base-latency", "per-token-latency",
 		"long-poll-wait", "retry-after", "result-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
 		"stop-token-prob", "default-max-tokens", "max-num-samples", "metadata-threshold", "no-dynamic-config",
-		"training-runs", "fault", "shutdown-timeout", "log-level", "TINKERSIM_API_KEYS"} {
+		"training-runs", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "TINKERSIM_API_KEYS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
 		}
@@ -67,7 +78,12 @@ func TestParseFlags(t *testing.T) {
 		c.Faults[0].Duration != 2*time.Second || c.Faults[1].Category != "user" {
 		t.Fatalf("config %+v", c)
 	}
-	for _, bad := range [][]string{{"-model", "nocontext"}, {"-fault", "kind=nope"}, {"stray"}} {
+	o, err = parseFlags([]string{"-tls-cert", "c.pem", "-tls-key", "k.pem"}, env(nil), io.Discard)
+	if err != nil || o.tlsCert != "c.pem" || o.tlsKey != "k.pem" {
+		t.Fatalf("-tls-cert/-tls-key: %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{{"-model", "nocontext"}, {"-fault", "kind=nope"}, {"stray"},
+		{"-tls-cert", "c.pem"}, {"-tls-key", "k.pem"}} {
 		if _, err := parseFlags(bad, env(nil), io.Discard); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -127,5 +143,102 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "tinkersim stopped") {
 		t.Fatalf("logs: %s", logs.String())
+	}
+}
+
+// writeKeyPair writes a fresh self-signed ECDSA P-256 certificate for 127.0.0.1 and its key
+// as PEM files into dir and returns their paths and a pool trusting the certificate.
+func writeKeyPair(t *testing.T, dir string) (certFile, keyFile string, roots *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "tinkersim cmd test"},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkcs8, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = x509.NewCertPool()
+	roots.AddCert(leaf)
+	return certFile, keyFile, roots
+}
+
+// TestRunServesTLS: with -tls-cert and -tls-key the simulator serves HTTPS with that key pair
+// and HTTP/2 is negotiated (§1.4); a missing key file is a start-up error.
+func TestRunServesTLS(t *testing.T) {
+	t.Parallel()
+	const key = "tml-sim.cmd-tls-key"
+	certFile, keyFile, roots := writeKeyPair(t, t.TempDir())
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	logs := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-tls-cert", certFile, "-tls-key", keyFile},
+			env(map[string]string{"TINKERSIM_API_KEYS": key}), logs)
+	}()
+	re := regexp.MustCompile(`url=(https://127\.0\.0\.1:\d+)`)
+	var base string
+	deadline := time.Now().Add(10 * time.Second)
+	for base == "" {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			base = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no https listening line in logs: %s", logs.String())
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/api/v1/healthz", nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatalf("healthz over TLS: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("healthz: %d over %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
+	}
+	tr.CloseIdleConnections() // else graceful shutdown waits for the idle HTTP/2 connection
+	cancel()                  // as SIGINT would
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after cancellation")
+	}
+
+	err = run(t.Context(), []string{"-addr", "127.0.0.1:0", "-tls-cert", certFile, "-tls-key", certFile + ".missing"},
+		env(nil), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-tls-key") {
+		t.Fatalf("run with a missing key file: %v", err)
 	}
 }

@@ -15,7 +15,9 @@
 //	// client base URL: ts.URL
 //
 // or let it listen itself: baseURL, err := sim.Listen(ctx, "127.0.0.1:0") (stopped when ctx
-// ends or by Close/Shutdown). The program cmd/tinkersim does the latter.
+// ends or by Close/Shutdown). The program cmd/tinkersim does the latter. ListenTLS serves HTTPS
+// with HTTP/2, as the real service (§1.4), on a self-signed certificate it returns the roots of;
+// cmd/tinkersim takes -tls-cert and -tls-key.
 //
 // # Paths
 //

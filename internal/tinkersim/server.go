@@ -3,6 +3,7 @@ package tinkersim
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -120,14 +121,30 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Config() Config { return s.cfg }
 
 // Listen serves s on addr (e.g. "127.0.0.1:0") in the background until ctx is done or the
-// server is closed, and returns the base URL, e.g. "http://127.0.0.1:41234".
+// server is closed, and returns the base URL, e.g. "http://127.0.0.1:41234". ListenTLS and
+// ListenTLSWithCert do the same over HTTPS.
 func (s *Server) Listen(ctx context.Context, addr string) (string, error) {
+	return s.listen(ctx, addr, nil)
+}
+
+// listen is the common part of Listen, ListenTLS and ListenTLSWithCert: it serves s on addr
+// in the background until ctx is done or s is closed (Close, Shutdown), over TLS when tlsCfg
+// is not nil, and returns the base URL. Over TLS, net/http offers HTTP/2 by ALPN next to
+// HTTP/1.1, as the real service does (§1.4).
+func (s *Server) listen(ctx context.Context, addr string, tlsCfg *tls.Config) (string, error) {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("tinkersim listen on %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
+	scheme, serve := "http", hs.Serve
+	if tlsCfg != nil {
+		// ServeTLS adds "h2" and "http/1.1" to the NextProtos of a clone of tlsCfg and
+		// wraps ln in a TLS listener; the certificate comes from tlsCfg.Certificates.
+		scheme = "https"
+		serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
+	}
 	s.mu.Lock()
 	select {
 	case <-s.closed:
@@ -141,7 +158,7 @@ func (s *Server) Listen(ctx context.Context, addr string) (string, error) {
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.cfg.Logger.Error("tinkersim serve", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
@@ -153,11 +170,12 @@ func (s *Server) Listen(ctx context.Context, addr string) (string, error) {
 		case <-s.closed:
 		}
 	}()
-	return "http://" + ln.Addr().String(), nil
+	return scheme + "://" + ln.Addr().String(), nil
 }
 
-// Shutdown stops the listeners started by Listen gracefully: it wakes held long polls (they
-// answer 408 try_again), waits for in-flight requests until ctx is done, then closes s.
+// Shutdown stops the listeners started by Listen and ListenTLS gracefully: it wakes held long
+// polls (they answer 408 try_again), waits for in-flight requests until ctx is done, then
+// closes s.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeOnce.Do(func() { close(s.closed) })
 	s.mu.Lock()

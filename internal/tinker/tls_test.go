@@ -1,0 +1,127 @@
+package tinker_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// protoRecorder is an http.RoundTripper that records the protocol of every response its
+// transport returns.
+type protoRecorder struct {
+	next http.RoundTripper
+
+	mu     sync.Mutex
+	protos map[string]int // resp.Proto → count
+	alpn   map[string]int // negotiated ALPN protocol → count
+}
+
+func (p *protoRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.next.RoundTrip(req)
+	if err != nil {
+		return nil, fmt.Errorf("round trip %s: %w", req.URL.Path, err)
+	}
+	p.mu.Lock()
+	p.protos[resp.Proto]++
+	if resp.TLS != nil {
+		p.alpn[resp.TLS.NegotiatedProtocol]++
+	} else {
+		p.alpn["no TLS"]++
+	}
+	p.mu.Unlock()
+	return resp, nil
+}
+
+func (p *protoRecorder) seen() (protos, alpn map[string]int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	protos, alpn = map[string]int{}, map[string]int{}
+	for k, v := range p.protos {
+		protos[k] = v
+	}
+	for k, v := range p.alpn {
+		alpn[k] = v
+	}
+	return protos, alpn
+}
+
+// TestSimTLSHTTP2SampleRoundTrip: the client against the simulator over HTTPS, the way it
+// talks to the real service (§1.1 https base URL with a path prefix, §1.4 HTTP/2 negotiated
+// by ALPN): Dial, NewSampler and Sample succeed, the sample has the requested shape, and
+// every request of the client went over TLS as HTTP/2.
+func TestSimTLSHTTP2SampleRoundTrip(t *testing.T) {
+	const maxTokens, numSamples = 8, 2
+	// MinGenTokens ≥ max_tokens and no stop condition: every sequence runs to max_tokens.
+	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, LongPollWait: 100 * time.Millisecond,
+		BaseLatency: 5 * time.Millisecond, MinGenTokens: maxTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("ListenTLS: %v", err)
+	}
+
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	tr.ForceAttemptHTTP2 = true
+	rec := &protoRecorder{next: tr, protos: map[string]int{}, alpn: map[string]int{}}
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: base + "/services/tinker-prod", APIKey: simKey,
+		HTTPClient: &http.Client{Transport: rec}})
+	if err != nil {
+		t.Fatalf("dial the simulator over TLS: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close(); tr.CloseIdleConnections() })
+
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatalf("new sampler: %v", err)
+	}
+	mt, seed := maxTokens, int64(7)
+	res, err := s.Sample(ctx, tinker.SampleRequest{
+		Prompt:     tinker.EncodedText([]int{151644, 872, 198, 3838, 374}),
+		NumSamples: numSamples,
+		Params:     tinker.SamplingParams{MaxTokens: &mt, Seed: &seed},
+	})
+	if err != nil {
+		t.Fatalf("sample over TLS: %v", err)
+	}
+	if len(res.Response.Sequences) != numSamples {
+		t.Fatalf("%d sequences, want %d", len(res.Response.Sequences), numSamples)
+	}
+	for i, q := range res.Response.Sequences {
+		if len(q.Tokens) != maxTokens || len(q.Logprobs) != maxTokens || q.StopReason != tinker.StopReasonLength {
+			t.Errorf("sequence %d: %d tokens, %d logprobs, stop reason %q; want %d, %d, %q",
+				i, len(q.Tokens), len(q.Logprobs), q.StopReason, maxTokens, maxTokens, tinker.StopReasonLength)
+		}
+	}
+
+	// The simulator served the whole path, and every reply the client read was HTTP/2 over TLS.
+	st := sim.Stats()
+	for _, ep := range []string{"client/config", "create_session", "create_sampling_session", "asample"} {
+		if n := st.Requests[ep][http.StatusOK]; n != 1 {
+			t.Errorf("simulator answered %s 200 %d times, want 1", ep, n)
+		}
+	}
+	if st.SamplesCompleted != 1 {
+		t.Errorf("simulator completed %d samples, want 1", st.SamplesCompleted)
+	}
+	protos, alpn := rec.seen()
+	total := 0
+	for _, n := range protos {
+		total += n
+	}
+	if total < 5 || protos["HTTP/2.0"] != total || alpn["h2"] != total {
+		t.Fatalf("responses by protocol %v, by ALPN %v: want all %d HTTP/2 (h2) and at least 5", protos, alpn, total)
+	}
+}
