@@ -2,6 +2,8 @@ package tinker
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,7 +100,7 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	c.clock = c.t.Clock
 	if c.hc == nil {
-		c.hc, c.ownHC = defaultHTTPClient(), true
+		c.hc, c.ownHC = defaultHTTPClient(cfg.RootCAs), true
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -113,8 +115,11 @@ func newClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-func defaultHTTPClient() *http.Client {
+func defaultHTTPClient(roots *x509.CertPool) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if roots != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
 	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 512

@@ -2,6 +2,7 @@ package tinker
 
 import (
 	"context"
+	"crypto/x509"
 	"log/slog"
 	"net/http"
 	"time"
@@ -25,6 +26,10 @@ type Config struct {
 	// transport (HTTP/2 when offered) and a 5 s connect timeout (§1.3). Its
 	// Timeout should be 0: per-request timeouts come from Timing.
 	HTTPClient *http.Client
+	// RootCAs, when set, replaces the system roots in the default client's TLS check of the
+	// service (a private CA, the simulator's ListenTLS); ignored when HTTPClient is set. The
+	// system roots also follow SSL_CERT_FILE and SSL_CERT_DIR.
+	RootCAs *x509.CertPool
 	// Logger receives warnings (heartbeat failures, paused queues, billing pauses);
 	// nil discards them. The API key is never logged.
 	Logger *slog.Logger

@@ -3,6 +3,7 @@ package tinker_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -123,5 +124,44 @@ func TestSimTLSHTTP2SampleRoundTrip(t *testing.T) {
 	}
 	if total < 5 || protos["HTTP/2.0"] != total || alpn["h2"] != total {
 		t.Fatalf("responses by protocol %v, by ALPN %v: want all %d HTTP/2 (h2) and at least 5", protos, alpn, total)
+	}
+}
+
+// TestRootCAs: the default client trusts Config.RootCAs (the simulator's certificate) and
+// still negotiates HTTP/2; without them the same certificate is refused.
+func TestRootCAs(t *testing.T) {
+	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("ListenTLS: %v", err)
+	}
+	noRetry := tinker.Timing{HTTPMaxRetries: -1, SubmitRetryDeadline: time.Millisecond}
+	if c, err := tinker.Dial(ctx, tinker.Config{BaseURL: base, APIKey: simKey, Sessionless: true, Timing: noRetry}); err == nil {
+		_ = c.Close()
+		t.Fatal("Dial trusted a self-signed certificate without RootCAs")
+	} else if !errors.As(err, new(*tls.CertificateVerificationError)) {
+		t.Fatalf("Dial without RootCAs: %v, want a certificate verification error", err)
+	}
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: base, APIKey: simKey, RootCAs: roots})
+	if err != nil {
+		t.Fatalf("Dial with RootCAs: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatalf("new sampler: %v", err)
+	}
+	mt := 4
+	if _, err := s.Sample(ctx, tinker.SampleRequest{Prompt: tinker.EncodedText([]int{1, 2, 3}), Params: tinker.SamplingParams{MaxTokens: &mt}}); err != nil {
+		t.Fatalf("sample with RootCAs: %v", err)
+	}
+	if got := sim.Stats().Requests["asample"][http.StatusOK]; got != 1 {
+		t.Fatalf("simulator answered asample 200 %d times, want 1", got)
 	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,9 @@ type Config struct {
 	TinkerAPIKey tinker.APIKey
 	// HTTPClient carries the Tinker requests; nil means the client's default.
 	HTTPClient *http.Client
+	// TinkerRootCAs replaces the system roots in the TLS check of the Tinker service when
+	// HTTPClient is nil (see tinker.Config.RootCAs).
+	TinkerRootCAs *x509.CertPool
 	// TinkerTiming overrides protocol delays (tests and benchmarks); zero means the defaults.
 	TinkerTiming tinker.Timing
 	// LocalBackoff keeps the backoff in this process only, as the Python SDK does, instead of
@@ -163,6 +167,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		BaseURL:    cfg.TinkerBaseURL,
 		APIKey:     cfg.TinkerAPIKey,
 		HTTPClient: cfg.HTTPClient,
+		RootCAs:    cfg.TinkerRootCAs,
 		Logger:     cfg.Logger,
 		Dispatcher: gate,
 		OnEvent:    w.onEvent(observer),
