@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
@@ -100,6 +101,13 @@ func (c *Codec) Close() {
 // PublishResult stores the result of customID in batch and waits for the stream's ack, so the
 // caller may ack the job afterwards (invariant 2). status goes into a header. A repeated publish
 // is dropped by the duplicate window, and in any case replaces the earlier one (one per subject).
+//
+// The publish is asynchronous underneath (cheaper per message than a request, bench
+// comparison 2) with a wait of at most ResultAckTimeout for the ack. data must stay unchanged
+// until PublishResult returns; when it returns ctx's error the message may still be sent
+// again (no-responders retry), so then data must not be reused at all. nats.go stalls async
+// publishes beyond 4,000 unacknowledged ones (WithPublishAsyncMaxPending), far above the
+// results a worker has in flight.
 func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) error {
 	msg := codec.Encode(q.Names.ResultSubject(batch, customID), data)
 	msg.Header.Set(HeaderStatus, status)
@@ -107,11 +115,27 @@ func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID
 	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
 		return fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
 	}
-	if _, err := q.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(MsgID(batch, customID))); err != nil {
+	f, err := q.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(batch, customID)))
+	if err != nil {
 		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, err)
 	}
-	return nil
+	t := time.NewTimer(ResultAckTimeout)
+	defer t.Stop()
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, err)
+	case <-t.C:
+		return fmt.Errorf("publish result of %s/%s: no ack from the stream within %s", batch, customID, ResultAckTimeout)
+	case <-ctx.Done():
+		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, ctx.Err())
+	}
 }
+
+// ResultAckTimeout is how long PublishResult waits for the results stream's ack: the default
+// timeout of a JetStream request.
+const ResultAckTimeout = 5 * time.Second
 
 // HasResult reports whether a result of customID in batch is already stored, so that a job
 // delivered again after its result was published (a crash between publish and ack) is acked

@@ -301,7 +301,11 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 // an error result saying so, so that the job still ends with exactly one result.
 func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
 	buf := w.resultBufs.get()
-	defer w.resultBufs.put(buf)
+	defer func() {
+		if ctx.Err() == nil { // else the publish may still read buf (see PublishResult)
+			w.resultBufs.put(buf)
+		}
+	}()
 	data, err := res.AppendJSON(buf.b[:0])
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
@@ -321,6 +325,7 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 	if data, err = res.AppendJSON(data[:0]); err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
+	buf.b = data
 	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
 }
 
