@@ -25,7 +25,7 @@ const selfSignedValidity = 24 * time.Hour
 // address); roots trusts it and nothing else, for the RootCAs of a client's tls.Config. The
 // base URL is e.g. "https://127.0.0.1:41234".
 func (s *Server) ListenTLS(ctx context.Context, addr string) (baseURL string, roots *x509.CertPool, err error) {
-	cert, err := selfSignedCert(time.Now())
+	cert, err := SelfSignedCert()
 	if err != nil {
 		return "", nil, fmt.Errorf("tinkersim listen tls: %w", err)
 	}
@@ -50,6 +50,14 @@ func (s *Server) ListenTLSWithCert(ctx context.Context, addr string, cert tls.Ce
 		NextProtos:   []string{"h2", "http/1.1"},
 		MinVersion:   tls.VersionTLS12,
 	})
+}
+
+// SelfSignedCert generates the kind of certificate ListenTLS serves: a fresh ECDSA P-256 key
+// and a self-signed certificate for 127.0.0.1, ::1 and localhost, valid for 24 hours, with
+// Leaf set (add it to a CertPool to trust it). For a simulator in another process, started
+// with ListenTLSWithCert or cmd/tinkersim's -tls-cert and -tls-key.
+func SelfSignedCert() (tls.Certificate, error) {
+	return selfSignedCert(time.Now())
 }
 
 // selfSignedCert generates a fresh ECDSA P-256 key and a self-signed certificate for the
