@@ -3,12 +3,16 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +41,8 @@ func runChild(args []string) error {
 	concurrency := fs.Int("concurrency", 400, "job slots (worker)")
 	maxAckPending := fs.Int("max-ack-pending", 1000, "consumer MaxAckPending (worker)")
 	capacity := fs.Int("capacity", 100_000, "simulator capacity (sim)")
+	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (sim)")
+	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,8 +75,17 @@ func runChild(args []string) error {
 		if err != nil {
 			return err
 		}
-		url, err := sim.Listen(ctx, "127.0.0.1:0")
-		if err != nil {
+		var url string
+		if *tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+			if err != nil {
+				return fmt.Errorf("sim key pair: %w", err)
+			}
+			url, err = sim.ListenTLSWithCert(ctx, "127.0.0.1:0", cert)
+			if err != nil {
+				return err
+			}
+		} else if url, err = sim.Listen(ctx, "127.0.0.1:0"); err != nil {
 			return err
 		}
 		fmt.Println(url)
@@ -206,4 +221,31 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("proc stat: %w", err)
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// startTLSSim starts a simulator child serving HTTPS on a fresh self-signed certificate
+// (written to dir for it) and returns it with the roots that trust it.
+func startTLSSim(ctx context.Context, dir string) (*child, *x509.CertPool, error) {
+	cert, err := tinkersim.SelfSignedCert()
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tls sim: key: %w", err)
+	}
+	certFile, keyFile := filepath.Join(dir, "sim-cert.pem"), filepath.Join(dir, "sim-key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
+		return nil, nil, fmt.Errorf("tls sim: %w", err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
+		return nil, nil, fmt.Errorf("tls sim: %w", err)
+	}
+	c, err := startChild(ctx, "-role", "sim", "-tls-cert", certFile, "-tls-key", keyFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	return c, roots, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
@@ -93,52 +96,86 @@ func (a usage) per(b usage, n int64) perSample {
 	}
 }
 
+// simTarget is a simulator child the samples go to.
+type simTarget struct {
+	url   string
+	pid   int
+	roots *x509.CertPool // non-nil: HTTPS with HTTP/2, trusting these roots
+}
+
 // runCost is comparison 2: CPU and allocation per sample in the worker (end to end through
-// JetStream) against the Tinker client alone doing the same samples.
+// JetStream) against the Tinker client alone doing the same samples, over cleartext HTTP/1.1
+// (the simulator's default) and over HTTPS with HTTP/2 (as the real service, §1.4).
 func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t := &table{ID: 2, Title: "per-sample cost: worker vs Tinker client alone"}
+	dir, err := os.MkdirTemp("", "tinkerfleet-bench-cost-*")
+	if err != nil {
+		return t, fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
 	sim, err := startChild(ctx, "-role", "sim")
 	if err != nil {
 		return t, err
 	}
 	defer func() { _ = sim.stop() }()
-	simURL := sim.first
-
+	plain := simTarget{url: sim.first, pid: sim.cmd.Process.Pid}
+	tlsSim, roots, err := startTLSSim(ctx, dir)
+	if err != nil {
+		return t, err
+	}
+	defer func() { _ = tlsSim.stop() }()
+	secure := simTarget{url: tlsSim.first, pid: tlsSim.cmd.Process.Pid, roots: roots}
 	nats, err := startChild(ctx, "-role", "nats")
 	if err != nil {
 		return t, err
 	}
 	defer func() { _ = nats.stop() }()
 
-	// The cores are shared with other work: each variant runs CostRounds times, alternated,
-	// and keeps its cheapest round.
-	var base, meas, alone perSample
 	var natsPer time.Duration
-	for k := range max(s.CostRounds, 1) {
-		fmt.Fprintf(log, "bench:   round %d: client alone\n", k+1)
-		b, err := clientCost(ctx, simURL, sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
-		if err != nil {
-			return t, fmt.Errorf("client alone: %w", err)
-		}
-		fmt.Fprintf(log, "bench:   round %d: worker\n", k+1)
-		m, err := workerCost(ctx, "", simURL, fmt.Sprintf("cost-%d", k), sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
-		if err != nil {
-			return t, fmt.Errorf("worker: %w", err)
-		}
-		fmt.Fprintf(log, "bench:   round %d: worker, NATS server in a child process\n", k+1)
-		natsBefore, _ := procCPU(nats.cmd.Process.Pid)
-		a, err := workerCost(ctx, nats.first, simURL, fmt.Sprintf("cost-%d", k), sim.cmd.Process.Pid, s.CostWarmup, s.CostSamples)
-		if err != nil {
-			return t, fmt.Errorf("worker, external NATS: %w", err)
-		}
-		natsAfter, _ := procCPU(nats.cmd.Process.Pid)
-		np := (natsAfter - natsBefore) / time.Duration(s.CostWarmup+s.CostSamples)
-		if k == 0 {
-			base, meas, alone, natsPer = b, m, a, np
-			continue
-		}
-		base, meas, alone, natsPer = base.cheaper(b), meas.cheaper(m), alone.cheaper(a), min(natsPer, np)
+	variants := []struct {
+		name string
+		run  func(round int) (perSample, error)
+	}{
+		{"client alone", func(int) (perSample, error) { return clientCost(ctx, plain, s.CostWarmup, s.CostSamples) }},
+		{"worker", func(k int) (perSample, error) {
+			return workerCost(ctx, "", plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
+		}},
+		{"worker, NATS server in a child process", func(k int) (perSample, error) {
+			natsBefore, _ := procCPU(nats.cmd.Process.Pid)
+			p, err := workerCost(ctx, nats.first, plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
+			natsAfter, _ := procCPU(nats.cmd.Process.Pid)
+			np := (natsAfter - natsBefore) / time.Duration(s.CostWarmup+s.CostSamples)
+			if k == 0 || np < natsPer {
+				natsPer = np
+			}
+			return p, err
+		}},
+		{"JetStream floor", func(k int) (perSample, error) {
+			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), s.CostWarmup, s.CostSamples)
+		}},
+		{"client alone, HTTPS", func(int) (perSample, error) { return clientCost(ctx, secure, s.CostWarmup, s.CostSamples) }},
+		{"worker, NATS server in a child process, HTTPS", func(k int) (perSample, error) {
+			return workerCost(ctx, nats.first, secure, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
+		}},
 	}
+	// The cores are shared with other work: each variant runs CostRounds times, alternated,
+	// and keeps its cheapest figures.
+	best := make([]perSample, len(variants))
+	for k := range max(s.CostRounds, 1) {
+		for i, v := range variants {
+			fmt.Fprintf(log, "bench:   round %d: %s\n", k+1, v.name)
+			p, err := v.run(k)
+			if err != nil {
+				return t, fmt.Errorf("%s: %w", v.name, err)
+			}
+			if k == 0 {
+				best[i] = p
+			} else {
+				best[i] = best[i].cheaper(p)
+			}
+		}
+	}
+	base, meas, alone, floor, baseTLS, aloneTLS := best[0], best[1], best[2], best[3], best[4], best[5]
 
 	r := ratio(float64(meas.cpu), float64(base.cpu))
 	aim, v := atMost(r, 1.25)
@@ -154,6 +191,12 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(alone.cpu), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "bytes allocated per sample, worker alone", Measured: fmt.Sprintf("%.1f KiB", alone.bytes/1024),
 		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: ratio(alone.bytes, base.bytes), Verdict: verdictInfo})
+	t.add(row{Case: "JetStream floor: fetch + publish result + ack, nothing else (nats.go alone)", Measured: fmt.Sprintf("%.0f µs", us(floor.cpu)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(floor.cpu), float64(base.cpu)), Verdict: verdictInfo})
+	t.add(row{Case: "CPU per sample over HTTPS + HTTP/2, worker alone vs client alone", Measured: fmt.Sprintf("%.0f µs", us(aloneTLS.cpu)),
+		Baseline: fmt.Sprintf("%.0f µs", us(baseTLS.cpu)), Ratio: ratio(float64(aloneTLS.cpu), float64(baseTLS.cpu)), Verdict: verdictInfo})
+	t.add(row{Case: "bytes allocated per sample over HTTPS + HTTP/2, worker alone", Measured: fmt.Sprintf("%.1f KiB", aloneTLS.bytes/1024),
+		Baseline: fmt.Sprintf("%.1f KiB", baseTLS.bytes/1024), Ratio: ratio(aloneTLS.bytes, baseTLS.bytes), Verdict: verdictInfo})
 	t.add(row{Case: "NATS server CPU per sample (that child, whole run incl. publishing)", Measured: fmt.Sprintf("%.0f µs", us(natsPer)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
@@ -165,7 +208,9 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, result lookup, tokenize, dispatch, asample, poll, decode, publish result, ack", costConcurrency)
 	t.note("baseline: tinker.Dial + Sampler.Sample in %d goroutines: tokenize the same prompts, asample, poll, decode text", costConcurrency)
 	t.note("the simulator (zero latency) runs in a child process, so neither figure includes it: nothing to subtract")
-	t.note("the worker figure includes the embedded NATS server (same process): the queue's cost is the client's and the server's")
+	t.note("the first rows include the embedded NATS server (same process): the queue's cost is the client's and the server's")
+	t.note("JetStream floor: the worker-alone variant's queue traffic with no work at all; the aim leaves 0.25 x the client's cost for everything the queue adds")
+	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4)")
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
 	t.note("best of %d alternated rounds per variant and figure (shared cores)", max(s.CostRounds, 1))
 	return t, nil
@@ -174,8 +219,9 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // clientCost samples warmup+n jobs' prompts with the client alone and measures the last n.
-func clientCost(ctx context.Context, simURL string, simPID, warmup, n int) (perSample, error) {
-	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: simURL, APIKey: benchKey})
+func clientCost(ctx context.Context, sim simTarget, warmup, n int) (perSample, error) {
+	simPID := sim.pid
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: sim.url, APIKey: benchKey, RootCAs: sim.roots})
 	if err != nil {
 		return perSample{}, err
 	}
@@ -244,8 +290,9 @@ func clientCost(ctx context.Context, simURL string, simPID, warmup, n int) (perS
 // workerCost runs warmup+n jobs through one worker and measures the stretch between warmup
 // and warmup+n results stored.
 // batch names the jobs: rounds on one server (the child process) each need their own.
-func workerCost(ctx context.Context, natsURL, simURL, batch string, simPID, warmup, n int) (perSample, error) {
-	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: simURL, Queue: queue.Config{MaxAckPending: 2000}})
+func workerCost(ctx context.Context, natsURL string, sim simTarget, batch string, warmup, n int) (perSample, error) {
+	simPID := sim.pid
+	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: sim.url, SimRoots: sim.roots, Queue: queue.Config{MaxAckPending: 2000}})
 	if err != nil {
 		return perSample{}, err
 	}
@@ -280,11 +327,12 @@ func workerCost(ctx context.Context, natsURL, simURL, batch string, simPID, warm
 	var before usage
 	var simBefore time.Duration
 	var k0 int64
-	err = waitFor(ctx, 5*time.Minute, "the warm-up results", func() bool { k0 = stored(); return k0 >= int64(warmup) })
+	// Polled every 50 ms: the stream info requests are this process's CPU too.
+	err = waitForEvery(ctx, 5*time.Minute, 50*time.Millisecond, "the warm-up results", func() bool { k0 = stored(); return k0 >= int64(warmup) })
 	if err == nil {
 		simBefore, _ = procCPU(simPID)
 		before = snapshot()
-		err = waitFor(ctx, 10*time.Minute, "the measured results", func() bool { return stored() >= int64(warmup+n) })
+		err = waitForEvery(ctx, 10*time.Minute, 50*time.Millisecond, "the measured results", func() bool { return stored() >= int64(warmup+n) })
 	}
 	after := snapshot()
 	simAfter, _ := procCPU(simPID)
@@ -318,4 +366,87 @@ func counterSum(reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// floorCost is the least a JetStream worker can spend per job with nats.go: the same jobs
+// fetched in batches of up to 16 and, in up to costConcurrency goroutines, a typical result
+// published with queue.PublishResult and the job acked. No decoding, no sampling, nothing of
+// the worker's own.
+func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSample, error) {
+	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, Queue: queue.Config{MaxAckPending: 2000}})
+	if err != nil {
+		return perSample{}, err
+	}
+	defer r.close()
+	q, err := r.connect(ctx, "bench-floor")
+	if err != nil {
+		return perSample{}, err
+	}
+	if err := publishJobs(ctx, q, batch, 0, warmup+n); err != nil {
+		return perSample{}, err
+	}
+	cons, err := q.Consumer(ctx)
+	if err != nil {
+		return perSample{}, err
+	}
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		return perSample{}, err
+	}
+	defer codec.Close()
+	mt := benchMaxTokens
+	res := jobs.Result{CustomID: "job-00000000", BatchID: batch, Status: jobs.StatusOK, Model: benchModel, Attempts: 1,
+		Samples: []jobs.Sample{{Text: "a completion of sixteen tokens or so, as the simulator writes", Tokens: make([]int, mt), StopReason: jobs.StopReasonLength}},
+		Usage:   &jobs.Usage{PromptTokens: 24, CompletionTokens: mt}}
+	data, err := res.Encode()
+	if err != nil {
+		return perSample{}, err
+	}
+	var (
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, costConcurrency)
+		mu    sync.Mutex
+		first error
+		done  atomic.Int64
+		mark  = make(chan usage, 1)
+	)
+	total := int64(warmup + n)
+	for got := int64(0); got < total && ctx.Err() == nil; {
+		b, err := cons.Fetch(16, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return perSample{}, fmt.Errorf("fetch: %w", err)
+		}
+		for msg := range b.Messages() {
+			got++
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				id := msg.Headers().Get(queue.HeaderCustomID)
+				if err := q.PublishResult(ctx, codec, batch, id, string(jobs.StatusOK), data, 0); err != nil {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+					return
+				}
+				_ = msg.Ack()
+				if done.Add(1) == int64(warmup) {
+					mark <- snapshot()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if nc := q.JS.Conn(); nc != nil {
+		_ = nc.Flush()
+	}
+	after := snapshot()
+	if first != nil {
+		return perSample{}, first
+	}
+	select {
+	case before := <-mark:
+		return before.per(after, done.Load()-int64(warmup)), nil
+	default:
+		return perSample{}, ctx.Err()
+	}
 }

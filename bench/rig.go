@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -39,6 +40,7 @@ type rig struct {
 	natsURL string
 	sim     *tinkersim.Server // nil when the simulator runs elsewhere
 	simURL  string
+	roots   *x509.CertPool
 	qcfg    queue.Config
 	tokens  *tokenizer.Registry
 	// registry, when set, receives the metrics of the next worker opened (one at a time).
@@ -54,6 +56,8 @@ type rigConfig struct {
 	Sim *tinkersim.Config
 	// SimURL is a simulator running elsewhere (a child process).
 	SimURL string
+	// SimRoots trusts the certificate of an HTTPS SimURL.
+	SimRoots *x509.CertPool
 	// NatsURL is a NATS server running elsewhere (a child process); "" starts one in-process.
 	NatsURL string
 	// Queue sizes the streams and the consumer.
@@ -66,7 +70,7 @@ func newRig(ctx context.Context, cfg rigConfig) (_ *rig, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("rig: temp dir: %w", err)
 	}
-	r := &rig{dir: dir, qcfg: cfg.Queue, simURL: cfg.SimURL,
+	r := &rig{dir: dir, qcfg: cfg.Queue, simURL: cfg.SimURL, roots: cfg.SimRoots,
 		tokens: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
 	defer func() {
 		if err != nil {
@@ -139,6 +143,7 @@ func (r *rig) openWorker(ctx context.Context, name string, concurrency int, loca
 	return worker.Open(ctx, worker.Config{
 		Queue:         q,
 		TinkerBaseURL: r.simURL,
+		TinkerRootCAs: r.roots,
 		TinkerAPIKey:  benchKey,
 		LocalBackoff:  local,
 		Concurrency:   concurrency,
@@ -265,6 +270,11 @@ func settle(ctx context.Context, fs []jetstream.PubAckFuture) error {
 
 // waitFor polls cond every 10 ms until it holds, ctx ends or timeout passes.
 func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	return waitForEvery(ctx, timeout, 10*time.Millisecond, what, cond)
+}
+
+// waitForEvery polls cond every period until it holds, ctx ends or timeout passes.
+func waitForEvery(ctx context.Context, timeout, period time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -273,7 +283,7 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(period):
 		}
 	}
 	return nil
