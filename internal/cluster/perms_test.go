@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -47,13 +49,36 @@ func (v *violations) matching(subject string) []string {
 }
 
 // startFromConfig starts one server from deploy/nats/nats-1.conf (and what it includes), on
-// loopback with a random port, a temporary store and no cluster.
-func startFromConfig(t *testing.T) *server.Server {
+// loopback with a random port, a temporary store and no cluster. A prefix other than the
+// default uses the auth.conf that deploy/nats/auth-for-prefix.sh makes for it.
+func startFromConfig(t *testing.T, prefix string) *server.Server {
 	t.Helper()
 	for _, role := range []string{"ADMIN", "SUBMIT", "WORKER"} {
 		t.Setenv("NATS_"+role+"_PASSWORD", "pw-"+strings.ToLower(role))
 	}
-	opts, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats", "nats-1.conf"))
+	deployDir := filepath.Join("..", "..", "deploy", "nats")
+	conf := filepath.Join(deployDir, "nats-1.conf")
+	if prefix != queue.DefaultPrefix {
+		dir := t.TempDir()
+		for _, name := range []string{"nats-1.conf", "cluster.conf"} {
+			data, err := os.ReadFile(filepath.Join(deployDir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		auth, err := exec.Command("bash", filepath.Join(deployDir, "auth-for-prefix.sh"), prefix).Output()
+		if err != nil {
+			t.Fatalf("auth-for-prefix.sh %s: %v", prefix, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "auth.conf"), auth, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		conf = filepath.Join(dir, "nats-1.conf")
+	}
+	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,12 +121,19 @@ func connectAs(t *testing.T, srv *server.Server, user string) (jetstream.JetStre
 
 // TestNATSConfigPermissions runs submit's and a worker's calls under the users of
 // deploy/nats/auth.conf: normal work meets no permission violation, submit cannot take a
-// job, and only admin can delete a stream.
+// job, and only admin can delete a stream. It does so for the default prefix and, with
+// auth-for-prefix.sh's rendering, for another.
 func TestNATSConfigPermissions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads the deploy NATS config into a server; skipped with -short")
 	}
-	srv := startFromConfig(t)
+	for _, prefix := range []string{queue.DefaultPrefix, "acme-ml"} {
+		t.Run(prefix, func(t *testing.T) { testNATSConfigPermissions(t, prefix) })
+	}
+}
+
+func testNATSConfigPermissions(t *testing.T, prefix string) {
+	srv := startFromConfig(t, prefix)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
@@ -112,7 +144,7 @@ func TestNATSConfigPermissions(t *testing.T) {
 	// submit comes first, as on a fresh cluster: it creates what is missing (queue.Bind),
 	// writes a manifest and publishes the jobs.
 	subJS, subV := connectAs(t, srv, "submit")
-	sub, err := queue.Bind(ctx, subJS, queue.Config{})
+	sub, err := queue.Bind(ctx, subJS, queue.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatalf("submit: bind: %v", err)
 	}
@@ -124,7 +156,7 @@ func TestNATSConfigPermissions(t *testing.T) {
 
 	// The worker sets up the consumer (submit never does).
 	wJS, wV := connectAs(t, srv, "worker")
-	wq, err := queue.Setup(ctx, wJS, queue.Config{})
+	wq, err := queue.Setup(ctx, wJS, queue.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatalf("worker: setup: %v", err)
 	}

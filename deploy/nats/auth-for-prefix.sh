@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prints deploy/nats/auth.conf with the names of another queue prefix (--prefix of submit and
+# the worker, TINKERFLEET_PREFIX): auth.conf is written for the default prefix "tinkerfleet",
+# whose streams are TINKERFLEET_JOBS, TINKERFLEET_RESULTS and TINKERFLEET_DEAD, whose buckets are
+# tinkerfleet_batches and tinkerfleet_backoff and whose subjects start with "tinkerfleet.".
+# The names follow internal/queue/names.go: streams take the prefix upper-cased with '-' as
+# '_', buckets the prefix with '-' as '_', subjects the prefix as it is.
+#
+#   deploy/nats/auth-for-prefix.sh acme-ml > deploy/nats/auth.conf
+#
+# internal/cluster's TestNATSConfigPermissions runs a fleet under the output for a prefix
+# other than the default.
+set -euo pipefail
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+	echo "usage: $0 PREFIX [AUTH_CONF]" >&2
+	exit 2
+fi
+prefix=$1
+conf=${2:-"$(dirname "$0")/auth.conf"}
+if ! [[ $prefix =~ ^[a-z][a-z0-9_-]{0,31}$ ]]; then
+	echo "$0: prefix \"$prefix\" must match ^[a-z][a-z0-9_-]{0,31}\$ (as --prefix)" >&2
+	exit 2
+fi
+stem=$(printf '%s' "$prefix" | tr 'a-z-' 'A-Z_')  # stream names
+bucket=$(printf '%s' "$prefix" | tr '-' '_')       # bucket names
+sed -e "s/TINKERFLEET_/${stem}_/g" \
+	-e "s/tinkerfleet_\(batches\|backoff\)/${bucket}_\1/g" \
+	-e "s/\"tinkerfleet\.\(jobs\|results\|dead\)\./\"${prefix}.\1./g" \
+	-e "1s/.*/# Users and per-role permissions of a tinkerfleet cluster, for the prefix \"${prefix}\" (made by/" \
+	-e "2s/.*/# deploy\/nats\/auth-for-prefix.sh from auth.conf, which is written for the default prefix)./" -e 3d \
+	"$conf"
