@@ -391,7 +391,6 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest
 	}
 }
 
-// requireMethod answers 405 unless r uses method.
 // decodePost accepts only POST and decodes its body strictly into req; when it returns false
 // it has already answered the request.
 func (s *Server) decodePost(w http.ResponseWriter, r *http.Request, req any) bool {
@@ -405,6 +404,7 @@ func (s *Server) decodePost(w http.ResponseWriter, r *http.Request, req any) boo
 	return true
 }
 
+// requireMethod answers 405 unless r uses method.
 func requireMethod(w http.ResponseWriter, r *http.Request, method string) bool {
 	if r.Method == method {
 		return true
