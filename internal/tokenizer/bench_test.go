@@ -74,3 +74,19 @@ func BenchmarkDecodeQwen3(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// BenchmarkParseQwen3 is the start-up cost of a worker or submit: decompressing and parsing
+// the built-in Qwen3 tokenizer.json.
+func BenchmarkParseQwen3(b *testing.B) {
+	data, err := unzstd(qwen3Zst)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,11 +30,11 @@ type Tokenizer struct {
 
 // tokenizerFile is the part of tokenizer.json this package reads.
 type tokenizerFile struct {
-	AddedTokens  []*addedToken   `json:"added_tokens"`
-	Normalizer   *component      `json:"normalizer"`
-	PreTokenizer *component      `json:"pre_tokenizer"`
-	Decoder      *component      `json:"decoder"`
-	Model        json.RawMessage `json:"model"`
+	AddedTokens  []*addedToken `json:"added_tokens"`
+	Normalizer   *component    `json:"normalizer"`
+	PreTokenizer *component    `json:"pre_tokenizer"`
+	Decoder      *component    `json:"decoder"`
+	Model        *bpeModel     `json:"model"` // decoded in the same pass as the rest
 }
 
 type component struct {
@@ -238,10 +239,9 @@ func splitterFor(pattern string) (splitter, error) {
 	return newRegexSplitter(pattern)
 }
 
-func (t *Tokenizer) setModel(raw json.RawMessage) error {
-	var m bpeModel
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return fmt.Errorf("parse tokenizer.json model: %w", err)
+func (t *Tokenizer) setModel(m *bpeModel) error {
+	if m == nil {
+		return errors.New("parse tokenizer.json: no model")
 	}
 	if m.Type != "BPE" {
 		return fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
@@ -274,10 +274,13 @@ func (t *Tokenizer) setModel(raw json.RawMessage) error {
 		return err
 	}
 	b.merges = make(map[uint64]uint64, len(pairs))
+	var joined []byte
 	for rank, p := range pairs {
 		a, okA := m.Vocab[p[0]]
 		c, okC := m.Vocab[p[1]]
-		merged, okM := m.Vocab[p[0]+p[1]]
+		joined = append(append(joined[:0], p[0]...), p[1]...)
+		merged, okM := m.Vocab[string(joined)] // no allocation for the key
+
 		if !okA || !okC || !okM {
 			return fmt.Errorf("parse tokenizer.json: merge %d (%q %q) uses a token missing from the vocab", rank, p[0], p[1])
 		}
@@ -294,10 +297,14 @@ func (t *Tokenizer) setModel(raw json.RawMessage) error {
 	return nil
 }
 
-// parseMerges accepts both merge formats: "a b" strings and ["a","b"] pairs.
+// parseMerges accepts both merge formats: "a b" strings (older files) and ["a","b"] pairs
+// (newer ones, e.g. Qwen3's), told apart by the first element so the list is decoded once.
 func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	var strs []string
-	if err := json.Unmarshal(raw, &strs); err == nil {
+	if firstElement(raw) == '"' {
+		var strs []string
+		if err := json.Unmarshal(raw, &strs); err != nil {
+			return nil, fmt.Errorf("parse tokenizer.json merges: %w", err)
+		}
 		out := make([][2]string, len(strs))
 		for i, s := range strs {
 			a, b, ok := strings.Cut(s, " ")
@@ -313,6 +320,16 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 		return nil, fmt.Errorf("parse tokenizer.json merges: %w", err)
 	}
 	return pairs, nil
+}
+
+// firstElement returns the first byte of the first element of the JSON array raw, or 0.
+func firstElement(raw []byte) byte {
+	const space = " \t\r\n"
+	rest, ok := bytes.CutPrefix(bytes.TrimLeft(raw, space), []byte("["))
+	if rest = bytes.TrimLeft(rest, space); !ok || len(rest) == 0 {
+		return 0
+	}
+	return rest[0]
 }
 
 func (t *Tokenizer) setAdded(toks []*addedToken) {
