@@ -104,6 +104,10 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	if o.conn.URL == "" && !o.embedded {
 		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")
 	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+	}
 	return o, nil
 }
 
@@ -113,7 +117,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 	log := newLogger(stderr, o.logLevel, o.logJSON)
-	key, err := tinker.APIKeyFromEnv()
+	key, err := tinker.APIKeyFrom(getenv)
 	if err != nil {
 		return err
 	}
@@ -172,7 +176,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	defer w.Close()
 
 	if o.metricsAddr != "" {
-		srv, err := serveHealth(o.metricsAddr, reg, nc, w)
+		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, nc, w)
 		if err != nil {
 			return err
 		}
@@ -181,7 +185,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 			defer cancel()
 			_ = srv.Shutdown(shutCtx)
 		}()
-		log.Info("serving /metrics, /healthz and /readyz", "addr", o.metricsAddr)
+		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
 	}
 	log.Info("worker started", "concurrency", o.concurrency, "prefix", q.Names.Prefix, "session", w.Client().SessionID())
 	err = w.Run(ctx)
@@ -190,8 +194,9 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 }
 
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (NATS is
-// connected and the Tinker session is alive).
-func serveHealth(addr string, reg *prometheus.Registry, nc *nats.Conn, w *worker.Worker) (*http.Server, error) {
+// connected and the Tinker session is alive) on addr, and returns the address it listens on
+// (port 0 picks one).
+func serveHealth(addr string, reg *prometheus.Registry, nc *nats.Conn, w *worker.Worker) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
@@ -210,18 +215,17 @@ func serveHealth(addr string, reg *prometheus.Registry, nc *nats.Conn, w *worker
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
+		return nil, "", fmt.Errorf("metrics listener: %w", err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }() // owned by the caller through srv.Shutdown.
-	return srv, nil
+	return srv, ln.Addr().String(), nil
 }
 
+// newLogger logs at level (checked by parseFlags) to w, as text or JSON lines.
 func newLogger(w io.Writer, level string, asJSON bool) *slog.Logger {
 	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
-	}
+	_ = l.UnmarshalText([]byte(level))
 	opts := &slog.HandlerOptions{Level: l}
 	if asJSON {
 		return slog.New(slog.NewJSONHandler(w, opts))

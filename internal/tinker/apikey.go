@@ -68,10 +68,12 @@ func (k APIKey) Validate() error {
 // empty, from the file named by TINKER_API_KEY_FILE (surrounding white space is
 // trimmed). The key is validated with [APIKey.Validate].
 func APIKeyFromEnv() (APIKey, error) {
-	return apiKeyFrom(os.Getenv)
+	return APIKeyFrom(os.Getenv)
 }
 
-func apiKeyFrom(getenv func(string) string) (APIKey, error) {
+// APIKeyFrom is APIKeyFromEnv with the environment read through getenv (a program's injected
+// environment, tests).
+func APIKeyFrom(getenv func(string) string) (APIKey, error) {
 	k := APIKey(strings.TrimSpace(getenv("TINKER_API_KEY")))
 	if k == "" {
 		path := getenv("TINKER_API_KEY_FILE")

@@ -299,19 +299,19 @@ func TestAPIKeyFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	if k, err := apiKeyFrom(env(map[string]string{"TINKER_API_KEY": "tml-ENV", "TINKER_API_KEY_FILE": file})); err != nil || k != "tml-ENV" {
+	if k, err := APIKeyFrom(env(map[string]string{"TINKER_API_KEY": "tml-ENV", "TINKER_API_KEY_FILE": file})); err != nil || k != "tml-ENV" {
 		t.Fatalf("env: %v %v", string(k), err)
 	}
-	if k, err := apiKeyFrom(env(map[string]string{"TINKER_API_KEY_FILE": file})); err != nil || k != "tml-FROMFILE" {
+	if k, err := APIKeyFrom(env(map[string]string{"TINKER_API_KEY_FILE": file})); err != nil || k != "tml-FROMFILE" {
 		t.Fatalf("file: %v %v", string(k), err)
 	}
 	if err := os.WriteFile(file, []byte("bogus-SECRETVALUE"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := apiKeyFrom(env(map[string]string{"TINKER_API_KEY_FILE": file})); err == nil || strings.Contains(err.Error(), "SECRETVALUE") {
+	if _, err := APIKeyFrom(env(map[string]string{"TINKER_API_KEY_FILE": file})); err == nil || strings.Contains(err.Error(), "SECRETVALUE") {
 		t.Fatalf("bad file key: %v", err)
 	}
-	if _, err := apiKeyFrom(env(nil)); err == nil {
+	if _, err := APIKeyFrom(env(nil)); err == nil {
 		t.Fatal("no key accepted")
 	}
 	t.Setenv("TINKER_API_KEY", "eyJhbGciOi.x.y")

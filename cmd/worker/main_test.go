@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// env is an injected environment.
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// syncBuffer is a bytes.Buffer the worker's logger and the test can share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--nats-url", "nats://n:4222"}, env(map[string]string{
+		"TINKERFLEET_CONCURRENCY": "7", "TINKERFLEET_LOG_LEVEL": "debug",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.conn.URL != "nats://n:4222" || o.concurrency != 7 || o.logLevel != "debug" || o.metricsAddr != ":9464" {
+		t.Errorf("options %+v: want the flag's URL, the env's concurrency and level, the default metrics address", o)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "--nats-url"},
+		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level "loud"`},
+		{[]string{"--embedded-nats", "extra"}, nil, "unexpected arguments"},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_CONCURRENCY": "many"}, "TINKERFLEET_CONCURRENCY"},
+	} {
+		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%q, %v): %v, want an error naming %s", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestRunNeedsAPIKey(t *testing.T) {
+	err := run(context.Background(), []string{"--nats-url", "nats://127.0.0.1:1"}, env(nil), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "TINKER_API_KEY") {
+		t.Fatalf("run without a key: %v, want an error naming TINKER_API_KEY", err)
+	}
+}
+
+// TestRunWorksABatch runs the program against a real NATS server and the simulator: it works
+// every job, serves /healthz, /readyz and /metrics on the address it logs, never logs the key,
+// and returns nil when its context ends.
+func TestRunWorksABatch(t *testing.T) {
+	emb := fleettest.NATS(t)
+	sim, simURL := fleettest.Sim(t, tinkersim.Config{})
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	const batch, total = "cmd-worker", 12
+	mt := 8
+	var js []jobs.Job
+	for i := range total {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("j%02d", i), Model: "Qwen/Qwen3-8B",
+			Prompt: fmt.Sprintf("Say %d.", i), NumSamples: 1, Params: jobs.SamplingParams{MaxTokens: &mt}})
+	}
+	fleettest.Publish(t, q, batch, js)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
+			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
+	}()
+
+	results, counts := fleettest.Results(t, q, batch, total, time.Minute)
+	for _, j := range js {
+		r, ok := results[j.CustomID]
+		if !ok || r.Status != jobs.StatusOK || counts[j.CustomID] != 1 || len(r.Samples) != 1 || r.Samples[0].Text == "" {
+			t.Errorf("%s: result %+v (%d messages), want one ok result with text", j.CustomID, r, counts[j.CustomID])
+		}
+	}
+	if got := sim.Stats().SamplesCompleted; got != total {
+		t.Errorf("simulator completed %d samples, want %d", got, total)
+	}
+
+	m := regexp.MustCompile(`msg="serving /metrics, /healthz and /readyz" addr=(\S+)`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log:\n%s", logs.String())
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + m[1] + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code, body := get(path); code != http.StatusOK {
+			t.Errorf("GET %s: %d %q", path, code, body)
+		}
+	}
+	code, body := get("/metrics")
+	want := fmt.Sprintf(`tinkerfleet_jobs_finished_total{code="",status="ok"} %d`, total)
+	if code != http.StatusOK || !strings.Contains(body, want) || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("GET /metrics: %d, want %q and the Go collector in:\n%.2000s", code, want, body)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel: %v, want nil (a clean stop)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after its context ended")
+	}
+	if strings.Contains(logs.String(), fleettest.APIKey) {
+		t.Error("the log holds the API key")
+	}
+	if !strings.Contains(logs.String(), "worker stopped") {
+		t.Errorf("no clean stop in the log:\n%s", logs.String())
+	}
+}
