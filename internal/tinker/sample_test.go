@@ -13,18 +13,18 @@ import (
 )
 
 // runSample dials a fresh fake, queues poll replies, and runs one Sample.
-func runSample(t *testing.T, mod func(*Config), polls ...reply) (*SampleResult, error, *fakeTinker, *fakeClock, *eventLog) {
+func runSample(t *testing.T, mod func(*Config), polls ...reply) (*SampleResult, *fakeTinker, *fakeClock, *eventLog, error) {
 	t.Helper()
 	f := newFake(t)
 	f.push("retrieve_future", polls...)
 	c, fc, ev := dial(t, f, mod)
 	s := sampler(t, c)
 	res, err := s.Sample(testCtx(t), basicRequest())
-	return res, err, f, fc, ev
+	return res, f, fc, ev, err
 }
 
 func TestSampleHappyPathWire(t *testing.T) {
-	res, err, f, fc, ev := runSample(t, nil)
+	res, f, fc, ev, err := runSample(t, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestSampleHappyPathWire(t *testing.T) {
 
 // Every row of the §4.2 table.
 func TestPollTryAgain200(t *testing.T) {
-	res, err, f, fc, ev := runSample(t, nil,
+	res, f, fc, ev, err := runSample(t, nil,
 		jsonReply(200, `{"type":"try_again","request_id":"x","queue_state":"paused_capacity","queue_state_reason":"busy GPUs"}`),
 		jsonReply(200, `{"type":"try_again","request_id":"x","queue_state":"active"}`),
 		jsonReply(200, `{"type":"try_again","request_id":"x","queue_state":"weird"}`),
@@ -102,7 +102,7 @@ func TestPollTryAgain200(t *testing.T) {
 }
 
 func TestPollCompleteMetadata(t *testing.T) {
-	res, err, f, _, _ := runSample(t, nil, jsonReply(200, `{"status":"complete_metadata","response_payload_size":7340032}`))
+	res, f, _, _, err := runSample(t, nil, jsonReply(200, `{"status":"complete_metadata","response_payload_size":7340032}`))
 	if err != nil || res.Response == nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestPollCompleteMetadata(t *testing.T) {
 	if len(polls) != 2 || !strings.Contains(string(polls[1].Body), `"allow_metadata_only":false`) {
 		t.Fatalf("polls %d, second body %s", len(polls), polls[1].Body)
 	}
-	_, err, _, _, _ = runSample(t, nil, jsonReply(200, `{"status":"complete_metadata","response_payload_size":1}`),
+	_, _, _, _, err = runSample(t, nil, jsonReply(200, `{"status":"complete_metadata","response_payload_size":1}`),
 		jsonReply(200, `{"status":"complete_metadata","response_payload_size":1}`))
 	var pe *ProtocolError
 	if !errors.As(err, &pe) {
@@ -121,7 +121,7 @@ func TestPollCompleteMetadata(t *testing.T) {
 func TestPollFailedFuture(t *testing.T) {
 	for cat, want := range map[string]Category{"user": CategoryUser, "server": CategoryServer, "unknown": CategoryUnknown, "Weird": CategoryUnknown, "": CategoryUnknown} {
 		body := `{"error":"Prompt too long","category":"` + cat + `"}`
-		_, err, f, _, _ := runSample(t, nil, jsonReply(200, body))
+		_, f, _, _, err := runSample(t, nil, jsonReply(200, body))
 		var rf *RequestFailedError
 		if !errors.As(err, &rf) || rf.Category != want || rf.Message != "Prompt too long" || !strings.HasPrefix(rf.RequestID, "sess-1:sample:0:") {
 			t.Fatalf("category %q: %v", cat, err)
@@ -133,11 +133,11 @@ func TestPollFailedFuture(t *testing.T) {
 }
 
 func TestPollJSONResultAndGarbage(t *testing.T) {
-	res, err, _, _, _ := runSample(t, nil, jsonReply(200, `{"type":"sample","sequences":[{"stop_reason":"length","tokens":[9],"logprobs":[-1.5]}],"prompt_logprobs":null}`))
+	res, _, _, _, err := runSample(t, nil, jsonReply(200, `{"type":"sample","sequences":[{"stop_reason":"length","tokens":[9],"logprobs":[-1.5]}],"prompt_logprobs":null}`))
 	if err != nil || res.Response.Sequences[0].StopReason != StopReasonLength || res.Response.Sequences[0].Tokens[0] != 9 {
 		t.Fatalf("%+v %v", res, err)
 	}
-	_, err, _, _, _ = runSample(t, nil, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+	_, _, _, _, err = runSample(t, nil, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("<html>oops</html>"))
 	})
@@ -145,14 +145,14 @@ func TestPollJSONResultAndGarbage(t *testing.T) {
 	if !errors.As(err, &pe) || IsRetryable(err) {
 		t.Fatalf("non-JSON 200: %v", err)
 	}
-	_, err, _, _, _ = runSample(t, nil, protoReply([]byte{0x0a, 0x05}))
+	_, _, _, _, err = runSample(t, nil, protoReply([]byte{0x0a, 0x05}))
 	if !errors.As(err, &pe) {
 		t.Fatalf("bad protobuf: %v", err)
 	}
 }
 
 func TestPoll408And5xxRepollImmediately(t *testing.T) {
-	res, err, f, fc, ev := runSample(t, nil,
+	res, f, fc, ev, err := runSample(t, nil,
 		jsonReply(408, `{"type":"try_again","request_id":"x","queue_state":"paused_rate_limit"}`),
 		bareStatus(408), jsonReply(500, `{"error":"Internal Server Error"}`), jsonReply(503, `{}`))
 	if err != nil || res.Response == nil {
@@ -168,7 +168,7 @@ func TestPoll408And5xxRepollImmediately(t *testing.T) {
 }
 
 func TestPoll429AndConnectionBackoff(t *testing.T) {
-	res, err, _, fc, ev := runSample(t, nil,
+	res, _, fc, ev, err := runSample(t, nil,
 		jsonReply(429, `{"detail":"slow"}`), jsonReply(429, `{}`), truncated, jsonReply(429, `{}`),
 		jsonReply(500, `{}`),       // any reply outside the backoff class resets the exponent
 		truncated, bareStatus(400)) // a bare 400 is a connection error (§1.4)
@@ -196,7 +196,7 @@ func TestPoll429AndConnectionBackoff(t *testing.T) {
 }
 
 func TestPollTimeoutIsConnectionBackoff(t *testing.T) {
-	res, err, f, fc, _ := runSample(t, func(c *Config) { c.Timing.PollTimeout = 50 * time.Millisecond }, block)
+	res, f, fc, _, err := runSample(t, func(c *Config) { c.Timing.PollTimeout = 50 * time.Millisecond }, block)
 	if err != nil || res.Response == nil {
 		t.Fatal(err)
 	}
@@ -207,18 +207,18 @@ func TestPollTimeoutIsConnectionBackoff(t *testing.T) {
 
 func TestPoll400Budget(t *testing.T) {
 	bad := jsonReply(400, `{"detail":"bad"}`)
-	res, err, _, fc, _ := runSample(t, nil, bad, bad, bad)
+	res, _, fc, _, err := runSample(t, nil, bad, bad, bad)
 	if err != nil || res.Response == nil || len(fc.Sleeps()) != 0 {
 		t.Fatalf("3 bad requests: %v", err)
 	}
-	_, err, f, _, _ := runSample(t, nil, bad, bad, bad, bad)
+	_, f, _, _, err := runSample(t, nil, bad, bad, bad, bad)
 	var se *StatusError
 	var pe *ProtocolError
 	if !errors.As(err, &pe) || !errors.As(err, &se) || se.StatusCode != 400 || IsRetryable(err) || len(f.requests("retrieve_future")) != 4 {
 		t.Fatalf("4 bad requests: %v", err)
 	}
 	// A 408 with a JSON body resets the budget.
-	res, err, _, _, _ = runSample(t, nil, bad, bad, jsonReply(408, `{"type":"try_again"}`), bad, bad, bad)
+	res, _, _, _, err = runSample(t, nil, bad, bad, jsonReply(408, `{"type":"try_again"}`), bad, bad, bad)
 	if err != nil || res.Response == nil {
 		t.Fatalf("budget not reset by 408: %v", err)
 	}
@@ -226,7 +226,7 @@ func TestPoll400Budget(t *testing.T) {
 
 func TestPoll402BillingPause(t *testing.T) {
 	pay := jsonReply(402, `{"detail":"payment required"}`)
-	res, err, _, fc, ev := runSample(t, nil, pay)
+	res, _, fc, ev, err := runSample(t, nil, pay)
 	if err != nil || res.Response == nil || !reflect.DeepEqual(fc.Sleeps(), []time.Duration{5 * time.Second}) {
 		t.Fatalf("402: %v, sleeps %v", err, fc.Sleeps())
 	}
@@ -246,7 +246,7 @@ func TestPoll402BillingPause(t *testing.T) {
 }
 
 func TestPoll410ResubmitsWithNewSeqID(t *testing.T) {
-	res, err, f, fc, ev := runSample(t, nil, jsonReply(410, `{"detail":"promise expired"}`))
+	res, f, fc, ev, err := runSample(t, nil, jsonReply(410, `{"detail":"promise expired"}`))
 	if err != nil || res.Response == nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestPoll410ResubmitsWithNewSeqID(t *testing.T) {
 
 func TestPollFatalStatuses(t *testing.T) {
 	for _, code := range []int{401, 403, 404, 409, 422} {
-		_, err, f, _, _ := runSample(t, nil, jsonReply(code, `{"detail":"no"}`))
+		_, f, _, _, err := runSample(t, nil, jsonReply(code, `{"detail":"no"}`))
 		var se *StatusError
 		var pe *ProtocolError
 		if !errors.As(err, &pe) || !errors.As(err, &se) || se.StatusCode != code || IsRetryable(err) || len(f.requests("asample")) != 1 {
