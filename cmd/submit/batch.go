@@ -88,7 +88,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 		return batchStatus{}, err
 	}
 	st := batchStatus{Manifest: m}
-	sum, err := follow(ctx, q, m, nil, false, progressOptions{mode: "none"}, &environment{})
+	sum, err := follow(ctx, q, m, nil, resultNative, false, progressOptions{mode: "none"}, &environment{})
 	if err != nil {
 		return st, err
 	}
@@ -103,15 +103,20 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 
 func runResults(ctx context.Context, args []string, env *environment) error {
 	var (
-		output string
-		wait   bool
-		po     progressOptions
+		output, format string
+		wait           bool
+		po             progressOptions
 	)
 	o, batch, err := batchCommand("results", args, env, func(fs *flag.FlagSet, s *envflag.Set) {
 		po.register(s)
 		fs.StringVar(&output, "o", "", "write the results to this JSONL file, resuming it if it exists (default standard output)")
 		s.Bool(&wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
+		registerResultFormat(s, &format)
 	})
+	if err != nil {
+		return err
+	}
+	rf, err := parseResultFormat(format)
 	if err != nil {
 		return err
 	}
@@ -126,9 +131,9 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	}
 	var sum summary
 	if output == "" {
-		sum, err = follow(ctx, sess.q, m, env.stdout, wait, progressOptions{mode: "none"}, env)
+		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, progressOptions{mode: "none"}, env)
 	} else {
-		sum, err = followToFile(ctx, sess.q, m, output, wait, po, env)
+		sum, err = followToFile(ctx, sess.q, m, output, rf, wait, po, env)
 	}
 	if err != nil {
 		return err

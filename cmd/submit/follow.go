@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
@@ -27,6 +28,49 @@ type progressOptions struct {
 func (o *progressOptions) register(s *envflag.Set) {
 	s.String(&o.mode, "progress", "TINKERFLEET_PROGRESS", "auto", "auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	s.Duration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal")
+}
+
+// resultFormat says in which format result lines are written (--result-format).
+type resultFormat string
+
+// The values of --result-format.
+const (
+	// resultAuto writes the results of jobs given as OpenAI Batch API lines as OpenAI Batch
+	// output lines, and the others as tinkerfleet result lines.
+	resultAuto resultFormat = "auto"
+	// resultNative writes every result as a tinkerfleet result line (schemas/result.schema.json).
+	resultNative resultFormat = "native"
+	// resultOpenAI writes every result as an OpenAI Batch output line (jobs.Result.AppendOpenAI).
+	resultOpenAI resultFormat = "openai"
+)
+
+// registerResultFormat defines --result-format; parseResultFormat checks its value.
+func registerResultFormat(s *envflag.Set, p *string) {
+	s.String(p, "result-format", "TINKERFLEET_RESULT_FORMAT", string(resultAuto),
+		"format of the result lines: auto (OpenAI Batch output lines for the jobs given as OpenAI batch lines, tinkerfleet lines for the others), native (tinkerfleet lines only) or openai (OpenAI Batch output lines only)")
+}
+
+// parseResultFormat reads the value of --result-format.
+func parseResultFormat(v string) (resultFormat, error) {
+	switch f := resultFormat(v); f {
+	case resultAuto, resultNative, resultOpenAI:
+		return f, nil
+	}
+	return "", fmt.Errorf("--result-format (or TINKERFLEET_RESULT_FORMAT) %q: must be auto, native or openai: %w", v, errUsage)
+}
+
+// resultLine appends to dst the output line (without newline) of the stored result data, in
+// format f; created is when the result was stored, the "created" of OpenAI lines, so that writing
+// a result again gives the same line.
+func resultLine(dst, data []byte, created time.Time, f resultFormat) ([]byte, error) {
+	if f == resultNative || (f == resultAuto && jobs.FormatOfResult(data) == "") {
+		return append(dst, data...), nil // byte for byte, as the worker wrote it
+	}
+	r, err := jobs.DecodeResult(data)
+	if err != nil {
+		return nil, err
+	}
+	return r.AppendOpenAI(dst, created)
 }
 
 // summary counts the results of a batch by status.
@@ -47,33 +91,34 @@ func (s *summary) add(status string) {
 	}
 }
 
-// followToFile follows the results into the JSONL file at path. A result already in the file
-// is not written again, so an interrupted run resumes by appending what is missing.
-func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, wait bool, po progressOptions, env *environment) (summary, error) {
+// followToFile follows the results into the JSONL file at path, in format f. A result already
+// in the file (in either format) is not written again, so an interrupted run resumes by
+// appending what is missing.
+func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
 	seen := map[string]bool{}
 	var sum summary
-	f, err := openOutput(path, seen, &sum)
+	out, err := openOutput(path, seen, &sum)
 	if err != nil {
 		return sum, err
 	}
-	defer f.Close()
-	got, err := followFrom(ctx, q, m, f, seen, sum, wait, po, env)
-	if cerr := f.Sync(); err == nil && cerr != nil {
+	defer out.Close()
+	got, err := followFrom(ctx, q, m, out, f, seen, sum, wait, po, env)
+	if cerr := out.Sync(); err == nil && cerr != nil {
 		err = fmt.Errorf("write %s: %w", path, cerr)
 	}
 	return got, err
 }
 
 // follow reads the results of a batch from the start of the results stream, writes each to
-// out (nil: count them only, reading headers), shows progress, and returns once every job of
-// m has a result, or, with wait false, once it has read what is stored now.
-func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer, wait bool, po progressOptions, env *environment) (summary, error) {
-	return followFrom(ctx, q, m, out, map[string]bool{}, summary{}, wait, po, env)
+// out in format f (out nil: count them only, reading headers), shows progress, and returns once
+// every job of m has a result, or, with wait false, once it has read what is stored now.
+func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
+	return followFrom(ctx, q, m, out, f, map[string]bool{}, summary{}, wait, po, env)
 }
 
 // followFrom is follow for a reader that already holds the results in seen (job tokens),
 // counted in sum.
-func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
+func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
 	var out *bufio.Writer
 	if w != nil {
 		out = bufio.NewWriterSize(w, 256<<10)
@@ -94,6 +139,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	}
 	prog := newProgress(po, env, m.Jobs, sum.total())
 	defer prog.finish(&sum)
+	var line []byte // reused for every output line
 
 	for {
 		if wait && sum.total() >= m.Jobs {
@@ -123,11 +169,18 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			sum.add(msg.Headers().Get(queue.HeaderStatus))
 			if out != nil {
 				data, err := codec.Decode(nats.Header(msg.Headers()), msg.Data())
+				var meta *jetstream.MsgMetadata
+				if err == nil {
+					meta, err = msg.Metadata()
+				}
+				if err == nil {
+					line, err = resultLine(line[:0], data, meta.Timestamp, f)
+				}
 				if err != nil {
 					cancel()
 					return sum, fmt.Errorf("result %s: %w", msg.Subject(), err)
 				}
-				out.Write(data)
+				out.Write(line)
 				if err := out.WriteByte('\n'); err != nil {
 					cancel()
 					return sum, fmt.Errorf("write results: %w", err)
@@ -151,8 +204,9 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 }
 
 // openOutput opens the output file for appending, after reading the custom ids it already
-// holds, so that an interrupted run resumes without writing any result twice. A last line
-// cut short by the interruption is dropped.
+// holds, so that an interrupted run resumes without writing any result twice. Lines may be
+// tinkerfleet result lines or OpenAI Batch output lines (see outputStatus). A last line cut
+// short by the interruption is dropped.
 func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -169,18 +223,19 @@ func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, erro
 			f.Close()
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
-		var r struct {
-			CustomID string `json:"custom_id"`
-			Status   string `json:"status"`
+		var r outputLine
+		status, ok := "", false
+		if json.Unmarshal(line, &r) == nil {
+			status, ok = r.status()
 		}
-		if json.Unmarshal(line, &r) != nil || r.CustomID == "" {
+		if !ok {
 			f.Close()
 			return nil, fmt.Errorf("%s holds a line that is not a result (line ending at byte %d); give another -o file", path, keep+int64(len(line)))
 		}
 		token := queue.JobToken(r.CustomID)
 		if !seen[token] {
 			seen[token] = true
-			sum.add(r.Status)
+			sum.add(status)
 		}
 		keep += int64(len(line))
 	}
@@ -193,4 +248,37 @@ func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, erro
 		return nil, fmt.Errorf("output: %w", err)
 	}
 	return f, nil
+}
+
+// outputLine is what openOutput reads of a line of the output file: a tinkerfleet result line
+// (custom_id, status) or an OpenAI Batch output line (id, custom_id, response, error).
+type outputLine struct {
+	ID       string `json:"id"`
+	CustomID string `json:"custom_id"`
+	Status   string `json:"status"`
+	Response *struct {
+		StatusCode int `json:"status_code"`
+	} `json:"response"`
+	Error *struct {
+		Code string `json:"code"`
+	} `json:"error"`
+}
+
+// status is the line's result status; ok is false when the line is no result. An OpenAI line
+// is ok when its response has status 200, cancelled when its error is batch_cancelled, and an
+// error otherwise (jobs.Result.AppendOpenAI).
+func (l *outputLine) status() (string, bool) {
+	switch {
+	case l.CustomID == "":
+		return "", false
+	case l.Status != "":
+		return l.Status, true
+	case !strings.HasPrefix(l.ID, "batch_req_"):
+		return "", false
+	case l.Response != nil && l.Response.StatusCode == 200:
+		return string(jobs.StatusOK), true
+	case l.Response == nil && l.Error != nil && l.Error.Code == jobs.OpenAICodeBatchCancelled:
+		return string(jobs.StatusCancelled), true
+	}
+	return string(jobs.StatusError), true
 }

@@ -41,6 +41,7 @@ type submitOptions struct {
 	rejects     string
 	wait        bool
 	output      string
+	format      string
 	progress    progressOptions
 	limits      jobs.Limits
 }
@@ -60,10 +61,15 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (implies --wait)")
+	registerResultFormat(s, &o.format)
 	if err := s.Err(); err != nil {
 		return err
 	}
 	files, err := envflag.Parse(fs, args)
+	if err != nil {
+		return err
+	}
+	format, err := parseResultFormat(o.format)
 	if err != nil {
 		return err
 	}
@@ -163,9 +169,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	// 3. Follow the results.
 	var sum summary
 	if o.output != "" {
-		sum, err = followToFile(ctx, sess.q, m, o.output, true, o.progress, env)
+		sum, err = followToFile(ctx, sess.q, m, o.output, format, true, o.progress, env)
 	} else {
-		sum, err = follow(ctx, sess.q, m, nil, true, o.progress, env)
+		sum, err = follow(ctx, sess.q, m, nil, format, true, o.progress, env)
 	}
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
@@ -104,6 +105,27 @@ func jobLine(i int) string {
 	}
 }
 
+// lineStatus is the status of an output line: the status of a tinkerfleet result line or, for
+// an OpenAI Batch output line, ok (response with status 200), cancelled (no response, error
+// batch_cancelled) or error.
+func lineStatus(t *testing.T, r map[string]any) string {
+	t.Helper()
+	if st, ok := r["status"].(string); ok {
+		return st
+	}
+	resp, _ := r["response"].(map[string]any)
+	e, _ := r["error"].(map[string]any)
+	switch {
+	case resp != nil && e == nil && resp["status_code"] == 200.0:
+		return "ok"
+	case resp == nil && e != nil && e["code"] == "batch_cancelled":
+		return "cancelled"
+	case (resp == nil) == (e == nil):
+		t.Fatalf("neither a result line nor an OpenAI batch output line: %v", r)
+	}
+	return "error"
+}
+
 // readResults reads an output file and fails on a custom id seen twice.
 func readResults(t *testing.T, path string) map[string]map[string]any {
 	t.Helper()
@@ -173,7 +195,7 @@ func TestTenThousandJobsOverThreeWorkersOneKilled(t *testing.T) {
 	}
 	for i := range n {
 		r, ok := res[fmt.Sprintf("job-%05d", i)]
-		if !ok || r["status"] != "ok" {
+		if !ok || lineStatus(t, r) != "ok" {
 			t.Fatalf("job-%05d: %v", i, r)
 		}
 	}
@@ -222,7 +244,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		t.Fatalf("%v: %s", err, stderr)
 	}
 	res := readResults(t, out)
-	if len(res) != 2 || res["job-00000"]["status"] != "ok" || res["job-00007"]["status"] != "ok" {
+	if len(res) != 2 || lineStatus(t, res["job-00000"]) != "ok" || lineStatus(t, res["job-00007"]) != "ok" {
 		t.Fatalf("results = %v", res)
 	}
 	data, err := os.ReadFile(rejects)
@@ -311,9 +333,17 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 		t.Fatalf("%d results", len(res))
 	}
 	for id, r := range res {
-		if r["status"] != "cancelled" {
+		if lineStatus(t, r) != "cancelled" {
 			t.Fatalf("%s: %v", id, r)
 		}
+	}
+	// Reading the file again counts what it holds, OpenAI lines (a third of the jobs) included.
+	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out); err != nil ||
+		!strings.Contains(stderr, "30 of 30 results (0 ok, 0 error, 30 cancelled)") {
+		t.Fatalf("results again: %v: %s", err, stderr)
+	}
+	if again := readResults(t, out); len(again) != 30 {
+		t.Fatalf("%d results after reading again", len(again))
 	}
 	if got := f.sim.Stats().SamplesAccepted; got != 0 {
 		t.Fatalf("%d samples of a cancelled batch were sent", got)
@@ -420,8 +450,288 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 		t.Fatalf("%d results for the 21 example lines", len(res))
 	}
 	for id, r := range res {
-		if r["status"] != "ok" {
+		if lineStatus(t, r) != "ok" {
 			t.Fatalf("%s: %v", id, r)
+		}
+	}
+}
+
+// openAIOutput is an OpenAI Batch output line as OpenAI documents it (BatchRequestOutput), with
+// the fields of the chat.completion and text_completion bodies that output parsers read.
+type openAIOutput struct {
+	ID       string `json:"id"`
+	CustomID string `json:"custom_id"`
+	Response *struct {
+		StatusCode int    `json:"status_code"`
+		RequestID  string `json:"request_id"`
+		Body       struct {
+			ID      string `json:"id"`
+			Object  string `json:"object"`
+			Created int64  `json:"created"`
+			Model   string `json:"model"`
+			Choices []struct {
+				Index   int     `json:"index"`
+				Text    *string `json:"text"`
+				Message *struct {
+					Role    string  `json:"role"`
+					Content *string `json:"content"`
+				} `json:"message"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+				TotalTokens      int `json:"total_tokens"`
+			} `json:"usage"`
+		} `json:"body"`
+	} `json:"response"`
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// outputLines reads an output file as raw lines keyed by custom id, failing on a custom id
+// seen twice.
+func outputLines(t *testing.T, data []byte) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, line := range bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n")) {
+		var r struct {
+			CustomID string `json:"custom_id"`
+		}
+		if err := json.Unmarshal(line, &r); err != nil || r.CustomID == "" {
+			t.Fatalf("output line %q: %v", line, err)
+		}
+		if _, dup := out[r.CustomID]; dup {
+			t.Fatalf("two results for %s in the output", r.CustomID)
+		}
+		out[r.CustomID] = line
+	}
+	return out
+}
+
+// checkOpenAIOK checks an OpenAI Batch output line of an ok result: n choices of object.
+func checkOpenAIOK(t *testing.T, line []byte, object string, n int) (texts []string) {
+	t.Helper()
+	var o openAIOutput
+	if err := json.Unmarshal(line, &o); err != nil {
+		t.Fatalf("%s: %v", line, err)
+	}
+	if !strings.HasPrefix(o.ID, "batch_req_") || o.Error != nil || o.Response == nil || o.Response.StatusCode != 200 ||
+		!strings.HasPrefix(o.Response.RequestID, "req_") {
+		t.Fatalf("not an ok OpenAI batch output line: %s", line)
+	}
+	b := o.Response.Body
+	if b.Object != object || b.Model != "Qwen/Qwen3-8B" || b.Created <= 0 || len(b.Choices) != n ||
+		b.Usage.CompletionTokens <= 0 || b.Usage.TotalTokens != b.Usage.PromptTokens+b.Usage.CompletionTokens {
+		t.Fatalf("body of %s: %+v, want %s with %d choices", o.CustomID, b, object, n)
+	}
+	for i, c := range b.Choices {
+		if c.Index != i || (c.FinishReason != "stop" && c.FinishReason != "length") {
+			t.Fatalf("%s choice %d: %+v", o.CustomID, i, c)
+		}
+		switch {
+		case object == "chat.completion" && c.Message != nil && c.Message.Role == "assistant" && c.Message.Content != nil && c.Text == nil:
+			texts = append(texts, *c.Message.Content)
+		case object == "text_completion" && c.Text != nil && c.Message == nil:
+			texts = append(texts, *c.Text)
+		default:
+			t.Fatalf("%s choice %d has no text: %s", o.CustomID, i, line)
+		}
+	}
+	return texts
+}
+
+func TestOpenAILinesGetOpenAIResults(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 16})
+	f.startWorker(8)
+	example, err := os.ReadFile("../../schemas/examples/job-openai.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The README's OpenAI example lines (request-2 asks n=3, request-3 is a completion) and one
+	// native job.
+	in := writeLines(t, append(strings.Split(strings.TrimSpace(string(example)), "\n"), jobLine(0)))
+	ctx := context.Background()
+	dir := t.TempDir()
+
+	auto := filepath.Join(dir, "auto.jsonl")
+	batch, stderr, err := f.submit(ctx, in, "-o", auto)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	batch = strings.TrimSpace(batch)
+	first, err := os.ReadFile(auto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := outputLines(t, first)
+	if len(lines) != 4 {
+		t.Fatalf("%d result lines for 4 jobs:\n%s", len(lines), first)
+	}
+	var texts []string
+	texts = append(texts, checkOpenAIOK(t, lines["request-1"], "chat.completion", 1)...)
+	texts = append(texts, checkOpenAIOK(t, lines["request-2"], "chat.completion", 3)...)
+	texts = append(texts, checkOpenAIOK(t, lines["request-3"], "text_completion", 1)...)
+	if strings.Join(texts, "") == "" {
+		t.Fatalf("no choice has any text:\n%s", first)
+	}
+	var native map[string]any
+	if err := json.Unmarshal(lines["job-00000"], &native); err != nil || native["status"] != "ok" || native["response"] != nil {
+		t.Fatalf("the native job's result is not a native line: %s", lines["job-00000"])
+	}
+
+	// Running again, or resuming a cut file, writes nothing twice and the same bytes.
+	if _, stderr, err := f.submit(ctx, in, "-o", auto); err != nil || !strings.Contains(stderr, "4 results (4 ok, 0 error, 0 cancelled)") {
+		t.Fatalf("again: %v: %s", err, stderr)
+	}
+	cut := bytes.IndexByte(first, '\n') + 1
+	cut += bytes.IndexByte(first[cut:], '\n') + 1
+	if err := os.WriteFile(auto, first[:cut+30], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := f.submit(ctx, in, "-o", auto); err != nil {
+		t.Fatalf("resume: %v: %s", err, stderr)
+	}
+	if again, err := os.ReadFile(auto); err != nil || !bytes.Equal(again, first) {
+		t.Fatalf("resumed file differs (%v):\n%s\nwant\n%s", err, again, first)
+	}
+
+	// --result-format native: tinkerfleet lines that say which format the job had.
+	nat := filepath.Join(dir, "native.jsonl")
+	if _, stderr, err := f.submit(ctx, in, "-o", nat, "--result-format", "native"); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	res := readResults(t, nat)
+	for id, want := range map[string]struct {
+		format  any
+		samples int
+	}{"request-1": {"openai-chat", 1}, "request-2": {"openai-chat", 3}, "request-3": {"openai-completions", 1}, "job-00000": {nil, 1}} {
+		r := res[id]
+		if samples, _ := r["samples"].([]any); r["status"] != "ok" || r["format"] != want.format || len(samples) != want.samples {
+			t.Errorf("native line of %s: %v", id, r)
+		}
+	}
+	if len(res) != 4 {
+		t.Errorf("%d native lines", len(res))
+	}
+
+	// --result-format openai: every line, the native job's too (as a text_completion); the
+	// lines of the OpenAI jobs are those written before, byte for byte.
+	stdout, stderr, err := f.submit(ctx, "results", batch, "--result-format", "openai")
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	all := outputLines(t, []byte(stdout))
+	checkOpenAIOK(t, all["job-00000"], "text_completion", 1)
+	for _, id := range []string{"request-1", "request-2", "request-3"} {
+		if !bytes.Equal(all[id], lines[id]) {
+			t.Errorf("%s written twice differently:\n%s\n%s", id, all[id], lines[id])
+		}
+	}
+	if len(all) != 4 {
+		t.Errorf("%d openai lines", len(all))
+	}
+}
+
+func TestBadResultFormatIsAnError(t *testing.T) {
+	t.Parallel()
+	in := writeLines(t, []string{jobLine(0)})
+	for _, tt := range []struct {
+		env  string
+		args []string
+	}{
+		{"", []string{"--nats-url", "nats://127.0.0.1:1", "--result-format", "OpenAI", in}},
+		{"jsonl", []string{"--nats-url", "nats://127.0.0.1:1", in}},
+		{"", []string{"results", "--nats-url", "nats://127.0.0.1:1", "--result-format", "csv", "b-1"}},
+		{"tinkerfleet", []string{"results", "--nats-url", "nats://127.0.0.1:1", "b-1"}},
+	} {
+		env := &environment{getenv: func(k string) string {
+			if k == "TINKERFLEET_RESULT_FORMAT" {
+				return tt.env
+			}
+			return ""
+		}, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+		err := run(context.Background(), tt.args, env)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--result-format") ||
+			!strings.Contains(err.Error(), "must be auto, native or openai") {
+			t.Errorf("%v (env %q): err = %v", tt.args, tt.env, err)
+		}
+	}
+}
+
+func TestOpenOutputReadsBothFormats(t *testing.T) {
+	t.Parallel()
+	job := func(id, format string) jobs.Job {
+		return jobs.Job{CustomID: id, Model: "m", Format: format, NumSamples: 1}
+	}
+	ok := func(j jobs.Job) jobs.Result {
+		r := jobs.NewResult(j, "b")
+		r.Samples = []jobs.Sample{{Text: "t", Tokens: []int{1}, StopReason: jobs.StopReasonStop}}
+		r.Usage = &jobs.Usage{PromptTokens: 1, CompletionTokens: 1}
+		return r
+	}
+	fail := func(j jobs.Job, code string, cat jobs.Category) jobs.Result {
+		return jobs.ErrorResult(j, "b", jobs.ResultError{Code: code, Message: "m", Category: cat})
+	}
+	var file []byte
+	for i, r := range []jobs.Result{
+		ok(job("n-ok", jobs.FormatNative)),
+		fail(job("n-err", jobs.FormatNative), jobs.CodeTokenize, jobs.CategoryUser),
+		jobs.CancelledResult(job("n-cancel", jobs.FormatNative), "b", ""),
+		ok(job("o-ok", jobs.FormatOpenAIChat)),
+		fail(job("o-400", jobs.FormatOpenAICompletions), jobs.CodeContextTooLong, jobs.CategoryUser),
+		fail(job("o-429", jobs.FormatOpenAIChat), jobs.CodeRateLimited, jobs.CategoryServer),
+		fail(job("o-500", jobs.FormatOpenAIChat), jobs.CodeDeadLetter, jobs.CategoryServer),
+		jobs.CancelledResult(job("o-cancel", jobs.FormatOpenAIChat), "b", ""),
+		jobs.CancelledResult(job("o-cancel-2", jobs.FormatOpenAIChat), "b", ""),
+		ok(job("n-ok", jobs.FormatNative)), // a duplicate is counted once
+	} {
+		var err error
+		if i < 3 || i == 9 {
+			file, err = r.AppendJSON(file)
+		} else {
+			file, err = r.AppendOpenAI(file, time.Unix(1, 0))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		file = append(file, '\n')
+	}
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	if err := os.WriteFile(path, append(file, `{"id":"batch_req_cut`...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var sum summary
+	out, err := openOutput(path, seen, &sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	if want := (summary{ok: 2, failed: 4, cancelled: 3}); sum != want || len(seen) != 9 {
+		t.Fatalf("counted %+v over %d custom ids, want %+v over 9", sum, len(seen), want)
+	}
+	if data, err := os.ReadFile(path); err != nil || !bytes.Equal(data, file) {
+		t.Fatalf("the cut last line was not dropped (%v)", err)
+	}
+
+	// Input lines are not results: the file is left alone.
+	for _, line := range []string{
+		`{"custom_id": "request-1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}`,
+		`{"custom_id": "q-1", "model": "m", "prompt": "p"}`,
+	} {
+		path := filepath.Join(t.TempDir(), "in.jsonl")
+		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := openOutput(path, map[string]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
+			t.Errorf("%s: err = %v", line, err)
+		}
+		if data, _ := os.ReadFile(path); string(data) != line+"\n" {
+			t.Errorf("the file was changed: %q", data)
 		}
 	}
 }

@@ -72,6 +72,10 @@ type Result struct {
 	Status Status `json:"status"`
 	// Model is the job's model, or its model_path.
 	Model string `json:"model,omitempty"`
+	// Format is the line format of the job when it is not native: FormatOpenAIChat or
+	// FormatOpenAICompletions, so that submit can write the result in the OpenAI Batch output
+	// format (AppendOpenAI); "" for native jobs (see ResultFormat).
+	Format string `json:"format,omitempty"`
 	// Samples are the completions (num_samples of them) when Status is ok.
 	Samples []Sample `json:"samples,omitempty"`
 	// PromptLogprobs has one entry per prompt token when the job asked for prompt_logprobs; NaN
@@ -220,7 +224,43 @@ func appendLogprob(b []byte, f float64) []byte {
 	return strconv.AppendFloat(b, f, 'g', -1, 32)
 }
 
-// NewResult starts a result for j: custom_id, batch id, model and metadata filled in, status ok.
+// ResultFormat is the Result.Format of a job read from the line format jobFormat (Job.Format):
+// FormatOpenAIChat and FormatOpenAICompletions as they are, "" for native jobs and anything else.
+func ResultFormat(jobFormat string) string {
+	switch jobFormat {
+	case FormatOpenAIChat, FormatOpenAICompletions:
+		return jobFormat
+	}
+	return ""
+}
+
+// FormatOfResult returns the format of an encoded result (AppendJSON's output) without
+// decoding it: it reads the top-level keys only up to "format", which AppendJSON writes before
+// any list and before the metadata. It returns "" for a native result and for data that is
+// not a result object.
+func FormatOfResult(data []byte) string {
+	if !isObject(data) {
+		return ""
+	}
+	it := newObjIter(data)
+	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
+		switch string(k) {
+		case "custom_id", "batch_id", "status", "model":
+			continue
+		case "format":
+			var f string
+			if json.Unmarshal(v, &f) != nil {
+				return ""
+			}
+			return ResultFormat(f)
+		}
+		return ""
+	}
+	return ""
+}
+
+// NewResult starts a result for j: custom_id, batch id, model, format and metadata filled in,
+// status ok.
 func NewResult(j Job, batchID string) Result {
 	model := j.Model
 	if model == "" {
@@ -231,6 +271,7 @@ func NewResult(j Job, batchID string) Result {
 		BatchID:  batchID,
 		Status:   StatusOK,
 		Model:    model,
+		Format:   ResultFormat(j.Format),
 		Metadata: j.Metadata,
 	}
 }
@@ -293,11 +334,14 @@ func DecodeResult(data []byte) (Result, error) {
 	return res, nil
 }
 
-// Validate checks the invariants of a result line: a custom_id, a known status, an error for
-// failures and none for successes.
+// Validate checks the invariants of a result line: a custom_id, a known status and format, an
+// error for failures and none for successes.
 func (r *Result) Validate() error {
 	if r.CustomID == "" {
 		return fieldErr("custom_id", "must not be empty")
+	}
+	if r.Format != "" && ResultFormat(r.Format) != r.Format {
+		return fieldErr("format", `must be "`+FormatOpenAIChat+`" or "`+FormatOpenAICompletions+`" when present`)
 	}
 	switch r.Status {
 	case StatusOK:

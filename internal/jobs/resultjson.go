@@ -23,6 +23,10 @@ func (r *Result) AppendJSON(b []byte) ([]byte, error) {
 		b = append(b, `,"model":`...)
 		b = appendJSONString(b, r.Model)
 	}
+	if r.Format != "" {
+		b = append(b, `,"format":`...)
+		b = appendJSONString(b, r.Format)
+	}
 	if len(r.Samples) > 0 {
 		b = append(b, `,"samples":[`...)
 		for i := range r.Samples {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"testing"
+	"time"
 )
 
 // referenceEncode is how results were encoded before AppendJSON: encoding/json through
@@ -21,7 +22,7 @@ func tricky() []Result {
 		{CustomID: "a", BatchID: "b", Status: StatusOK},
 		{
 			CustomID: "q\"uote\\back\x00\x1f\b\f\n\r\t\x7f<>&\u2028\u2029é漢🙂", BatchID: "batch-1", Status: StatusOK,
-			Model: "Qwen/Qwen3-8B",
+			Model: "Qwen/Qwen3-8B", Format: FormatOpenAIChat,
 			Samples: []Sample{
 				{Text: "<|im_end|> hello", Tokens: []int{1, -2, 151645}, Logprobs: Logprobs{-0.5, nan, math.Inf(-1)}, StopReason: StopReasonStop},
 				{Text: "", Tokens: nil, StopReason: StopReasonLength},
@@ -34,13 +35,16 @@ func tricky() []Result {
 			Metadata: json.RawMessage(`{"k": [1, 2],   "s":"v"}`),
 		},
 		{
-			CustomID: "bad-utf8-\xff\xfe-\xe2\x82", BatchID: "b", Status: StatusError, Model: "m",
+			CustomID: "bad-utf8-\xff\xfe-\xe2\x82", BatchID: "b", Status: StatusError, Model: "m", Format: FormatOpenAICompletions,
 			Error:    &ResultError{Code: CodeAPIError, Message: "line\nbreak \"quoted\"", Category: CategoryUser, Retryable: true},
 			Metadata: json.RawMessage("{\n  \"pretty\": true\n}"),
 		},
 		{CustomID: "c", BatchID: "b", Status: StatusCancelled, Error: &ResultError{Code: CodeCancelled, Category: CategoryUser},
 			PromptLogprobs: Logprobs{}, TopKPromptLogprobs: [][]TokenLogprob{}, Samples: []Sample{}, Metadata: json.RawMessage(`null`)},
 		{CustomID: "n", BatchID: "b", Status: StatusOK, Metadata: json.RawMessage(`"string"`), Usage: &Usage{}},
+		// A format without a model, and one no reader produces: still encoded as encoding/json does.
+		{CustomID: "f", BatchID: "b", Status: StatusOK, Format: FormatOpenAIChat},
+		{CustomID: "g", BatchID: "b", Status: StatusOK, Model: "m", Format: "\u2028<x>\"q\""},
 	}
 }
 
@@ -73,16 +77,17 @@ func TestAppendJSONRejectsBadMetadata(t *testing.T) {
 }
 
 func FuzzResultJSON(f *testing.F) {
-	f.Add("id", "text", "m", "msg", []byte{1, 2, 3}, uint64(0), []byte(`{"a":1}`), true)
-	f.Add("\xff\u2028\"", "\x00\n<>&", "", "", []byte{}, math.Float64bits(math.NaN()), []byte("[1,\n2]"), false)
-	f.Fuzz(func(t *testing.T, id, text, model, msg string, toks []byte, lpBits uint64, meta []byte, ok bool) {
+	f.Add("id", "text", "m", "msg", "", []byte{1, 2, 3}, uint64(0), []byte(`{"a":1}`), true)
+	f.Add("\xff\u2028\"", "\x00\n<>&", "", "", FormatOpenAIChat, []byte{}, math.Float64bits(math.NaN()), []byte("[1,\n2]"), false)
+	f.Add("c", "t", "m", "", FormatOpenAICompletions, []byte{7}, uint64(1), []byte(`null`), true)
+	f.Fuzz(func(t *testing.T, id, text, model, msg, format string, toks []byte, lpBits uint64, meta []byte, ok bool) {
 		tokens := make([]int, len(toks))
 		lps := make(Logprobs, len(toks))
 		for i, c := range toks {
 			tokens[i] = int(c) * 1000
 			lps[i] = math.Float64frombits(lpBits + uint64(c))
 		}
-		r := Result{CustomID: id, BatchID: "batch", Status: StatusOK, Model: model,
+		r := Result{CustomID: id, BatchID: "batch", Status: StatusOK, Model: model, Format: format,
 			Samples:  []Sample{{Text: text, Tokens: tokens, Logprobs: lps, StopReason: StopReasonStop}},
 			Usage:    &Usage{PromptTokens: len(id), CompletionTokens: len(tokens)},
 			Attempts: len(text), LatencyMS: int64(lpBits >> 1)}
@@ -103,6 +108,12 @@ func FuzzResultJSON(f *testing.F) {
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("\n got %s\nwant %s", got, want)
+		}
+		// The OpenAI line of a valid result is one line of valid JSON too.
+		if line, err := r.AppendOpenAI(nil, time.Unix(int64(lpBits>>30), 0)); err == nil && (!json.Valid(line) || bytes.IndexByte(line, '\n') >= 0) {
+			t.Fatalf("AppendOpenAI wrote %q", line)
+		} else if err != nil && r.Validate() == nil {
+			t.Fatalf("AppendOpenAI of a valid result: %v", err)
 		}
 	})
 }

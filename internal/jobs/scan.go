@@ -91,6 +91,10 @@ func (it *objIter) next() (key, val []byte, ok bool) {
 		return nil, nil, false
 	}
 	kend := stringEnd(b, i)
+	if kend-1 <= i { // a key cut short: only in data that is not valid JSON
+		it.i = len(b)
+		return nil, nil, false
+	}
 	key = b[i+1 : kend-1]
 	if bytes.IndexByte(key, '\\') >= 0 {
 		var s string
@@ -99,6 +103,10 @@ func (it *objIter) next() (key, val []byte, ok bool) {
 		}
 	}
 	i = skipWS(b, skipWS(b, kend)+1) // past ':'
+	if i >= len(b) {                 // no value: only in data that is not valid JSON
+		it.i = len(b)
+		return nil, nil, false
+	}
 	vend := valueEnd(b, i)
 	val = b[i:vend]
 	i = skipWS(b, vend)

@@ -116,7 +116,8 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		err = job.Validate(w.cfg.Limits)
 	}
 	if err != nil {
-		res := errorResult(jobs.Job{CustomID: customID}, batch, jobs.ResultError{
+		// A job that decoded but is invalid keeps its format (OpenAI lines get OpenAI results).
+		res := errorResult(jobs.Job{CustomID: customID, Format: job.Format}, batch, jobs.ResultError{
 			Code: jobs.CodeInvalidJob, Message: err.Error(), Category: jobs.CategoryUser,
 		})
 		return outcome{result: &res, settle: settleTerm}
@@ -315,7 +316,7 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 	if !errors.Is(err, queue.ErrTooLarge) {
 		return err
 	}
-	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Metadata: res.Metadata}, batch, jobs.ResultError{
+	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Format: res.Format, Metadata: res.Metadata}, batch, jobs.ResultError{
 		Code:     jobs.CodeInternal,
 		Message:  fmt.Sprintf("the result (%d bytes) does not fit the NATS max payload (%d bytes)", len(data), w.maxPayload),
 		Category: jobs.CategoryUser,
@@ -366,6 +367,7 @@ func errorResult(job jobs.Job, batch string, e jobs.ResultError) jobs.Result {
 		BatchID:  batch,
 		Status:   jobs.StatusError,
 		Model:    modelName(job),
+		Format:   jobs.ResultFormat(job.Format),
 		Error:    &e,
 		Metadata: job.Metadata,
 	}
@@ -377,6 +379,7 @@ func okResult(job jobs.Job, batch string, res *tinker.SampleResult, promptLen in
 		BatchID:  batch,
 		Status:   jobs.StatusOK,
 		Model:    modelName(job),
+		Format:   jobs.ResultFormat(job.Format),
 		Attempts: res.Attempts,
 		Metadata: job.Metadata,
 		Usage:    &jobs.Usage{PromptTokens: promptLen, CacheHitTokens: res.Response.PromptCacheHitTokens},

@@ -121,8 +121,23 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 			Params: jobs.SamplingParams{MaxTokens: intp(4)}, TopKPromptLogprobs: 2},
 		{CustomID: "too-long", Model: "Qwen/Qwen3-8B", Prompt: "x", NumSamples: 1,
 			Params: jobs.SamplingParams{MaxTokens: intp(32768)}}, // Qwen3-8B: 32768 tokens of context
+		{CustomID: "openai", Format: jobs.FormatOpenAIChat, Model: "Qwen/Qwen3-8B", NumSamples: 1,
+			Messages: []jobs.Message{{Role: "user", Content: "Hi"}}, Params: jobs.SamplingParams{MaxTokens: intp(4)}},
+		{CustomID: "openai-invalid", Format: jobs.FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "x",
+			NumSamples: 99}, // over the limit: rejected by the worker's own validation
 	})
-	res := waitResults(t, b.results, "b1", 4, 30*time.Second)
+	res := waitResults(t, b.results, "b1", 6, 30*time.Second)
+	// Results of OpenAI lines say so (submit writes them in OpenAI's output format), even when
+	// the job is refused before sampling.
+	if r := res["openai"]; r.Status != jobs.StatusOK || r.Format != jobs.FormatOpenAIChat {
+		t.Fatalf("OpenAI chat job result = %+v", r)
+	}
+	if r := res["openai-invalid"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInvalidJob || r.Format != jobs.FormatOpenAICompletions {
+		t.Fatalf("invalid OpenAI job result = %+v", r)
+	}
+	if r := res["text"]; r.Format != "" {
+		t.Fatalf("native job result has format %q", r.Format)
+	}
 
 	text := res["text"]
 	if text.Status != jobs.StatusOK || len(text.Samples) != 2 || text.Samples[0].Text == "" || len(text.Samples[0].Tokens) == 0 {
@@ -153,8 +168,8 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	if long.Status != jobs.StatusError || long.Error.Code != jobs.CodeContextTooLong || long.Error.Category != jobs.CategoryUser {
 		t.Fatalf("over-long job result = %+v", long)
 	}
-	if got := b.sim.Stats().Requests["asample"][200]; got != 3 {
-		t.Fatalf("simulator accepted %d asample calls, want 3 (none for the over-long job)", got)
+	if got := b.sim.Stats().Requests["asample"][200]; got != 4 {
+		t.Fatalf("simulator accepted %d asample calls, want 4 (none for the over-long and invalid jobs)", got)
 	}
 }
 

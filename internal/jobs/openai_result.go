@@ -1,0 +1,187 @@
+package jobs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// OpenAICodeBatchCancelled is the error.code of an OpenAI Batch output line for a request that
+// was never executed because its batch was cancelled (OpenAI documents "batch_expired" for the
+// requests of an expired batch; "batch_cancelled" is its counterpart).
+const OpenAICodeBatchCancelled = "batch_cancelled"
+
+// OpenAI error types of the error bodies written by AppendOpenAI.
+const (
+	openAITypeInvalidRequest = "invalid_request_error"
+	openAITypeRateLimit      = "requests" // OpenAI's 429 bodies say "requests" or "tokens"
+	openAITypeServer         = "server_error"
+)
+
+// AppendOpenAI appends the result as one line of the OpenAI Batch API output format (compact
+// JSON, no newline), so that output parsing written for OpenAI batches reads tinkerfleet results
+// unchanged:
+//
+//	{"id":"batch_req_<h>","custom_id":…,"response":{"status_code":200,"request_id":"req_<h>","body":{…}},"error":null}
+//
+// <h> is the hex of the first 12 bytes of sha256(batch_id + "/" + custom_id): writing a result
+// again gives the same ids. created (Unix seconds; the zero time writes 0) is the body's
+// "created"; submit passes the time the result was stored, which makes the line reproducible too.
+//
+// The body of an ok result is a chat completion ("object":"chat.completion", id "chatcmpl-<h>",
+// each choice's "message" {"role":"assistant","content":text,"refusal":null}) when Format is
+// FormatOpenAIChat, and a completion ("object":"text_completion", id "cmpl-<h>", each choice's
+// "text") otherwise, native jobs included: a result does not record whether a native job had
+// messages. There is one choice per sample (n > 1 gives several), "finish_reason" is the sample's
+// stop_reason ("stop" or "length"), "logprobs" is null (OpenAI's logprobs carry token strings,
+// which the sampler does not return: use the native format for tokens and logprobs), and "usage"
+// has prompt_tokens, completion_tokens, total_tokens and prompt_tokens_details.cached_tokens
+// (the prefix-cache hits). batch_id, attempts, latency_ms and metadata have no place in the
+// OpenAI format and are left out.
+//
+// Failures map as follows; the error body is {"error":{"message":…,"type":…,"param":null,"code":…}}
+// with tinkerfleet's error code (Code* constants) as "code" and its message as "message":
+//
+//	result                                   status_code  error type / line error
+//	ok                                       200          (completion body)
+//	error, code rate_limited                 429          "requests"
+//	error, category user                     400          "invalid_request_error"
+//	  (invalid_job, context_too_long, tokenize_failed, api_error, failed_future)
+//	error, category server or unknown        500          "server_error"
+//	  (dead_letter, timeout, internal)
+//	cancelled                                —            "response":null, "error":{"code":"batch_cancelled","message":…}
+//
+// The category decides between 400 and 500 because it is what says whose fault a failure is
+// (§7.2); the worker's one user-category internal error, a result too large to store, is a 400
+// like the request's other faults. A cancelled request was never executed, so, as OpenAI writes
+// the requests of an expired batch, it has no response and a line-level error instead.
+//
+// It returns an error, and appends nothing, when the result fails Validate.
+func (r *Result) AppendOpenAI(b []byte, created time.Time) ([]byte, error) {
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("openai result %q: %w", r.CustomID, err)
+	}
+	h := openAIHash(r.BatchID, r.CustomID)
+	b = append(b, `{"id":"batch_req_`...)
+	b = append(b, h[:]...)
+	b = append(b, `","custom_id":`...)
+	b = appendJSONString(b, r.CustomID)
+	if r.Status == StatusCancelled {
+		b = append(b, `,"response":null,"error":{"code":"`+OpenAICodeBatchCancelled+`","message":`...)
+		b = appendJSONString(b, r.Error.Message)
+		return append(b, "}}"...), nil
+	}
+	status := 200
+	if r.Status == StatusError {
+		status = openAIStatus(r.Error)
+	}
+	b = append(b, `,"response":{"status_code":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"request_id":"req_`...)
+	b = append(b, h[:]...)
+	b = append(b, `","body":`...)
+	if r.Status == StatusOK {
+		b = r.appendOpenAICompletion(b, h, created)
+	} else {
+		b = appendOpenAIError(b, status, r.Error)
+	}
+	return append(b, `},"error":null}`...), nil
+}
+
+// openAIStatus is the HTTP status of a failed request (see AppendOpenAI).
+func openAIStatus(e *ResultError) int {
+	switch {
+	case e.Code == CodeRateLimited:
+		return 429
+	case e.Category == CategoryUser:
+		return 400
+	}
+	return 500
+}
+
+// appendOpenAIError appends an OpenAI error body for status.
+func appendOpenAIError(b []byte, status int, e *ResultError) []byte {
+	typ := openAITypeServer
+	switch status {
+	case 400:
+		typ = openAITypeInvalidRequest
+	case 429:
+		typ = openAITypeRateLimit
+	}
+	b = append(b, `{"error":{"message":`...)
+	b = appendJSONString(b, e.Message)
+	b = append(b, `,"type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","param":null,"code":`...)
+	b = appendJSONString(b, e.Code)
+	return append(b, "}}"...)
+}
+
+// appendOpenAICompletion appends the chat.completion or text_completion body of an ok result.
+func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time) []byte {
+	chat := r.Format == FormatOpenAIChat
+	if chat {
+		b = append(b, `{"id":"chatcmpl-`...)
+	} else {
+		b = append(b, `{"id":"cmpl-`...)
+	}
+	b = append(b, h[:]...)
+	if chat {
+		b = append(b, `","object":"chat.completion","created":`...)
+	} else {
+		b = append(b, `","object":"text_completion","created":`...)
+	}
+	var unix int64
+	if !created.IsZero() {
+		unix = created.Unix()
+	}
+	b = strconv.AppendInt(b, unix, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, r.Model)
+	b = append(b, `,"choices":[`...)
+	for i := range r.Samples {
+		s := &r.Samples[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if chat {
+			b = append(b, `{"index":`...)
+			b = strconv.AppendInt(b, int64(i), 10)
+			b = append(b, `,"message":{"role":"assistant","content":`...)
+			b = appendJSONString(b, s.Text)
+			b = append(b, `,"refusal":null},"logprobs":null,"finish_reason":`...)
+		} else {
+			b = append(b, `{"text":`...)
+			b = appendJSONString(b, s.Text)
+			b = append(b, `,"index":`...)
+			b = strconv.AppendInt(b, int64(i), 10)
+			b = append(b, `,"logprobs":null,"finish_reason":`...)
+		}
+		b = appendJSONString(b, s.StopReason)
+		b = append(b, '}')
+	}
+	var u Usage
+	if r.Usage != nil {
+		u = *r.Usage
+	}
+	b = append(b, `],"usage":{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens)+int64(u.CompletionTokens), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CacheHitTokens), 10)
+	return append(b, "}}}"...)
+}
+
+// openAIHash is the hex of the first 12 bytes of sha256(batch + "/" + customID), the stable
+// part of the ids AppendOpenAI writes.
+func openAIHash(batch, customID string) [24]byte {
+	sum := sha256.Sum256([]byte(batch + "/" + customID))
+	var h [24]byte
+	hex.Encode(h[:], sum[:12])
+	return h
+}

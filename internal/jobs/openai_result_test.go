@@ -1,0 +1,395 @@
+package jobs
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// openAILine is the per-line object of OpenAI's batch output and error files, as documented
+// (BatchRequestOutput): id, custom_id, response {status_code, request_id, body} or null, error
+// {code, message} or null.
+type openAILine struct {
+	ID       string `json:"id"`
+	CustomID string `json:"custom_id"`
+	Response *struct {
+		StatusCode int             `json:"status_code"`
+		RequestID  string          `json:"request_id"`
+		Body       json.RawMessage `json:"body"`
+	} `json:"response"`
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// openAIUsage is the usage object of OpenAI's completions (CompletionUsage).
+type openAIUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// chatCompletion is OpenAI's chat completion object, with the fields AppendOpenAI writes.
+type chatCompletion struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index   int `json:"index"`
+		Message struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+			Refusal *string `json:"refusal"`
+		} `json:"message"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason string          `json:"finish_reason"`
+	} `json:"choices"`
+	Usage openAIUsage `json:"usage"`
+}
+
+// textCompletion is OpenAI's (legacy) completion object.
+type textCompletion struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Text         string          `json:"text"`
+		Index        int             `json:"index"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason string          `json:"finish_reason"`
+	} `json:"choices"`
+	Usage openAIUsage `json:"usage"`
+}
+
+// openAIErrorBody is OpenAI's error response body.
+type openAIErrorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+// strictDecode decodes data into v, failing on any field v does not have.
+func strictDecode(t *testing.T, data []byte, v any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("decode %s: %v", data, err)
+	}
+}
+
+// appendOpenAI encodes r and checks what every line must be: one line of valid JSON holding
+// exactly id, custom_id, response and error, whose response and error are not both set.
+func appendOpenAI(t *testing.T, r Result, created time.Time) ([]byte, openAILine) {
+	t.Helper()
+	b, err := r.AppendOpenAI(nil, created)
+	if err != nil {
+		t.Fatalf("AppendOpenAI(%+v): %v", r, err)
+	}
+	if bytes.ContainsAny(b, "\n\r") || !json.Valid(b) {
+		t.Fatalf("not one line of JSON: %q", b)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil || len(keys) != 4 {
+		t.Fatalf("top-level keys of %s: %v (%v)", b, keys, err)
+	}
+	var line openAILine
+	strictDecode(t, b, &line)
+	if (line.Response == nil) == (line.Error == nil) {
+		t.Fatalf("exactly one of response and error must be set: %s", b)
+	}
+	return b, line
+}
+
+var created = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+func TestAppendOpenAIChatOK(t *testing.T) {
+	t.Parallel()
+	r := Result{CustomID: "request-1", BatchID: "b-1", Status: StatusOK, Model: "Qwen/Qwen3-8B", Format: FormatOpenAIChat,
+		Samples:  []Sample{{Text: "Hello!", Tokens: []int{9707, 0, 151645}, Logprobs: Logprobs{-0.1, -0.2, -0.3}, StopReason: StopReasonStop}},
+		Usage:    &Usage{PromptTokens: 22, CompletionTokens: 3, CacheHitTokens: 16},
+		Attempts: 1, LatencyMS: 12, Metadata: json.RawMessage(`{"run":"42"}`)}
+	b, line := appendOpenAI(t, r, created)
+	h := openAIHash("b-1", "request-1")
+	want := `{"id":"batch_req_` + string(h[:]) + `","custom_id":"request-1","response":{"status_code":200,"request_id":"req_` + string(h[:]) + `",` +
+		`"body":{"id":"chatcmpl-` + string(h[:]) + `","object":"chat.completion","created":1748779200,"model":"Qwen/Qwen3-8B",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null},"logprobs":null,"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":22,"completion_tokens":3,"total_tokens":25,"prompt_tokens_details":{"cached_tokens":16}}}},"error":null}`
+	if string(b) != want {
+		t.Fatalf("\n got %s\nwant %s", b, want)
+	}
+	if line.Response.StatusCode != 200 || line.CustomID != "request-1" {
+		t.Fatalf("line %+v", line)
+	}
+	var c chatCompletion
+	strictDecode(t, line.Response.Body, &c)
+	if c.Object != "chat.completion" || c.Created != created.Unix() || c.Model != "Qwen/Qwen3-8B" || len(c.Choices) != 1 ||
+		c.Choices[0].Message.Role != "assistant" || c.Choices[0].Message.Content == nil || *c.Choices[0].Message.Content != "Hello!" ||
+		c.Choices[0].Message.Refusal != nil || string(c.Choices[0].Logprobs) != "null" || c.Choices[0].FinishReason != "stop" ||
+		c.Usage.TotalTokens != 25 || c.Usage.PromptTokensDetails.CachedTokens != 16 {
+		t.Fatalf("chat completion %+v", c)
+	}
+	// Appending keeps what the buffer held.
+	if got, err := r.AppendOpenAI([]byte("prefix:"), created); err != nil || string(got) != "prefix:"+want {
+		t.Fatalf("AppendOpenAI onto a prefix: %q, %v", got, err)
+	}
+}
+
+func TestAppendOpenAICompletionsTwoSamples(t *testing.T) {
+	t.Parallel()
+	r := Result{CustomID: "request-3", BatchID: "b-1", Status: StatusOK, Model: "tinker://x:train:0/sampler_weights/s", Format: FormatOpenAICompletions,
+		Samples: []Sample{
+			{Text: " This is a test.", Tokens: []int{1, 2, 3, 4, 5}, StopReason: StopReasonStop},
+			{Text: " This is", Tokens: []int{1, 2}, StopReason: StopReasonLength},
+		},
+		Usage: &Usage{PromptTokens: 5, CompletionTokens: 7}}
+	_, line := appendOpenAI(t, r, created)
+	var c textCompletion
+	strictDecode(t, line.Response.Body, &c)
+	h := openAIHash("b-1", "request-3")
+	if c.ID != "cmpl-"+string(h[:]) || c.Object != "text_completion" || c.Created != created.Unix() || c.Model != r.Model || len(c.Choices) != 2 {
+		t.Fatalf("completion %+v", c)
+	}
+	for i, want := range []struct{ text, finish string }{{" This is a test.", "stop"}, {" This is", "length"}} {
+		ch := c.Choices[i]
+		if ch.Index != i || ch.Text != want.text || ch.FinishReason != want.finish || string(ch.Logprobs) != "null" {
+			t.Errorf("choice %d: %+v", i, ch)
+		}
+	}
+	if c.Usage.PromptTokens != 5 || c.Usage.CompletionTokens != 7 || c.Usage.TotalTokens != 12 {
+		t.Errorf("usage %+v", c.Usage)
+	}
+}
+
+// TestAppendOpenAINativeIsATextCompletion: a native result forced into the OpenAI format
+// becomes a text_completion (the result does not say whether the job had messages).
+func TestAppendOpenAINativeIsATextCompletion(t *testing.T) {
+	t.Parallel()
+	r := Result{CustomID: "n", BatchID: "b", Status: StatusOK, Model: "m",
+		Samples: []Sample{{Text: "x", Tokens: []int{1}, StopReason: StopReasonStop}}}
+	_, line := appendOpenAI(t, r, time.Time{})
+	var c textCompletion
+	strictDecode(t, line.Response.Body, &c)
+	if c.Object != "text_completion" || c.Created != 0 || c.Choices[0].Text != "x" || c.Usage.TotalTokens != 0 {
+		t.Fatalf("completion %+v", c)
+	}
+}
+
+func TestAppendOpenAIErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		code     string
+		category Category
+		status   int
+		typ      string
+	}{
+		{CodeInvalidJob, CategoryUser, 400, "invalid_request_error"},
+		{CodeContextTooLong, CategoryUser, 400, "invalid_request_error"},
+		{CodeTokenize, CategoryUser, 400, "invalid_request_error"},
+		{CodeAPIError, CategoryUser, 400, "invalid_request_error"},
+		{CodeFailedFuture, CategoryUser, 400, "invalid_request_error"},
+		{CodeInternal, CategoryUser, 400, "invalid_request_error"}, // a result too large to store
+		{CodeRateLimited, CategoryServer, 429, "requests"},
+		{CodeRateLimited, CategoryUser, 429, "requests"},
+		{CodeDeadLetter, CategoryServer, 500, "server_error"},
+		{CodeInternal, CategoryServer, 500, "server_error"},
+		{CodeTimeout, CategoryServer, 500, "server_error"},
+		{CodeFailedFuture, CategoryUnknown, 500, "server_error"},
+	} {
+		for _, format := range []string{FormatOpenAIChat, FormatOpenAICompletions, ""} {
+			r := Result{CustomID: "e-" + tt.code, BatchID: "b", Status: StatusError, Model: "m", Format: format,
+				Error: &ResultError{Code: tt.code, Message: "it failed: " + tt.code, Category: tt.category}}
+			_, line := appendOpenAI(t, r, created)
+			if line.Error != nil || line.Response.StatusCode != tt.status {
+				t.Errorf("%s/%s (%s): %+v", tt.code, tt.category, format, line)
+				continue
+			}
+			h := openAIHash("b", r.CustomID)
+			if line.Response.RequestID != "req_"+string(h[:]) {
+				t.Errorf("request id %q", line.Response.RequestID)
+			}
+			var body openAIErrorBody
+			strictDecode(t, line.Response.Body, &body)
+			if body.Error.Type != tt.typ || body.Error.Code != tt.code || body.Error.Message != "it failed: "+tt.code || body.Error.Param != nil {
+				t.Errorf("%s/%s (%s): body %+v", tt.code, tt.category, format, body)
+			}
+		}
+	}
+}
+
+func TestAppendOpenAICancelled(t *testing.T) {
+	t.Parallel()
+	r := CancelledResult(Job{CustomID: "request-2", Model: "m", Format: FormatOpenAIChat}, "b", "batch cancelled by user")
+	if r.Format != FormatOpenAIChat {
+		t.Fatalf("CancelledResult format %q", r.Format)
+	}
+	b, line := appendOpenAI(t, r, created)
+	if !strings.Contains(string(b), `"response":null`) || line.Error.Code != "batch_cancelled" ||
+		line.Error.Message != "batch cancelled by user" {
+		t.Fatalf("cancelled line %s", b)
+	}
+}
+
+func TestAppendOpenAIEscapesText(t *testing.T) {
+	t.Parallel()
+	text := "say \"hi\"\\\n\t<|im_end|>&\x00\u2028é漢🙂\xff"
+	for _, format := range []string{FormatOpenAIChat, FormatOpenAICompletions} {
+		r := Result{CustomID: "q\"uote\n\xfe", BatchID: "b", Status: StatusOK, Model: "m<&>\"", Format: format,
+			Samples: []Sample{{Text: text, Tokens: []int{1}, StopReason: StopReasonStop}}}
+		b, line := appendOpenAI(t, r, created)
+		// encoding/json decodes what appendJSONString wrote, invalid UTF-8 as U+FFFD.
+		wantText := strings.ToValidUTF8(text, "\uFFFD")
+		if line.CustomID != strings.ToValidUTF8(r.CustomID, "\uFFFD") {
+			t.Errorf("custom_id %q", line.CustomID)
+		}
+		var got string
+		if format == FormatOpenAIChat {
+			var c chatCompletion
+			strictDecode(t, line.Response.Body, &c)
+			got = *c.Choices[0].Message.Content
+			if c.Model != r.Model {
+				t.Errorf("model %q", c.Model)
+			}
+		} else {
+			var c textCompletion
+			strictDecode(t, line.Response.Body, &c)
+			got = c.Choices[0].Text
+		}
+		if got != wantText {
+			t.Errorf("%s: text %q, want %q", format, got, wantText)
+		}
+		if !bytes.Contains(b, []byte(`<|im_end|>&`)) || !bytes.Contains(b, []byte(`\u2028`)) {
+			t.Errorf("%s: not escaped as result lines are: %s", format, b)
+		}
+	}
+	// Error messages are escaped the same way.
+	r := Result{CustomID: "e", BatchID: "b", Status: StatusError, Format: FormatOpenAIChat,
+		Error: &ResultError{Code: CodeAPIError, Message: "bad \"x\"\n\x01", Category: CategoryUser}}
+	_, line := appendOpenAI(t, r, created)
+	var body openAIErrorBody
+	strictDecode(t, line.Response.Body, &body)
+	if body.Error.Message != r.Error.Message {
+		t.Errorf("message %q", body.Error.Message)
+	}
+}
+
+func TestAppendOpenAIIDsAreDeterministic(t *testing.T) {
+	t.Parallel()
+	idRe := regexp.MustCompile(`^batch_req_[0-9a-f]{24}$`)
+	line := func(batch, id string) openAILine {
+		r := Result{CustomID: id, BatchID: batch, Status: StatusOK, Format: FormatOpenAIChat,
+			Samples: []Sample{{Text: "t", Tokens: []int{1}, StopReason: StopReasonStop}}}
+		a, la := appendOpenAI(t, r, created)
+		b, _ := appendOpenAI(t, r, created)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("two encodings differ:\n%s\n%s", a, b)
+		}
+		if !idRe.MatchString(la.ID) || la.Response.RequestID != "req_"+strings.TrimPrefix(la.ID, "batch_req_") {
+			t.Fatalf("ids %q %q", la.ID, la.Response.RequestID)
+		}
+		var c chatCompletion
+		strictDecode(t, la.Response.Body, &c)
+		if c.ID != "chatcmpl-"+strings.TrimPrefix(la.ID, "batch_req_") {
+			t.Fatalf("completion id %q for %q", c.ID, la.ID)
+		}
+		return la
+	}
+	// Batch ids hold no "/" (queue.ValidateBatchID), so batch + "/" + custom_id is unambiguous.
+	seen := map[string][2]string{}
+	for _, k := range [][2]string{{"b-1", "a"}, {"b-1", "b"}, {"b-2", "a"}, {"b-1", "a/"}, {"b-1", "/a"}, {"b", "1/a"}} {
+		id := line(k[0], k[1]).ID
+		if prev, dup := seen[id]; dup {
+			t.Errorf("%v and %v share the id %s", k, prev, id)
+		}
+		seen[id] = k
+	}
+}
+
+func TestAppendOpenAIRejectsInvalidResults(t *testing.T) {
+	t.Parallel()
+	for _, r := range []Result{
+		{CustomID: "", BatchID: "b", Status: StatusOK},
+		{CustomID: "x", BatchID: "b", Status: StatusError},
+		{CustomID: "x", BatchID: "b", Status: "done"},
+		{CustomID: "x", BatchID: "b", Status: StatusOK, Format: "csv"},
+		{CustomID: "x", BatchID: "b", Status: StatusOK, Samples: []Sample{{StopReason: "eos"}}},
+	} {
+		b, err := r.AppendOpenAI([]byte("keep"), created)
+		var fe *FieldError
+		if !errors.As(err, &fe) || b != nil {
+			t.Errorf("AppendOpenAI(%+v) = %q, %v; want a field error", r, b, err)
+		}
+	}
+}
+
+func TestResultFormat(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		FormatOpenAIChat: FormatOpenAIChat, FormatOpenAICompletions: FormatOpenAICompletions,
+		FormatNative: "", "": "", "csv": "",
+	} {
+		if got := ResultFormat(in); got != want {
+			t.Errorf("ResultFormat(%q) = %q, want %q", in, got, want)
+		}
+		if got := NewResult(Job{CustomID: "x", Format: in}, "b").Format; got != want {
+			t.Errorf("NewResult of a %q job: format %q, want %q", in, got, want)
+		}
+	}
+	line := `{"custom_id":"x","batch_id":"b","status":"ok","model":"m","format":"openai-completions","attempts":0,"latency_ms":0}`
+	r, err := DecodeResult([]byte(line))
+	if err != nil || r.Format != FormatOpenAICompletions {
+		t.Fatalf("DecodeResult: %+v, %v", r, err)
+	}
+	if b, err := r.Encode(); err != nil || string(b) != line {
+		t.Fatalf("Encode: %s, %v", b, err)
+	}
+	_, err = DecodeResult([]byte(`{"custom_id":"x","batch_id":"b","status":"ok","format":"tinkerfleet","attempts":0,"latency_ms":0}`))
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "format" {
+		t.Fatalf("a native format spelled out: %v, want a format field error", err)
+	}
+}
+
+func TestFormatOfResult(t *testing.T) {
+	meta := json.RawMessage(`{"format":"openai-chat"}`) // a key of the metadata is not the result's
+	for _, tc := range []struct {
+		r    Result
+		want string
+	}{
+		{Result{CustomID: "a", BatchID: "b", Status: StatusOK, Model: "m", Format: FormatOpenAIChat}, FormatOpenAIChat},
+		{Result{CustomID: "a", BatchID: "b", Status: StatusOK, Format: FormatOpenAICompletions}, FormatOpenAICompletions},
+		{Result{CustomID: `"format":"openai-chat"`, BatchID: "b", Status: StatusOK, Model: "m", Metadata: meta}, ""},
+		{Result{CustomID: "a", BatchID: "b", Status: StatusOK, Usage: &Usage{}}, ""},
+	} {
+		data, err := tc.r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := FormatOfResult(data); got != tc.want {
+			t.Errorf("FormatOfResult(%s) = %q, want %q", data, got, tc.want)
+		}
+		for i := range data { // cut anywhere: never a panic, and never a format that is not there
+			if got := FormatOfResult(data[:i]); got != "" && got != tc.want {
+				t.Errorf("FormatOfResult(%q) = %q", data[:i], got)
+			}
+		}
+	}
+	for _, junk := range []string{"", "null", "[1]", `{"custom_id"`, `{"custom_id":`, `{"format":7}`, `{"`} {
+		if got := FormatOfResult([]byte(junk)); got != "" {
+			t.Errorf("FormatOfResult(%q) = %q, want \"\"", junk, got)
+		}
+	}
+}
