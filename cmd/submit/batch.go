@@ -120,6 +120,9 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	if err := po.check(); err != nil {
+		return err
+	}
 	sess, err := open(ctx, o, env)
 	if err != nil {
 		return err

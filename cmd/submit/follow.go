@@ -30,6 +30,15 @@ func (o *progressOptions) register(s *envflag.Set) {
 	s.Duration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal")
 }
 
+// check reports a --progress value that is not one of the four.
+func (o progressOptions) check() error {
+	switch o.mode {
+	case "auto", "bar", "lines", "none":
+		return nil
+	}
+	return fmt.Errorf("--progress (or TINKERFLEET_PROGRESS) %q: must be auto, bar, lines or none: %w", o.mode, errUsage)
+}
+
 // resultFormat says in which format result lines are written (--result-format).
 type resultFormat string
 

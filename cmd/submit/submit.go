@@ -73,6 +73,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	if err := o.progress.check(); err != nil {
+		return err
+	}
 	if len(files) == 0 {
 		fs.Usage()
 		return fmt.Errorf("no input files: %w", errUsage)

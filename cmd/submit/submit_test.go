@@ -662,6 +662,20 @@ func TestBadResultFormatIsAnError(t *testing.T) {
 	}
 }
 
+func TestBadProgressIsAnError(t *testing.T) {
+	t.Parallel()
+	in := writeLines(t, []string{jobLine(0)})
+	for _, args := range [][]string{
+		{"--nats-url", "nats://127.0.0.1:1", "--progress", "fancy", in},
+		{"results", "--nats-url", "nats://127.0.0.1:1", "--progress", "fancy", "b-1"},
+	} {
+		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+		if err := run(context.Background(), args, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `--progress (or TINKERFLEET_PROGRESS) "fancy"`) {
+			t.Errorf("%v: err = %v, want a usage error naming --progress", args, err)
+		}
+	}
+}
+
 func TestOpenOutputReadsBothFormats(t *testing.T) {
 	t.Parallel()
 	job := func(id, format string) jobs.Job {
