@@ -9,8 +9,9 @@
 // comma-separated env TINKERSIM_API_KEYS; the admin endpoints (/admin/faults, /admin/stats,
 // /admin/reset) take -admin-token / TINKERSIM_ADMIN_TOKEN in X-Admin-Token, or an API key when
 // no admin token is set. With -tls-cert FILE -tls-key FILE it serves HTTPS with that PEM key
-// pair instead, HTTP/2 offered by ALPN like the real service (§1.4). Run with -h for every
-// flag. SIGINT or SIGTERM shut it down gracefully (held long polls answer 408 try_again).
+// pair instead, HTTP/2 offered by ALPN like the real service (§1.4). With -jwt-auth the API
+// wants a JWT from POST /api/v1/auth/token instead of the API key (§2.2; -jwt-lifetime sets its
+// validity). Run with -h for every flag. SIGINT or SIGTERM shut it down gracefully (held long polls answer 408 try_again).
 package main
 
 import (
@@ -116,6 +117,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&c.MaxNumSamples, "max-num-samples", 128, "largest accepted num_samples")
 	fs.IntVar(&c.MetadataOnlyThreshold, "metadata-threshold", 0, "results with a larger protobuf are first announced as complete_metadata (0: never)")
 	fs.BoolVar(&c.DisableDynamicConfig, "no-dynamic-config", false, "answer 404 to client/dynamic_config")
+	fs.BoolVar(&c.JWTAuth, "jwt-auth", false, "JWT exchange (§2.2): client/config says pjwt_auth_enabled, POST auth/token swaps an API key for a JWT, and every other API endpoint requires that JWT in X-API-Key")
+	fs.DurationVar(&c.JWTLifetime, "jwt-lifetime", time.Hour, "validity of the JWTs minted with -jwt-auth")
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (negative: none)")
 	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|slow_heartbeat), rate, start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
@@ -204,10 +207,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		models = append(models, m.Name)
 	}
 	// The keys themselves are never logged, only how many there are.
-	log.Info("tinkersim listening", "url", base, "api", base+"/api/v1/", "admin", base+"/admin/",
+	attrs := []any{"url", base, "api", base + "/api/v1/", "admin", base + "/admin/",
 		"api_keys", len(cfg.APIKeys), "capacity", cfg.Capacity, "base_latency", cfg.BaseLatency,
 		"per_token_latency", cfg.PerTokenLatency, "long_poll_wait", cfg.LongPollWait, "models", strings.Join(models, ","),
-		"faults", len(cfg.Faults))
+		"faults", len(cfg.Faults)}
+	if cfg.JWTAuth {
+		attrs = append(attrs, "jwt_auth", true, "jwt_lifetime", cfg.JWTLifetime)
+	}
+	log.Info("tinkersim listening", attrs...)
 	<-ctx.Done()
 	log.Info("tinkersim shutting down", "grace", o.shutdownTimeout)
 	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)

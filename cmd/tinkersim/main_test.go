@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"flag"
@@ -57,7 +58,8 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	for _, name := range []string{"addr", "api-key", "admin-token", "capacity", "base-latency", "per-token-latency",
 		"long-poll-wait", "retry-after", "result-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
 		"stop-token-prob", "default-max-tokens", "max-num-samples", "metadata-threshold", "no-dynamic-config",
-		"training-runs", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "TINKERSIM_API_KEYS"} {
+		"training-runs", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "jwt-auth", "jwt-lifetime",
+		"TINKERSIM_API_KEYS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
 		}
@@ -77,6 +79,13 @@ func TestParseFlags(t *testing.T) {
 		len(c.Models) != 1 || c.Models[0] != (tinkersim.Model{Name: "x/y", MaxContextLength: 4096}) || len(c.Faults) != 2 ||
 		c.Faults[0].Duration != 2*time.Second || c.Faults[1].Category != "user" {
 		t.Fatalf("config %+v", c)
+	}
+	if c.JWTAuth || c.JWTLifetime != time.Hour {
+		t.Fatalf("JWT auth by default: %v, lifetime %v", c.JWTAuth, c.JWTLifetime)
+	}
+	o, err = parseFlags([]string{"-jwt-auth", "-jwt-lifetime", "90s"}, env(nil), io.Discard)
+	if err != nil || !o.cfg.JWTAuth || o.cfg.JWTLifetime != 90*time.Second {
+		t.Fatalf("-jwt-auth -jwt-lifetime 90s: %+v, %v", o, err)
 	}
 	o, err = parseFlags([]string{"-tls-cert", "c.pem", "-tls-key", "k.pem"}, env(nil), io.Discard)
 	if err != nil || o.tlsCert != "c.pem" || o.tlsKey != "k.pem" {
@@ -240,5 +249,77 @@ func TestRunServesTLS(t *testing.T) {
 		env(nil), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-tls-key") {
 		t.Fatalf("run with a missing key file: %v", err)
+	}
+}
+
+// TestRunJWTAuth: with -jwt-auth the program serves the JWT exchange (§2.2, §3.2): the API key
+// buys a JWT at auth/token, the API then takes the JWT and refuses the key; neither the key
+// nor the JWT is logged.
+func TestRunJWTAuth(t *testing.T) {
+	t.Parallel()
+	const key = "tml-sim.cmd-jwt-key"
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	logs := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-jwt-auth", "-jwt-lifetime", "10m", "-log-level", "debug"},
+			env(map[string]string{"TINKERSIM_API_KEYS": key}), logs)
+	}()
+	re := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+).* jwt_auth=true jwt_lifetime=10m0s`)
+	var base string
+	deadline := time.Now().Add(10 * time.Second)
+	for base == "" {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			base = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no listening line with jwt_auth in logs: %s", logs.String())
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	post := func(path, cred, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", base+"/api/v1/"+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", cred)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, b
+	}
+	if st, b := post("client/config", key, `{"sdk_version":"0.25.0"}`); st != 200 || !strings.Contains(string(b), `"pjwt_auth_enabled":true`) {
+		t.Fatalf("client/config: %d %s", st, b)
+	}
+	st, b := post("auth/token", key, `{}`)
+	var tok struct {
+		JWT string `json:"jwt"`
+	}
+	if st != 200 || json.Unmarshal(b, &tok) != nil || !strings.HasPrefix(tok.JWT, "eyJ") {
+		t.Fatalf("auth/token: %d %s", st, b)
+	}
+	session := `{"tags":[],"user_metadata":{},"sdk_version":"0.25.0","type":"create_session"}`
+	if st, b := post("create_session", key, session); st != 401 {
+		t.Fatalf("create_session with the API key: %d %s, want 401", st, b)
+	}
+	if st, b := post("create_session", tok.JWT, session); st != 200 {
+		t.Fatalf("create_session with the JWT: %d %s", st, b)
+	}
+	cancel() // as SIGINT would
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after cancellation")
+	}
+	if l := logs.String(); strings.Contains(l, key) || strings.Contains(l, tok.JWT) {
+		t.Fatalf("a credential appears in the logs: %s", l)
 	}
 }

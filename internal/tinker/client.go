@@ -20,8 +20,9 @@ import (
 // Client is a Tinker session: server flags, a session id and its heartbeat. It
 // is safe for concurrent use. Create it with [Dial] and stop it with Close.
 type Client struct {
-	base      string  // base URL with a trailing slash (§1.1)
-	key       *APIKey // a pointer, so that printing the struct shows an address
+	base      string   // base URL with a trailing slash (§1.1)
+	key       *APIKey  // a pointer, so that printing the struct shows an address
+	jwt       *jwtAuth // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
 	hc        *http.Client
 	ownHC     bool
 	log       *slog.Logger
@@ -49,16 +50,17 @@ type Client struct {
 }
 
 // Dial starts a client the way the reference SDK does (§2): client/config
-// (§3.1), client/dynamic_config (404 → defaults), create_session (§3.3) and a
-// heartbeat every Timing.HeartbeatInterval (§3.4). With Config.Sessionless it
-// stops after the flags.
+// (§3.1), the JWT exchange when the server sets pjwt_auth_enabled (§2.2),
+// client/dynamic_config (404 → defaults), create_session (§3.3) and a heartbeat
+// every Timing.HeartbeatInterval (§3.4). With Config.Sessionless it stops after
+// the flags.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c, err := newClient(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if err := c.start(ctx, cfg); err != nil {
-		c.closeTransport()
+		_ = c.Close() // stops a JWT refresh already started
 		return nil, err
 	}
 	return c, nil
@@ -144,10 +146,12 @@ func (c *Client) start(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("tinker: fetch client config: %w", err)
 	}
 	fw.apply(&c.flags)
-	if c.flags.PJWTAuthEnabled {
-		c.log.Warn("tinker: server enables JWT exchange (pjwt_auth_enabled); this client keeps using the API key")
+	// 2. JWT exchange when pjwt_auth_enabled (§2 step 2, §2.2): every later request
+	// carries the JWT.
+	if err := c.startAuth(ctx); err != nil {
+		return err
 	}
-	// 2. client/dynamic_config: no HTTP retries, 10 s timeout, 300 s loop at start-up;
+	// 3. client/dynamic_config: no HTTP retries, 10 s timeout, 300 s loop at start-up;
 	// 404 means defaults (§2 step 3).
 	var dyn struct {
 		RefreshIntervalSec *float64 `json:"refresh_interval_sec"`
@@ -168,11 +172,11 @@ func (c *Client) start(ctx context.Context, cfg Config) error {
 	if cfg.Sessionless {
 		return nil
 	}
-	// 3. create_session (§3.3), 10 HTTP retries.
+	// 4. create_session (§3.3), 10 HTTP retries.
 	if err := c.createSession(ctx, cfg); err != nil {
 		return err
 	}
-	// 4. heartbeat (§3.4), owned by the client and stopped by Close.
+	// 5. heartbeat (§3.4), owned by the client and stopped by Close.
 	hctx, cancel := context.WithCancel(context.Background())
 	c.hbCancel, c.hbDone = cancel, make(chan struct{})
 	go c.heartbeat(hctx)
@@ -275,15 +279,19 @@ func (c *Client) heartbeat(ctx context.Context) {
 	}
 }
 
-// Close stops the heartbeat and releases idle connections of a client-owned
-// transport. It is idempotent. In-flight calls are not interrupted (cancel their
-// contexts for that); new samplers and samples fail with ErrClosed.
+// Close stops the heartbeat and the background JWT refresh (§2.2) and releases
+// idle connections of a client-owned transport. It is idempotent. In-flight calls
+// are not interrupted (cancel their contexts for that); new samplers and samples
+// fail with ErrClosed.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		if c.hbCancel != nil {
 			c.hbCancel()
 			<-c.hbDone
+		}
+		if c.jwt != nil {
+			c.jwt.stop()
 		}
 		c.closeTransport()
 	})

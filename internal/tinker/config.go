@@ -30,8 +30,9 @@ type Config struct {
 	// service (a private CA, the simulator's ListenTLS); ignored when HTTPClient is set. The
 	// system roots also follow SSL_CERT_FILE and SSL_CERT_DIR.
 	RootCAs *x509.CertPool
-	// Logger receives warnings (heartbeat failures, paused queues, billing pauses);
-	// nil discards them. The API key is never logged.
+	// Logger receives warnings (heartbeat failures, paused queues, billing pauses,
+	// failed JWT refreshes); nil discards them. Neither the API key nor a JWT is
+	// ever logged.
 	Logger *slog.Logger
 	// Dispatcher gates asample submissions (§5.1); nil means a per-client gate that
 	// only keeps the backoff deadline and has no limits.
@@ -55,8 +56,9 @@ type Config struct {
 
 // Clock is the time source of the retry layers, back-off waits, billing window
 // and stuck detection. Tests inject a virtual clock so that protocol-sized delays
-// (seconds to hours) cost nothing. HTTP timeouts and the heartbeat interval use
-// real time.
+// (seconds to hours) cost nothing. HTTP timeouts, the heartbeat interval and the
+// JWT refresh schedule (§2.2: it follows the server's wall-clock exp claim, and a
+// periodic loop on a virtual clock would spin) use real time.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
@@ -91,6 +93,10 @@ type Timing struct {
 	HeartbeatInterval time.Duration // 10 s (§3.4)
 	HeartbeatTimeout  time.Duration // 10 s (§3.4)
 	HeartbeatWarn     time.Duration // 120 s without a successful heartbeat → warning (§3.4)
+
+	JWTRefreshBeforeExpiry time.Duration // 300 s: background JWT refresh this long before exp (§2.2)
+	JWTRefreshOnDemand     time.Duration // 60 s: a request refreshes the JWT first when no more remains (§2.2)
+	JWTRefreshRetry        time.Duration // 60 s wait after a failed background JWT refresh (§2.2)
 
 	HTTPMaxRetries int           // 10 (§6.1); negative means none
 	HTTPRetryBase  time.Duration // 0.5 s (§6.1)
@@ -133,6 +139,9 @@ func (t Timing) withDefaults() Timing {
 	d(&t.HeartbeatInterval, 10*time.Second)
 	d(&t.HeartbeatTimeout, 10*time.Second)
 	d(&t.HeartbeatWarn, 120*time.Second)
+	d(&t.JWTRefreshBeforeExpiry, 300*time.Second)
+	d(&t.JWTRefreshOnDemand, 60*time.Second)
+	d(&t.JWTRefreshRetry, 60*time.Second)
 	if t.HTTPMaxRetries == 0 {
 		t.HTTPMaxRetries = 10
 	} else if t.HTTPMaxRetries < 0 {
@@ -171,8 +180,8 @@ func (t Timing) withDefaults() Timing {
 // sampling, with the documented defaults applied for absent fields, plus the
 // refresh interval from client/dynamic_config.
 type Flags struct {
-	PJWTAuthEnabled                    bool          // pjwt_auth_enabled (JWT exchange, §2.2; not implemented)
-	CredentialDefaultSource            string        // credential_default_source
+	PJWTAuthEnabled                    bool          // pjwt_auth_enabled: exchange the API key for a JWT (§2.2)
+	CredentialDefaultSource            string        // credential_default_source; "credential_cmd" is not supported (§2.1)
 	SampleDispatchBytesSemaphoreSize   int64         // sample_dispatch_bytes_semaphore_size, 10 MiB (§5.2)
 	InflightResponseBytesSemaphoreSize int64         // inflight_response_bytes_semaphore_size, 50 MiB (§4.4)
 	BillingExceptionMaxPauseDuration   time.Duration // billing_exception_max_pause_duration_sec, 3600 s (§2.3)

@@ -3,9 +3,20 @@
 // such as §4.2 in comments refer to that document).
 //
 // A [Client] is created with [Dial], which performs the start-up sequence of the
-// reference SDK (§2): POST client/config for the server flags (§3.1), POST
-// client/dynamic_config (a 404 means defaults), POST create_session (§3.3), and then
-// a heartbeat every 10 s (§3.4) owned by the client and stopped by [Client.Close].
+// reference SDK (§2): POST client/config for the server flags (§3.1), the JWT
+// exchange when the server sets pjwt_auth_enabled (§2.2), POST client/dynamic_config
+// (a 404 means defaults), POST create_session (§3.3), and then a heartbeat every 10 s
+// (§3.4) owned by the client and stopped by [Client.Close].
+//
+// JWT exchange (§2.2): POST auth/token with the API key (10 HTTP retries, §3.2) returns
+// a JWT that every later request sends as X-API-Key instead of the key. Its payload's
+// exp is read (no signature check); a goroutine owned by the client re-mints it
+// [Timing].JWTRefreshBeforeExpiry (300 s) before expiry, retrying every
+// JWTRefreshRetry (60 s) after a failure, and a request that finds no more than
+// JWTRefreshOnDemand (60 s) left refreshes it first. A credential that is itself a JWT
+// ("eyJ…") is used directly (§2.1). TINKER_CREDENTIAL_CMD is not supported: when
+// credential_default_source says "credential_cmd" a warning is logged and the API key is
+// used.
 //
 // [Client.NewSampler] creates a sampling session (§3.5) for a base model or a
 // tinker:// model path. [Sampler.Sample] runs one sample the way §5.1 and §6.3
@@ -29,8 +40,8 @@
 // [*ConnectionError], [*ProtocolError] and [ErrProgressTimeout]; [IsRetryable]
 // tells whether the sample-level layer would retry an error. The API key is an
 // [APIKey], whose String, GoString, Format, LogValue and MarshalText methods all
-// print a redacted form; the key only ever leaves the process in the X-API-Key
-// header.
+// print a redacted form; the key and the JWTs only ever leave the process in the
+// X-API-Key header, and error bodies are scrubbed of both.
 //
 // Every call takes a context.Context and returns promptly when it is cancelled.
 package tinker

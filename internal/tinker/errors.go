@@ -15,12 +15,12 @@ var ErrProgressTimeout = errors.New("tinker: no progress made; requests appear t
 var ErrClosed = errors.New("tinker: client closed")
 
 // StatusError is a non-success HTTP reply (§7.1). Body is the reply body, truncated
-// and with any occurrence of the API key removed.
+// and with any occurrence of the API key or of a JWT (§2.2) removed.
 type StatusError struct {
 	Method     string // HTTP method
 	Endpoint   string // endpoint name, e.g. "asample"
 	StatusCode int    // HTTP status code
-	Body       string // truncated, redacted reply body
+	Body       string // truncated reply body, credentials redacted
 }
 
 // Error implements error.

@@ -91,7 +91,7 @@ func defaultQueueReason(q QueueState) string {
 
 // Event is an observable occurrence inside the client, delivered synchronously to
 // Config.OnEvent. Fields not relevant to the Kind are zero. Events never carry the
-// API key.
+// API key or a JWT.
 type Event struct {
 	Kind       EventKind
 	Endpoint   string        // endpoint name, e.g. "asample", "retrieve_future", "samplers"

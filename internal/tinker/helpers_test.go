@@ -80,6 +80,8 @@ type fakeTinker struct {
 	seen     []seen
 	queues   map[string][]reply
 	fallback map[string]reply
+	// accept decides which X-API-Key values an endpoint takes; nil means testKey only.
+	accept func(endpoint, cred string) bool
 }
 
 func newFake(t *testing.T) *fakeTinker {
@@ -111,7 +113,11 @@ func (f *fakeTinker) serve(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(ep, "samplers/") {
 		ep = "samplers"
 	}
-	if r.Header.Get("X-Api-Key") != string(testKey) {
+	f.mu.Lock()
+	accept := f.accept
+	f.mu.Unlock()
+	cred := r.Header.Get("X-Api-Key")
+	if (accept == nil && cred != string(testKey)) || (accept != nil && !accept(ep, cred)) {
 		jsonReply(401, `{"detail":"bad key"}`)(w, r, body)
 		return
 	}
@@ -141,6 +147,13 @@ func (f *fakeTinker) push(ep string, rs ...reply) {
 func (f *fakeTinker) set(ep string, r reply) {
 	f.mu.Lock()
 	f.fallback[ep] = r
+	f.mu.Unlock()
+}
+
+// setAccept replaces the credential check (see fakeTinker.accept).
+func (f *fakeTinker) setAccept(fn func(endpoint, cred string) bool) {
+	f.mu.Lock()
+	f.accept = fn
 	f.mu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
@@ -26,9 +27,11 @@ type simEnv struct {
 	sim    *tinkersim.Server
 	client *tinker.Client
 	ctx    context.Context
+	base   string // the simulator's base URL
 
 	mu     sync.Mutex
 	events []tinker.Event
+	creds  map[string]bool // every X-API-Key value the simulator received
 }
 
 // newSimEnv starts a simulator with cfg (key, long-poll wait and latency filled in) and
@@ -47,11 +50,17 @@ func newSimEnv(t *testing.T, cfg tinkersim.Config, mod func(*tinker.Config)) *si
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(sim)
-	t.Cleanup(func() { ts.Close(); sim.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	e := &simEnv{sim: sim, ctx: ctx}
+	e := &simEnv{sim: sim, ctx: ctx, creds: map[string]bool{}}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.creds[r.Header.Get("X-API-Key")] = true
+		e.mu.Unlock()
+		sim.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { ts.Close(); sim.Close() })
+	e.base = ts.URL
 	ccfg := tinker.Config{
 		BaseURL: ts.URL,
 		APIKey:  simKey,
@@ -93,6 +102,18 @@ func (e *simEnv) eventsOf(k tinker.EventKind) []tinker.Event {
 			out = append(out, ev)
 		}
 	}
+	return out
+}
+
+// credentials returns the distinct X-API-Key values the simulator received.
+func (e *simEnv) credentials() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]string, 0, len(e.creds))
+	for c := range e.creds {
+		out = append(out, c)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -31,6 +31,7 @@ type call struct {
 	maxRetries int // HTTP-level retries (§6.1); 0 for asample, polls, heartbeat
 	samplerID  string
 	header     func(h http.Header) // extra per-request headers
+	useAPIKey  bool                // send the API key even while a JWT is in use (auth/token, §2.2)
 }
 
 // response is a fully read HTTP reply.
@@ -54,6 +55,8 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("tinker: %s: %w", cl.name, err)
 	}
+	// Before the per-request timeout starts: this may refresh the JWT first (§2.2).
+	cred := c.credential(ctx, cl)
 	timeout := cl.timeout
 	if timeout == 0 {
 		timeout = c.t.RequestTimeout
@@ -69,7 +72,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		return nil, fmt.Errorf("tinker: %s: build request: %w", cl.name, err)
 	}
 	h := req.Header
-	h["X-Api-Key"] = []string{string(*c.key)}
+	h["X-Api-Key"] = []string{string(cred)}
 	accept := cl.accept
 	if accept == "" {
 		accept = "application/json"
@@ -141,16 +144,14 @@ func readBody(resp *http.Response) ([]byte, error) {
 }
 
 // statusError turns a non-success reply into a *StatusError with a truncated
-// body from which the API key is scrubbed.
+// body from which the API key and any JWT are scrubbed (before truncating, so
+// that a credential cut in two is scrubbed too).
 func (c *Client) statusError(cl *call, r *response) *StatusError {
-	body := string(r.body)
-	if len(body) > maxErrorBody {
-		body = body[:maxErrorBody] + "…"
+	text := c.redact(string(r.body))
+	if len(text) > maxErrorBody {
+		text = text[:maxErrorBody] + "…"
 	}
-	if k := string(*c.key); k != "" && strings.Contains(body, k) {
-		body = strings.ReplaceAll(body, k, redactedText)
-	}
-	return &StatusError{Method: cl.method, Endpoint: cl.name, StatusCode: r.status, Body: strings.TrimSpace(body)}
+	return &StatusError{Method: cl.method, Endpoint: cl.name, StatusCode: r.status, Body: strings.TrimSpace(text)}
 }
 
 // do runs the HTTP retry layer of §6.1 around roundTrip: up to cl.maxRetries

@@ -75,7 +75,17 @@ type Config struct {
 	MetadataOnlyThreshold int
 	// DisableDynamicConfig makes client/dynamic_config answer 404 (the SDK then uses defaults).
 	DisableDynamicConfig bool
-	// ClientConfig overrides or adds fields of the client/config reply (§3.1).
+	// JWTAuth turns on the JWT exchange (§2.2): client/config answers pjwt_auth_enabled true,
+	// POST auth/token exchanges an accepted API key for a JWT (HS256 under a per-server random
+	// secret, claims sub, email, iat, exp), and every API endpoint except client/config and
+	// auth/token then requires such a JWT, unexpired, in X-API-Key (401 otherwise, a plain API
+	// key included). Admin endpoints keep taking X-Admin-Token or an API key.
+	JWTAuth bool
+	// JWTLifetime is how long a minted JWT is valid; exp is rounded up to a whole second, so a
+	// token lives at least this long. Default 1 h.
+	JWTLifetime time.Duration
+	// ClientConfig overrides or adds fields of the client/config reply (§3.1), pjwt_auth_enabled
+	// included (which then no longer follows JWTAuth).
 	ClientConfig map[string]any
 	// TrainingRuns is the number of synthetic training runs served by the REST listing
 	// endpoints (§3.14), each with two checkpoints; default 3, negative means none.
@@ -101,8 +111,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Capacity == 0 {
 		c.Capacity = 64
 	}
-	if c.BaseLatency < 0 || c.PerTokenLatency < 0 || c.LongPollWait < 0 || c.RetryAfter < 0 || c.ResultTTL < 0 {
+	if c.BaseLatency < 0 || c.PerTokenLatency < 0 || c.LongPollWait < 0 || c.RetryAfter < 0 || c.ResultTTL < 0 ||
+		c.JWTLifetime < 0 {
 		return c, errors.New("durations must not be negative")
+	}
+	if c.JWTLifetime == 0 {
+		c.JWTLifetime = time.Hour
 	}
 	if c.LongPollWait == 0 {
 		c.LongPollWait = 25 * time.Second

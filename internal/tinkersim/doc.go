@@ -29,17 +29,27 @@
 // GET and DELETE /admin/faults, DELETE /admin/faults/{id}, GET /admin/stats, POST /admin/reset.
 // They take X-Admin-Token when Config.AdminToken is set, else a valid X-API-Key.
 //
-// Endpoints: POST client/config, client/dynamic_config, create_session, session_heartbeat,
-// create_sampling_session, asample, retrieve_future, telemetry, weights_info; GET
-// samplers/{id}, get_server_capabilities, healthz, checkpoints, training_runs,
-// training_runs/{id}, training_runs/{id}/checkpoints, sessions, sessions/{id} (§12, §3.14;
-// listings page with offset/limit and return a cursor {offset, limit, total_count}).
-// auth/token is not served (pjwt_auth_enabled is false).
+// Endpoints: POST client/config, client/dynamic_config, auth/token, create_session,
+// session_heartbeat, create_sampling_session, asample, retrieve_future, telemetry,
+// weights_info; GET samplers/{id}, get_server_capabilities, healthz, checkpoints,
+// training_runs, training_runs/{id}, training_runs/{id}/checkpoints, sessions, sessions/{id}
+// (§12, §3.14; listings page with offset/limit and return a cursor {offset, limit,
+// total_count}). auth/token answers 404 unless Config.JWTAuth is set (§12: only needed when
+// pjwt_auth_enabled is true).
 //
 // # Behaviour
 //
 //   - Authentication: X-API-Key must be one of Config.APIKeys (any "tml-…" key when none are
 //     configured); otherwise 401 with a JSON body.
+//   - JWT exchange (§2.2, §3.2), with Config.JWTAuth (cmd: -jwt-auth): client/config answers
+//     pjwt_auth_enabled true; POST auth/token with body {} and an accepted API key returns
+//     {"jwt": …}, a JWT with header {"alg":"HS256","typ":"JWT"} and claims sub, email, iat and
+//     exp (at least Config.JWTLifetime, default 1 h, after iat), signed with HMAC-SHA256 under a
+//     random secret of this server. Every other API endpoint except client/config (which takes
+//     an API key or such a JWT) then requires a valid, unexpired JWT of this server in
+//     X-API-Key: a plain API key, a tampered, foreign or expired JWT get 401 with a JSON detail
+//     (counted in Stats.JWTRejections). Server.RevokeJWTs invalidates every JWT minted so far.
+//     Admin endpoints keep their own authentication.
 //   - Validation is strict like the real service: unknown or mistyped fields, missing required
 //     fields and wrong "type" literals give 422 with {"detail": …}; malformed JSON gives 400
 //     with a body. Every JSON reply carries a Content-Length (§1.4).
@@ -80,6 +90,6 @@
 // ClearFaults, the cmd's -fault flags (ParseFault) or POST /admin/faults. Each has a window
 // (Start, Duration) and an optional Rate drawn from an RNG seeded with Config.Seed, so a given
 // request sequence is reproducible. Server.Stats (GET /admin/stats) reports requests by
-// endpoint and status, samples accepted/completed/failed, peak concurrency and, for every 429,
-// 402 and pause window, how many asample calls arrived inside it.
+// endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
+// concurrency and, for every 429, 402 and pause window, how many asample calls arrived inside it.
 package tinkersim

@@ -18,15 +18,15 @@ func (s *Server) model(name string) (Model, bool) {
 	return Model{}, false
 }
 
-// handleClientConfig implements POST /api/v1/client/config (§3.1): the SDK defaults, overridden
-// by Config.ClientConfig.
+// handleClientConfig implements POST /api/v1/client/config (§3.1): the SDK defaults, with
+// pjwt_auth_enabled set by Config.JWTAuth (§2.2), overridden by Config.ClientConfig.
 func (s *Server) handleClientConfig(w http.ResponseWriter, r *http.Request) {
 	var req sdkVersionRequest
 	if !s.decodePost(w, r, &req) {
 		return
 	}
 	flags := map[string]any{
-		"pjwt_auth_enabled":                        false,
+		"pjwt_auth_enabled":                        s.cfg.JWTAuth,
 		"credential_default_source":                "api_key",
 		"sample_dispatch_bytes_semaphore_size":     10485760,
 		"inflight_response_bytes_semaphore_size":   52428800,

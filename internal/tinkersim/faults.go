@@ -55,7 +55,7 @@ type Fault struct {
 	// Kind selects the misbehaviour.
 	Kind FaultKind
 	// Endpoints restricts the fault to these endpoint names ("asample", "retrieve_future",
-	// "create_session", "client/config", … or "*"); empty means the kind's default.
+	// "create_session", "client/config", "auth/token", … or "*"); empty means the kind's default.
 	Endpoints []string
 	// Rate is the probability per matching request; 0 means always.
 	Rate float64

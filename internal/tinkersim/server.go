@@ -21,6 +21,7 @@ import (
 const (
 	epClientConfig          = "client/config"
 	epDynamicConfig         = "client/dynamic_config"
+	epAuthToken             = "auth/token"
 	epCreateSession         = "create_session"
 	epHeartbeat             = "session_heartbeat"
 	epCreateSamplingSession = "create_sampling_session"
@@ -64,6 +65,10 @@ type Server struct {
 	st           stats
 	// pollsHeld counts retrieve_future calls currently long-polling.
 	pollsHeld atomic.Int64
+	// jwtKey signs and checks the JWTs of auth/token (§2.2); RevokeJWTs replaces it.
+	jwtKey atomic.Pointer[jwtSecret]
+	// subSalt keys the HMAC that turns an API key into a JWT sub claim.
+	subSalt jwtSecret
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -106,6 +111,8 @@ func New(cfg Config) (*Server, error) {
 		st:           newStats(),
 		closed:       make(chan struct{}),
 	}
+	s.jwtKey.Store(newJWTSecret())
+	s.subSalt = *newJWTSecret()
 	s.runs = syntheticRuns(c)
 	for _, f := range c.Faults {
 		if _, err := s.Inject(f); err != nil {
@@ -312,7 +319,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // endpointName maps the path after /api/v1/ to the endpoint name used in stats and faults.
 func endpointName(rest string) string {
 	switch rest {
-	case epClientConfig, epDynamicConfig, epCreateSession, epHeartbeat, epCreateSamplingSession,
+	case epClientConfig, epDynamicConfig, epAuthToken, epCreateSession, epHeartbeat, epCreateSamplingSession,
 		epAsample, epRetrieveFuture, epTelemetry, epCapabilities, epHealthz, epWeightsInfo, epCheckpoints,
 		epTrainingRuns, epSessions:
 		return rest
@@ -325,7 +332,8 @@ func endpointName(rest string) string {
 	return epUnknown
 }
 
-// authorized checks X-API-Key (§1.2, §12) in constant time; the key is never logged.
+// authorized reports whether X-API-Key holds an accepted API key (§1.2, §12), compared in
+// constant time; the key is never logged. JWTs are checked by checkJWT.
 func (s *Server) authorized(r *http.Request) bool {
 	key := r.Header.Get("X-API-Key")
 	if !strings.HasPrefix(key, "tml-") || len(key) <= len("tml-") {
@@ -348,11 +356,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest
 		writeJSONError(w, http.StatusNotFound, "no such endpoint: /api/v1/"+rest)
 		return
 	}
-	if !s.authorized(r) {
-		writeJSONError(w, http.StatusUnauthorized, "invalid or missing X-API-Key")
+	now := time.Now()
+	if !s.authenticate(w, r, endpoint, now) {
 		return
 	}
-	now := time.Now()
 	if endpoint == epAsample {
 		s.countAsampleInWindows(now)
 	}
@@ -364,6 +371,8 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest
 		s.handleClientConfig(w, r)
 	case epDynamicConfig:
 		s.handleDynamicConfig(w, r)
+	case epAuthToken:
+		s.handleAuthToken(w, r)
 	case epCreateSession:
 		s.handleCreateSession(w, r)
 	case epHeartbeat:

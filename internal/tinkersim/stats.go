@@ -20,6 +20,11 @@ type Stats struct {
 	SamplesFailed int64 `json:"samples_failed"`
 	// CapacityRejections counts asample calls answered 429 because the backend was full.
 	CapacityRejections int64 `json:"capacity_rejections"`
+	// TokensMinted counts JWTs minted by auth/token (§3.2).
+	TokensMinted int64 `json:"tokens_minted"`
+	// JWTRejections counts API requests answered 401 because, with Config.JWTAuth, X-API-Key
+	// did not hold a valid, unexpired JWT of this server (a plain API key included, §2.2).
+	JWTRejections int64 `json:"jwt_rejections"`
 	// Concurrent is the number of samples holding a capacity slot now.
 	Concurrent int `json:"concurrent"`
 	// Queued is the number of accepted samples waiting for a slot (no backpressure header).
@@ -61,6 +66,8 @@ type stats struct {
 	completed          int64
 	failed             int64
 	capacityRejections int64
+	tokensMinted       int64
+	jwtRejections      int64
 	peak               int
 	windows            []*windowStat
 }
@@ -87,6 +94,8 @@ func (s *Server) Stats() Stats {
 		SamplesCompleted:   s.st.completed,
 		SamplesFailed:      s.st.failed,
 		CapacityRejections: s.st.capacityRejections,
+		TokensMinted:       s.st.tokensMinted,
+		JWTRejections:      s.st.jwtRejections,
 		Concurrent:         s.running,
 		Queued:             len(s.queue),
 		PollsHeld:          s.pollsHeld.Load(),
