@@ -141,7 +141,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 	}
 	var c jetstream.Consumer
 	if update {
-		c, err = retry(ctx, func() (jetstream.Consumer, error) {
+		c, err = retry(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
 			return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), consumer)
 		})
 		if err != nil {
@@ -163,7 +163,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}
-	q.Batches, err = retry(ctx, func() (jetstream.KeyValue, error) {
+	q.Batches, err = retry(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
 		if update {
 			return js.CreateOrUpdateKeyValue(ctx, bucket)
 		}
@@ -189,7 +189,7 @@ func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	s, err := retry(ctx, func() (jetstream.Stream, error) {
+	s, err := retry(ctx, func(ctx context.Context) (jetstream.Stream, error) {
 		if update {
 			return js.CreateOrUpdateStream(ctx, cfg)
 		}
@@ -206,18 +206,23 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, cfg 
 }
 
 // retry repeats a create-or-update a few times: two processes setting up the same stream at
-// once may see "already in use", and a cluster that is electing a leader answers "unavailable".
-func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
+// once may see "already in use", and a cluster that is electing a leader answers "unavailable"
+// or not at all. Each attempt gets at most setupAttemptTimeout, so one request lost in a
+// leader change does not use up the caller's whole deadline.
+func retry[T any](ctx context.Context, f func(context.Context) (T, error)) (T, error) {
 	var (
 		v   T
 		err error
 	)
 	delay := 50 * time.Millisecond
 	for range 8 {
-		if v, err = f(); err == nil {
+		actx, cancel := context.WithTimeout(ctx, setupAttemptTimeout)
+		v, err = f(actx)
+		cancel()
+		if err == nil {
 			return v, nil
 		}
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if ctx.Err() != nil {
 			return v, err
 		}
 		select {
@@ -229,3 +234,6 @@ func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	}
 	return v, err
 }
+
+// setupAttemptTimeout bounds one JetStream API request of Setup or Bind.
+const setupAttemptTimeout = 10 * time.Second
