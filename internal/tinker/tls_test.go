@@ -161,7 +161,18 @@ func TestRootCAs(t *testing.T) {
 	if _, err := s.Sample(ctx, tinker.SampleRequest{Prompt: tinker.EncodedText([]int{1, 2, 3}), Params: tinker.SamplingParams{MaxTokens: &mt}}); err != nil {
 		t.Fatalf("sample with RootCAs: %v", err)
 	}
-	if got := sim.Stats().Requests["asample"][http.StatusOK]; got != 1 {
+	st := sim.Stats()
+	if got := st.Requests["asample"][http.StatusOK]; got != 1 {
 		t.Fatalf("simulator answered asample 200 %d times, want 1", got)
+	}
+	var total int64
+	for _, byStatus := range st.Requests {
+		for _, n := range byStatus {
+			total += n
+		}
+	}
+	// The refused Dial never reached HTTP (its TLS handshake failed); all the rest is HTTP/2.
+	if st.HTTP2Requests == 0 || st.HTTP2Requests != total {
+		t.Fatalf("%d of %d requests came over HTTP/2, want all", st.HTTP2Requests, total)
 	}
 }

@@ -285,6 +285,11 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 // and the admin endpoints under any path containing /admin/.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w, s: s, endpoint: epUnknown}
+	if r.ProtoMajor == 2 {
+		s.mu.Lock()
+		s.st.http2++
+		s.mu.Unlock()
+	}
 	defer func() {
 		if rec.status == 0 {
 			rec.WriteHeader(http.StatusOK)

@@ -20,6 +20,8 @@ type Stats struct {
 	SamplesFailed int64 `json:"samples_failed"`
 	// CapacityRejections counts asample calls answered 429 because the backend was full.
 	CapacityRejections int64 `json:"capacity_rejections"`
+	// HTTP2Requests counts requests that came over HTTP/2 (ListenTLS, §1.4).
+	HTTP2Requests int64 `json:"http2_requests"`
 	// TokensMinted counts JWTs minted by auth/token (§3.2).
 	TokensMinted int64 `json:"tokens_minted"`
 	// JWTRejections counts API requests answered 401 because, with Config.JWTAuth, X-API-Key
@@ -68,6 +70,7 @@ type stats struct {
 	capacityRejections int64
 	tokensMinted       int64
 	jwtRejections      int64
+	http2              int64
 	peak               int
 	windows            []*windowStat
 }
@@ -95,6 +98,7 @@ func (s *Server) Stats() Stats {
 		SamplesFailed:      s.st.failed,
 		CapacityRejections: s.st.capacityRejections,
 		TokensMinted:       s.st.tokensMinted,
+		HTTP2Requests:      s.st.http2,
 		JWTRejections:      s.st.jwtRejections,
 		Concurrent:         s.running,
 		Queued:             len(s.queue),
