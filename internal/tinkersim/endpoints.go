@@ -105,13 +105,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if slow != nil {
-		t := time.NewTimer(slow.f.Delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-		case <-s.closed:
-		}
-		t.Stop()
+		s.delay(r, slow.f.Delay)
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"type": "session_heartbeat"})
 }
@@ -236,4 +230,15 @@ func (s *Server) handleWeightsInfo(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSONError(w, http.StatusNotFound, "checkpoint not found: "+*req.TinkerPath)
+}
+
+// delay waits d before a reply, or less if the request ends or the server closes.
+func (s *Server) delay(r *http.Request, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+	case <-s.closed:
+	}
 }

@@ -46,6 +46,11 @@ const (
 	FaultBare400 FaultKind = "bare_400"
 	// FaultSlowHeartbeat delays session_heartbeat replies by Fault.Delay (§3.4).
 	FaultSlowHeartbeat FaultKind = "slow_heartbeat"
+	// FaultSlowAccept delays the reply to an accepted asample by Fault.Delay; the sample holds
+	// its capacity slot from acceptance, before the reply leaves. A loaded service turns a
+	// request away faster than it takes one in, so a client reads some 429s while acceptances
+	// sent before them are still on the wire.
+	FaultSlowAccept FaultKind = "slow_accept"
 )
 
 // Fault is one injected misbehaviour. It is active from Start (zero: when injected) for
@@ -69,7 +74,7 @@ type Fault struct {
 	Category string
 	// Status is the HTTP status of FaultServerError (500–599, default 500).
 	Status int
-	// Delay is the added latency of FaultSlowHeartbeat.
+	// Delay is the added latency of FaultSlowHeartbeat and FaultSlowAccept.
 	Delay time.Duration
 	// RetryAfter overrides Config.RetryAfter for FaultRateLimit.
 	RetryAfter time.Duration
@@ -92,12 +97,14 @@ var defaultEndpoints = map[FaultKind][]string{
 	FaultFailed:          {epAsample},
 	FaultBare400:         {epAsample, epRetrieveFuture},
 	FaultSlowHeartbeat:   {epHeartbeat},
+	FaultSlowAccept:      {epAsample},
 }
 
 // fixedEndpointKinds cannot be moved to other endpoints: their effect is specific to one.
 var fixedEndpointKinds = map[FaultKind]bool{
 	FaultTryAgain200: true, FaultExpired: true, FaultPausedCapacity: true, FaultPausedRateLimit: true,
 	FaultNeverComplete: true, FaultFailed: true, FaultSlowHeartbeat: true,
+	FaultSlowAccept: true,
 }
 
 // validate checks f and fills in defaults.
@@ -132,9 +139,9 @@ func (f Fault) validate() (Fault, error) {
 		if f.Category != "user" && f.Category != "server" && f.Category != "unknown" {
 			return f, fmt.Errorf("fault failed: category %q is not user, server or unknown", f.Category)
 		}
-	case FaultSlowHeartbeat:
+	case FaultSlowHeartbeat, FaultSlowAccept:
 		if f.Delay == 0 {
-			return f, errors.New("fault slow_heartbeat: needs a delay")
+			return f, fmt.Errorf("fault %s: needs a delay", f.Kind)
 		}
 	case FaultPausedCapacity, FaultPausedRateLimit:
 		if f.Rate != 0 && f.Rate < 1 {

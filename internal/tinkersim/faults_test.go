@@ -230,6 +230,41 @@ func TestFaultSlowHeartbeat(t *testing.T) {
 	}
 }
 
+func TestFaultSlowAcceptHoldsTheSlotBeforeTheReply(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{Capacity: 1, BaseLatency: time.Hour})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultSlowAccept, Delay: 300 * time.Millisecond})
+	accepted := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+		accepted <- time.Since(start)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.srv.Stats().Concurrent != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sample never took its slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The slot is taken while the acceptance is still on its way: a second sample is turned
+	// away at once, and its 429 arrives before the first sample's acceptance.
+	r := h.do("POST", "/api/v1/asample", sampleBody(ssid, 1, []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
+	mustJSONError(t, r, http.StatusTooManyRequests)
+	select {
+	case el := <-accepted:
+		t.Fatalf("the acceptance arrived before the 429, after %v", el)
+	default:
+	}
+	if el := <-accepted; el < 300*time.Millisecond {
+		t.Fatalf("acceptance answered after %v, want the 300ms delay", el)
+	}
+	if _, err := h.srv.Inject(Fault{Kind: FaultSlowAccept}); err == nil {
+		t.Fatal("slow_accept without a delay was accepted")
+	}
+}
+
 func TestFaultGenericEndpoints(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{})

@@ -107,7 +107,11 @@ func (s *Server) handleAsample(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.queue = append(s.queue, f)
 	}
+	slow := s.hitLocked(epAsample, now, FaultSlowAccept)
 	s.mu.Unlock()
+	if slow != nil {
+		s.delay(r, slow.f.Delay)
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"request_id": requestID})
 }
 
