@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -13,102 +14,192 @@ import (
 // capacity-bound batch ran at capacity per second instead of capacity per sample latency
 // (bench comparison 1: 0.2 of the ideal for 200 ms samples).
 //
-// So when a 429 is seen (here, or anywhere in the fleet through the backoff key), the number
-// of this worker's samples that the service has accepted and not yet finished becomes its
-// limit: together the workers' limits are about what the service held when it said full.
-// Samples are admitted while accepted + submitting stays under the limit. The limit is
-// forgotten after ttl without a new 429, so a capacity that grows, or a 429 that was about
-// a rate rather than capacity, costs at most ttl; relearning costs one more 429.
+// So a 429, seen here or anywhere in the fleet through the backoff key, starts a measure:
+// the number of this worker's samples the service holds. It cannot be read at the moment of
+// the 429, because the answers to the worker's other submissions are still on the wire, and
+// some of them say "accepted"; counting only the answers already read made four workers
+// learn 58 of 64 slots between them. So the measure stays open until every submission that
+// was on the wire has been answered (the fleet is paused meanwhile, so nothing new goes
+// out), and its result is the most samples the service held for this worker during it.
+// Together the workers' limits are then what the service held when it said full.
+//
+// Samples are admitted, in arrival order, while admitted + on the wire + accepted stays under
+// the limit. The limit is forgotten after ttl without a new one, so a capacity that grows,
+// or a 429 that was about a rate rather than capacity, costs at most ttl; relearning costs
+// one more 429.
 type capacity struct {
 	ttl time.Duration // 0: never learn (no limit)
 	now func() time.Time
 
-	mu         sync.Mutex
-	submitting int // admitted, asample not yet answered
-	accepted   int // asample accepted, result not yet back
-	// acceptedSince counts acceptances since the limit was last learned.
+	mu       sync.Mutex
+	admitted int // admitted, not yet on the wire (waiting for the backoff or a permit)
+	sending  int // asample on the wire, not yet answered
+	accepted int // asample accepted, result not yet back
+	// acceptedSince counts acceptances since the last measure began or ended.
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when limit was set
-	changed       chan struct{}
+	measuring     bool      // a 429 was seen and submissions it raced are still on the wire
+	peak          int       // the most accepted during the measure
+	waiters       []waiter  // first come, first admitted
+}
+
+// waiter is a sample waiting for room; admitting it sets its phase and closes ready.
+type waiter struct {
+	phase *samplePhase
+	ready chan struct{}
 }
 
 // samplePhase is where one job's sample stands for capacity accounting.
 type samplePhase int
 
 const (
-	phaseIdle       samplePhase = iota // not admitted
-	phaseSubmitting                    // admitted, submitting
-	phaseAccepted                      // accepted by the service
+	phaseIdle     samplePhase = iota // not admitted
+	phaseAdmitted                    // admitted, not yet on the wire
+	phaseSending                     // asample on the wire
+	phaseAccepted                    // accepted by the service
 )
 
 func newCapacity(ttl time.Duration) *capacity {
-	return &capacity{ttl: ttl, now: time.Now, changed: make(chan struct{})}
+	return &capacity{ttl: ttl, now: time.Now}
 }
 
-// limitNow returns the limit in force (0: none), forgetting an expired one. Call with mu held.
-func (c *capacity) limitNow() int {
+// held is the number of samples that count against the limit. Call with mu held.
+func (c *capacity) held() int { return c.admitted + c.sending + c.accepted }
+
+// expire forgets a limit older than ttl and admits the waiters it held back. Call with mu
+// held.
+func (c *capacity) expire() {
 	if c.limit > 0 && c.now().Sub(c.learnedAt) > c.ttl {
 		c.limit = 0
-		c.wake()
+		c.admitWaiters()
 	}
-	return c.limit
 }
 
-// wake tells waiters that the counts or the limit changed. Call with mu held.
-func (c *capacity) wake() {
-	close(c.changed)
-	c.changed = make(chan struct{})
+// admitWaiters admits waiters in arrival order while there is room. Call with mu held.
+func (c *capacity) admitWaiters() {
+	for len(c.waiters) > 0 && (c.limit == 0 || c.held() < c.limit) {
+		w := c.waiters[0]
+		c.waiters[0] = waiter{}
+		c.waiters = c.waiters[1:]
+		*w.phase = phaseAdmitted
+		c.admitted++
+		close(w.ready)
+	}
 }
 
-// submit moves a job's sample to submitting: a new sample waits for room under the limit; a
-// sample submitted again (its future expired, §4.2 410) keeps the room it had.
+// submit admits a job's sample before it goes on the wire. A new sample waits for room
+// under the limit; a sample submitted again (its future expired, §4.2 410) keeps the room it
+// had; a sample admitted before a limit was learned gives its room back if the worker now
+// holds more than the limit, and waits like a new one.
 func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
-	for {
-		c.mu.Lock()
-		switch *phase {
-		case phaseSubmitting:
-			c.mu.Unlock()
-			return nil
-		case phaseAccepted:
-			c.accepted--
-			c.submitting++
-			*phase = phaseSubmitting
-			c.mu.Unlock()
-			return nil
-		}
-		limit := c.limitNow()
-		if limit == 0 || c.accepted+c.submitting < limit {
-			c.submitting++
-			*phase = phaseSubmitting
-			c.mu.Unlock()
-			return nil
-		}
-		ch, left := c.changed, c.ttl-c.now().Sub(c.learnedAt)
+	c.mu.Lock()
+	c.expire()
+	switch *phase {
+	case phaseSending:
 		c.mu.Unlock()
-		t := time.NewTimer(left)
+		return nil
+	case phaseAdmitted:
+		if c.limit == 0 || c.held() <= c.limit {
+			c.mu.Unlock()
+			return nil
+		}
+		c.admitted--
+		*phase = phaseIdle
+	case phaseAccepted:
+		c.accepted--
+		c.admitted++
+		*phase = phaseAdmitted
+		c.mu.Unlock()
+		return nil
+	}
+	if len(c.waiters) == 0 && (c.limit == 0 || c.held() < c.limit) {
+		c.admitted++
+		*phase = phaseAdmitted
+		c.mu.Unlock()
+		return nil
+	}
+	w := waiter{phase: phase, ready: make(chan struct{})}
+	c.waiters = append(c.waiters, w)
+	for {
+		// Waiters exist only under a limit; the timer is for its expiry.
+		t := time.NewTimer(c.ttl - c.now().Sub(c.learnedAt))
+		c.mu.Unlock()
 		select {
+		case <-w.ready:
+			t.Stop()
+			return nil
 		case <-ctx.Done():
 			t.Stop()
+			c.mu.Lock()
+			if *phase == phaseAdmitted { // admitted as the context ended: pass the room on
+				c.admitted--
+				*phase = phaseIdle
+				c.admitWaiters()
+			} else {
+				c.waiters = slices.DeleteFunc(c.waiters, func(o waiter) bool { return o.ready == w.ready })
+			}
+			c.mu.Unlock()
 			return ctx.Err()
-		case <-ch:
 		case <-t.C:
 		}
-		t.Stop()
+		c.mu.Lock()
+		c.expire()
+		if *phase == phaseAdmitted {
+			c.mu.Unlock()
+			return nil
+		}
 	}
 }
 
-// answered records that asample was answered for a submitting sample (accepted, or failed:
-// then done follows at once).
+// send records that an admitted sample's asample is going on the wire.
+func (c *capacity) send(phase *samplePhase) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if *phase == phaseAdmitted {
+		c.admitted--
+		c.sending++
+		*phase = phaseSending
+	}
+}
+
+// answered records that asample accepted a sample (or failed: then done follows at once).
 func (c *capacity) answered(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if *phase == phaseSubmitting {
-		c.submitting--
-		c.accepted++
-		c.acceptedSince++
-		*phase = phaseAccepted
+	switch *phase {
+	case phaseAdmitted:
+		c.admitted--
+	case phaseSending:
+		c.sending--
+	default:
+		return
 	}
+	c.accepted++
+	c.acceptedSince++
+	*phase = phaseAccepted
+	if c.measuring {
+		c.peak = max(c.peak, c.accepted)
+		c.settle()
+	}
+}
+
+// requeue takes a sample that the service refused (429) out of the count, so that it waits
+// for room again like a new one rather than holding a place it does not have.
+func (c *capacity) requeue(phase *samplePhase) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch *phase {
+	case phaseAdmitted:
+		c.admitted--
+	case phaseSending:
+		c.sending--
+	default:
+		return
+	}
+	*phase = phaseIdle
+	c.settle()
+	c.admitWaiters()
 }
 
 // done records that a job's sample is over, whatever its phase.
@@ -116,55 +207,57 @@ func (c *capacity) done(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch *phase {
-	case phaseSubmitting:
-		c.submitting--
+	case phaseAdmitted:
+		c.admitted--
+	case phaseSending:
+		c.sending--
 	case phaseAccepted:
 		c.accepted--
 	default:
 		return
 	}
 	*phase = phaseIdle
-	c.wake()
+	c.settle()
+	c.admitWaiters()
 }
 
-// learn takes the samples the service holds for this worker now as its limit (a 429 says
-// the service is full). With a limit already in force, a 429 is learned from only if the
-// service accepted a sample of this worker since the last one: 429 after 429 with nothing
-// accepted in between is a storm (a rate limit, or a pause), not a new measure of the share,
-// and lowering on each would leave the worker crawling long after the storm. A worker
-// holding no sample learns nothing.
+// learn starts measuring this worker's share: a 429 says the service is full. With a limit
+// already in force, a 429 is learned from only if the service accepted a sample of this
+// worker since the last measure began: 429 after 429 with nothing accepted in between is a
+// storm (a rate limit, or a pause), not a new measure of the share, and lowering on each
+// would leave the worker crawling long after the storm. A worker that holds no sample and
+// has none on the wire learns nothing.
 func (c *capacity) learn() {
 	if c.ttl <= 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.accepted == 0 {
+	c.expire()
+	if c.measuring || c.accepted+c.sending == 0 || (c.limit > 0 && c.acceptedSince == 0) {
 		return
 	}
-	if c.limitNow() > 0 && c.acceptedSince == 0 {
+	c.measuring, c.peak, c.acceptedSince = true, c.accepted, 0
+	c.settle()
+}
+
+// settle ends the measure once nothing it raced is on the wire: the peak becomes the limit.
+// Call with mu held.
+func (c *capacity) settle() {
+	if !c.measuring || c.sending > 0 {
 		return
 	}
-	c.limit, c.acceptedSince = c.accepted, 0
-	c.learnedAt = c.now()
-	c.wake()
+	c.measuring = false
+	if c.peak > 0 {
+		c.limit, c.learnedAt, c.acceptedSince = c.peak, c.now(), 0
+		c.admitWaiters()
+	}
 }
 
 // current returns the limit in force (0: none), for metrics.
 func (c *capacity) current() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.limitNow()
-}
-
-// requeue takes a submitting sample that the service refused (429) out of the count, so that
-// it waits for room again like a new one rather than holding a place it does not have.
-func (c *capacity) requeue(phase *samplePhase) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if *phase == phaseSubmitting {
-		c.submitting--
-		*phase = phaseIdle
-		c.wake()
-	}
+	c.expire()
+	return c.limit
 }

@@ -43,7 +43,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 	}
 
 	// A sample submitted again after its future expired keeps its place.
-	if err := c.submit(ctx, &phases[1]); err != nil || phases[1] != phaseSubmitting {
+	if err := c.submit(ctx, &phases[1]); err != nil || phases[1] != phaseAdmitted {
 		t.Fatalf("resubmission: %v, phase %v", err, phases[1])
 	}
 
@@ -83,8 +83,8 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	if err := c.submit(ctx, &b); err == nil {
 		t.Fatal("admitted over the limit")
 	}
-	if b != phaseIdle || c.submitting != 0 || c.accepted != 1 {
-		t.Fatalf("counts after a cancelled wait: phase %v, submitting %d, accepted %d", b, c.submitting, c.accepted)
+	if b != phaseIdle || c.admitted != 0 || c.accepted != 1 || len(c.waiters) != 0 {
+		t.Fatalf("counts after a cancelled wait: phase %v, admitted %d, accepted %d, waiters %d", b, c.admitted, c.accepted, len(c.waiters))
 	}
 }
 
@@ -117,5 +117,146 @@ func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	c.learn()
 	if got := c.current(); got != 5 {
 		t.Fatalf("limit after a 429 following new work = %d, want 5", got)
+	}
+}
+
+// sendN admits and sends n samples, as the gate does before asample.
+func sendN(t *testing.T, c *capacity, n int) []samplePhase {
+	t.Helper()
+	phases := make([]samplePhase, n)
+	for i := range phases {
+		if err := c.submit(context.Background(), &phases[i]); err != nil {
+			t.Fatal(err)
+		}
+		c.send(&phases[i])
+	}
+	return phases
+}
+
+func TestCapacityMeasuresUntilTheRacingSubmissionsAreAnswered(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	phases := sendN(t, c, 8)
+	// The 429 is read while six answers are still on the wire; four of them are acceptances.
+	c.answered(&phases[0])
+	c.answered(&phases[1])
+	c.learn()
+	c.requeue(&phases[2]) // the 429 itself
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit = %d while answers are still on the wire, want none yet", got)
+	}
+	for i := 3; i < 7; i++ {
+		c.answered(&phases[i])
+	}
+	c.learn() // the fleet's copy of the same 429: already measuring
+	c.requeue(&phases[7])
+	if got := c.current(); got != 6 {
+		t.Fatalf("limit = %d, want the 6 samples the service held", got)
+	}
+}
+
+func TestCapacityMeasureKeepsThePeak(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	phases := sendN(t, c, 4)
+	c.answered(&phases[0])
+	c.answered(&phases[1])
+	c.learn()
+	c.answered(&phases[2])
+	c.done(&phases[0]) // finishes while the measure is open
+	c.requeue(&phases[3])
+	if got := c.current(); got != 3 {
+		t.Fatalf("limit = %d, want the peak of 3", got)
+	}
+}
+
+func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	held := sendN(t, c, 2)
+	c.answered(&held[0])
+	c.answered(&held[1])
+	c.learn()
+	if got := c.current(); got != 2 {
+		t.Fatalf("limit = %d, want 2", got)
+	}
+	const n = 5
+	waiting := make([]samplePhase, n)
+	admitted := make(chan int, n)
+	for i := range n {
+		go func() {
+			if err := c.submit(context.Background(), &waiting[i]); err == nil {
+				admitted <- i
+			}
+		}()
+		// Arrival order is the order of the waiters list.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			c.mu.Lock()
+			queued := len(c.waiters)
+			c.mu.Unlock()
+			if queued == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d never queued", i)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c.done(&held[0])
+	if got := <-admitted; got != 0 {
+		t.Fatalf("first admitted waiter = %d, want 0", got)
+	}
+	select {
+	case got := <-admitted:
+		t.Fatalf("waiter %d admitted with no room", got)
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.done(&held[1])
+	if got := <-admitted; got != 1 {
+		t.Fatalf("second admitted waiter = %d, want 1", got)
+	}
+	// A larger limit admits as many as it has room for, still in order.
+	c.mu.Lock()
+	c.limit = 4
+	c.admitWaiters()
+	c.mu.Unlock()
+	a, b := <-admitted, <-admitted
+	if min(a, b) != 2 || max(a, b) != 3 || waiting[4] != phaseIdle {
+		t.Fatalf("admitted waiters %d and %d (waiter 4 in phase %v), want 2 and 3", a, b, waiting[4])
+	}
+	// The limit's expiry admits the rest.
+	c.mu.Lock()
+	c.learnedAt = c.learnedAt.Add(-2 * time.Minute)
+	c.expire()
+	c.mu.Unlock()
+	if got := <-admitted; got != 4 {
+		t.Fatalf("admitted waiter = %d, want 4", got)
+	}
+}
+
+func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	sent := sendN(t, c, 3)
+	var early samplePhase // admitted in the first burst, still waiting for the backoff
+	if err := c.submit(context.Background(), &early); err != nil {
+		t.Fatal(err)
+	}
+	c.answered(&sent[0])
+	c.answered(&sent[1])
+	c.learn()
+	c.requeue(&sent[2])
+	if got := c.current(); got != 2 {
+		t.Fatalf("limit = %d, want 2", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := c.submit(ctx, &early); err == nil {
+		t.Fatal("a sample admitted before the limit went over it")
+	}
+	if early != phaseIdle || c.held() != 2 {
+		t.Fatalf("after giving its place back: phase %v, held %d", early, c.held())
 	}
 }

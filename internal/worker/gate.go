@@ -52,34 +52,37 @@ func withSampleState(ctx context.Context, st *sampleState) context.Context {
 	return context.WithValue(ctx, sampleStateKey{}, st)
 }
 
+// sampleStateOf returns the state of the job whose sample ctx carries, or nil for a sample
+// outside a job (not accounted for in the capacity).
 func sampleStateOf(ctx context.Context) *sampleState {
 	st, _ := ctx.Value(sampleStateKey{}).(*sampleState)
-	if st == nil {
-		st = &sampleState{} // a sample outside a job: accounted for its own duration only
-	}
 	return st
 }
 
-// Acquire waits for room under the learned capacity, then takes the dispatch permits for one
-// asample submission (the job's reserved count permit the first time). The returned release
-// also records that asample was answered.
+// Acquire takes the dispatch permits for one asample submission (the job's reserved count
+// permit the first time), then waits for room under the learned capacity. Permits come
+// first: a sample holding room must never wait for a permit that a sample waiting for room
+// holds. The returned release also records that asample was answered.
 func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error) {
 	st := sampleStateOf(ctx)
-	if err := g.capacity.submit(ctx, &st.phase); err != nil {
-		return nil, err
-	}
 	var (
 		p   dispatch.Permit
 		err error
 	)
-	if st.reservation != nil {
+	if st != nil && st.reservation != nil {
 		p, err = st.reservation.Acquire(ctx, estimatedBytes)
 	}
-	if st.reservation == nil || err == dispatch.ErrUsed {
+	if st == nil || st.reservation == nil || err == dispatch.ErrUsed {
 		p, err = g.limiter.Acquire(ctx, estimatedBytes)
 	}
 	if err != nil {
-		g.capacity.requeue(&st.phase)
+		return nil, err
+	}
+	if st == nil {
+		return p.Release, nil
+	}
+	if err := g.capacity.submit(ctx, &st.phase); err != nil {
+		p.Release()
 		return nil, err
 	}
 	return func() {
@@ -89,12 +92,25 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 }
 
 // Wait blocks while the backoff is active, then (after a 429) until there is room under the
-// learned capacity again.
+// learned capacity again, and records that asample goes on the wire.
 func (g *Gate) Wait(ctx context.Context) error {
-	if err := g.backoff.Wait(ctx); err != nil {
-		return err
+	st := sampleStateOf(ctx)
+	for {
+		if err := g.backoff.Wait(ctx); err != nil {
+			return err
+		}
+		if st == nil {
+			return nil
+		}
+		if err := g.capacity.submit(ctx, &st.phase); err != nil {
+			return err
+		}
+		// Waiting for room may have outlasted the pause and met the next one.
+		if !time.Now().Before(g.backoff.Until()) {
+			g.capacity.send(&st.phase) // the client sends asample as soon as Wait returns
+			return nil
+		}
 	}
-	return g.capacity.submit(ctx, &sampleStateOf(ctx).phase)
 }
 
 // Backoff signals the backoff; a 429 also teaches the capacity. A failed signal (NATS
@@ -104,7 +120,9 @@ func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
 	g.metrics.signal(reason)
 	if reason == reasonRateLimited {
 		g.capacity.learn()
-		g.capacity.requeue(&sampleStateOf(ctx).phase)
+		if st := sampleStateOf(ctx); st != nil {
+			g.capacity.requeue(&st.phase)
+		}
 	}
 	if err := g.backoff.Signal(ctx, reason, d); err != nil {
 		g.log.Warn("signal fleet backoff", "reason", reason, "duration", d, "err", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -404,5 +405,63 @@ func TestResultTooLargeForNATSEndsAsAnErrorResult(t *testing.T) {
 	}
 	if r := res["small"]; r.Status != jobs.StatusOK {
 		t.Fatalf("small result = %+v", r)
+	}
+}
+
+func TestLearnedSharesAddUpToTheCapacity(t *testing.T) {
+	t.Parallel()
+	// Four workers burst into a service that runs 60 samples at once and is slow to say
+	// "accepted" (half the acceptances come 200 ms late; a 429 comes at once). Each worker
+	// learns the share the service held for it when it said full. The acceptances still on
+	// the wire when the 429 is read count too, so the shares add up to the whole capacity;
+	// counting only the answers read by then left a fleet with a fraction of it.
+	const capacity = 60
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 500 * time.Millisecond})
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultSlowAccept, Rate: 0.5, Delay: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	var js []jobs.Job
+	for i := range 1200 {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("share-%04d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(1)}})
+	}
+	publishJobs(t, b.results, "share", js)
+	var ws []*Worker
+	for range 4 {
+		w := b.open(t, b.connect(t), Config{Concurrency: 100, CapacityTTL: time.Minute})
+		run(t, w)
+		ws = append(ws, w)
+	}
+	// Steady: every worker has a share and no 429 for longer than a pause.
+	deadline := time.Now().Add(time.Minute)
+	var (
+		last    = b.sim.Stats().CapacityRejections
+		quietAt = time.Now()
+		shares  []int
+	)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("no steady state within a minute: shares %v, %d asample 429s", shares, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if n := b.sim.Stats().CapacityRejections; n != last {
+			last, quietAt = n, time.Now()
+			continue
+		}
+		shares = shares[:0]
+		for _, w := range ws {
+			shares = append(shares, w.gate.capacity.current())
+		}
+		if !slices.Contains(shares, 0) && time.Since(quietAt) > 1500*time.Millisecond {
+			break
+		}
+	}
+	sum := 0
+	for _, s := range shares {
+		sum += s
+	}
+	t.Logf("shares %v after %d asample 429s", shares, last)
+	if sum < capacity-2 || sum > capacity {
+		t.Fatalf("learned shares %v add up to %d, want the capacity %d (within 2 below)", shares, sum, capacity)
 	}
 }
