@@ -1,0 +1,22 @@
+// Package share splits a capacity that the fleet measured among the workers that measured it.
+//
+// The Tinker service says it is full only by answering 429. After a 429 each worker measures
+// how many samples the service holds for it (see the worker's capacity), and those peaks add
+// up to what the service held when it said full. Alone, each worker would take its own peak
+// as its limit; but a worker whose requests all came a moment too late measures nothing, has
+// no limit, bursts after the pause and costs the whole fleet another 1 s pause and another
+// measure (bench comparison 1 saw four workers need up to three).
+//
+// So every worker that measured writes a Report, its peak and how many samples it wants to
+// run, under <account>.share.<worker> in the backoff bucket, waits Gather for the reports of
+// the others, and reads them all. The reports of one round are those created (in the JetStream
+// server's clock, so worker clocks do not matter) within Window of its own. Their peaks add
+// up to the capacity, and Split divides it by want: every worker reads the same reports and
+// computes the same division, so the limits add up to the capacity after one pause, and a
+// worker that came too late gets its part too.
+//
+// Gather (150 ms) is well inside the 1 s pause that follows a 429, so the division is known
+// before anyone sends again. A round whose reports cannot be read leaves each worker with its
+// own peak. A worker deletes its key when it closes; a crashed worker's report ages out of
+// every round by Window.
+package share

@@ -1,0 +1,179 @@
+package share
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Report is what one worker measured in a round.
+type Report struct {
+	// Peak is the most samples the service held for the worker during its measure.
+	Peak int `json:"peak"`
+	// Want is how many samples the worker would run now if it could.
+	Want int `json:"want"`
+}
+
+// Config tunes a Board; zero values take the defaults.
+type Config struct {
+	// Gather is how long a worker waits for the others' reports (default 150 ms).
+	Gather time.Duration
+	// Window is how far apart, in the server's clock, the reports of one round may be
+	// created (default 500 ms; rounds are at least a 1 s pause apart).
+	Window time.Duration
+}
+
+// Board is one worker's place on the fleet's share board.
+type Board struct {
+	kv     jetstream.KeyValue
+	prefix string // <account>.share.
+	id     string
+	cfg    Config
+}
+
+// Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
+// under a fresh random worker id.
+func Open(ctx context.Context, js jetstream.JetStream, bucket, account string, cfg Config) (*Board, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("share: bind bucket %s: %w", bucket, err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	if cfg.Gather <= 0 {
+		cfg.Gather = 150 * time.Millisecond
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 500 * time.Millisecond
+	}
+	return &Board{kv: kv, prefix: account + ".share.", id: hex.EncodeToString(id[:]), cfg: cfg}, nil
+}
+
+// Split writes r as this worker's report of a round, waits for the others' and returns this
+// worker's part of the capacity the round measured (0 if the round holds nothing for it).
+func (b *Board) Split(ctx context.Context, r Report) (int, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return 0, fmt.Errorf("share: %w", err)
+	}
+	rev, err := b.kv.Put(ctx, b.prefix+b.id, data)
+	if err != nil {
+		return 0, fmt.Errorf("share: report: %w", err)
+	}
+	t := time.NewTimer(b.cfg.Gather)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return 0, ctx.Err()
+	case <-t.C:
+	}
+	reports, err := b.round(ctx, rev)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	wants := make(map[string]int, len(reports))
+	for id, r := range reports {
+		total += r.Peak
+		wants[id] = r.Want
+	}
+	return Split(total, wants)[b.id], nil
+}
+
+// round reads the reports created within Window of this worker's report at revision rev.
+func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, error) {
+	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("share: read reports: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var entries []jetstream.KeyValueEntry
+	for e := range w.Updates() {
+		if e == nil { // the current values are all in
+			break
+		}
+		entries = append(entries, e)
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	i := slices.IndexFunc(entries, func(e jetstream.KeyValueEntry) bool { return e.Key() == b.prefix+b.id })
+	if i < 0 || entries[i].Revision() != rev {
+		return nil, errors.New("share: this worker's report was replaced or lost")
+	}
+	mine := entries[i].Created()
+	reports := make(map[string]Report, len(entries))
+	for _, e := range entries {
+		if d := e.Created().Sub(mine); d > b.cfg.Window || d < -b.cfg.Window {
+			continue
+		}
+		var r Report
+		if err := json.Unmarshal(e.Value(), &r); err != nil || r.Peak < 0 || r.Want < 0 {
+			continue // not a report of ours
+		}
+		reports[e.Key()[len(b.prefix):]] = r
+	}
+	return reports, nil
+}
+
+// Close takes this worker's report off the board.
+func (b *Board) Close(ctx context.Context) error {
+	if err := b.kv.Delete(ctx, b.prefix+b.id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("share: delete report: %w", err)
+	}
+	return nil
+}
+
+// Split divides total places among workers by what they want: equal parts, a worker that
+// wants less than its part gets what it wants and the rest is divided again among the
+// others (water-filling); places nobody wants are divided evenly too, since a limit above
+// the want costs nothing. Remainders go one each in id order, so every worker computing
+// Split from the same reports gets the same answer. The parts add up to total.
+func Split(total int, wants map[string]int) map[string]int {
+	ids := make([]string, 0, len(wants))
+	for id := range wants {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make(map[string]int, len(ids))
+	if len(ids) == 0 || total <= 0 {
+		return parts
+	}
+	left := total
+	open := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return wants[id] <= 0 })
+	for left > 0 && len(open) > 0 {
+		each := left / len(open)
+		if each == 0 {
+			for _, id := range open[:left] {
+				parts[id]++
+			}
+			return parts
+		}
+		var still []string
+		for _, id := range open {
+			give := min(each, wants[id]-parts[id])
+			parts[id] += give
+			left -= give
+			if parts[id] < wants[id] {
+				still = append(still, id)
+			}
+		}
+		open = still
+	}
+	// Everybody has what they want: spread the rest.
+	each, rest := left/len(ids), left%len(ids)
+	for i, id := range ids {
+		parts[id] += each
+		if i < rest {
+			parts[id]++
+		}
+	}
+	return parts
+}

@@ -1,0 +1,154 @@
+package share
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestSplit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		total int
+		wants map[string]int
+		want  map[string]int
+	}{
+		{"equal wants", 64, map[string]int{"a": 400, "b": 400, "c": 400, "d": 400}, map[string]int{"a": 16, "b": 16, "c": 16, "d": 16}},
+		{"remainder in id order", 10, map[string]int{"c": 9, "a": 9, "b": 9}, map[string]int{"a": 4, "b": 3, "c": 3}},
+		{"a small want frees places for the others", 60, map[string]int{"a": 5, "b": 400, "c": 400}, map[string]int{"a": 5, "b": 28, "c": 27}},
+		{"places nobody wants are spread", 20, map[string]int{"a": 2, "b": 3}, map[string]int{"a": 10, "b": 10}},
+		{"fewer places than workers", 2, map[string]int{"a": 5, "b": 5, "c": 5}, map[string]int{"a": 1, "b": 1}},
+		{"a worker that wants nothing", 8, map[string]int{"a": 0, "b": 100}, map[string]int{"b": 8}},
+		{"nothing measured", 0, map[string]int{"a": 5}, map[string]int{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Split(tc.total, tc.wants)
+			for id, n := range got { // a zero part is the same as none
+				if n == 0 {
+					delete(got, id)
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Fatalf("Split(%d, %v) = %v, want %v", tc.total, tc.wants, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSplitAddsUpAndFollowsWants(t *testing.T) {
+	t.Parallel()
+	for total := range 50 {
+		for n := 1; n <= 5; n++ {
+			wants := map[string]int{}
+			sumWant := 0
+			for i := range n {
+				wants[fmt.Sprint(i)] = (i*7 + total) % 13
+				sumWant += wants[fmt.Sprint(i)]
+			}
+			parts := Split(total, wants)
+			sum := 0
+			for id, p := range parts {
+				sum += p
+				if sumWant >= total && p > wants[id] {
+					t.Fatalf("Split(%d, %v): %s got %d over its want", total, wants, id, p)
+				}
+			}
+			if sumWant > 0 && sum != total {
+				t.Fatalf("Split(%d, %v) = %v adds up to %d", total, wants, parts, sum)
+			}
+		}
+	}
+}
+
+func runServer(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "backoff", History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
+	t.Parallel()
+	js := runServer(t)
+	ctx := context.Background()
+	open := func(account string) *Board {
+		b, err := Open(ctx, js, "backoff", account, Config{Gather: 200 * time.Millisecond, Window: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close(ctx) })
+		return b
+	}
+	// A worker of another account and a stale report of this one stay out of the round.
+	if _, err := open("other").Split(ctx, Report{Peak: 50, Want: 400}); err != nil {
+		t.Fatal(err)
+	}
+	stale := open("acct")
+	if _, err := stale.Split(ctx, Report{Peak: 30, Want: 400}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	// Four workers: two took all 64 places, two came too late and measured nothing.
+	reports := []Report{{Peak: 27, Want: 400}, {Peak: 37, Want: 400}, {Peak: 0, Want: 400}, {Peak: 0, Want: 400}}
+	parts := make([]int, len(reports))
+	var wg sync.WaitGroup
+	for i, r := range reports {
+		b := open("acct")
+		wg.Go(func() {
+			p, err := b.Split(ctx, r)
+			if err != nil {
+				t.Error(err)
+			}
+			parts[i] = p
+		})
+	}
+	wg.Wait()
+	sum := 0
+	for _, p := range parts {
+		sum += p
+		if p != 16 {
+			t.Errorf("parts %v, want 16 each", parts)
+			break
+		}
+	}
+	if sum != 64 {
+		t.Fatalf("parts %v add up to %d, want 64", parts, sum)
+	}
+
+	// Closing takes the report off the board.
+	if err := stale.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kv, _ := js.KeyValue(ctx, "backoff")
+	if _, err := kv.Get(ctx, "acct.share."+stale.id); err == nil {
+		t.Fatal("a closed board's report is still there")
+	}
+}
