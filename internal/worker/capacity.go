@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 )
 
 // capacity learns how many samples the account runs at once and keeps this worker's share
@@ -42,7 +44,14 @@ type capacity struct {
 	measuring     bool      // a 429 was seen and submissions it raced are still on the wire
 	peak          int       // the most accepted during the measure
 	waiters       []waiter  // first come, first admitted
+	round         int       // measures settled so far
+	// settled, if not nil, receives the latest settled measure for the fleet's share board
+	// (the worker's splitShares); an older one not yet taken is dropped.
+	settled chan measure
 }
+
+// measure is a settled measure of this worker's share: the round it ends and its peak.
+type measure struct{ round, peak int }
 
 // waiter is a sample waiting for room; admitting it sets its phase and closes ready.
 type waiter struct {
@@ -248,10 +257,30 @@ func (c *capacity) settle() {
 		return
 	}
 	c.measuring = false
+	c.round++
 	if c.peak > 0 {
 		c.limit, c.learnedAt, c.acceptedSince = c.peak, c.now(), 0
 		c.admitWaiters()
 	}
+	if c.settled != nil {
+		select { // newest wins
+		case <-c.settled:
+		default:
+		}
+		c.settled <- measure{round: c.round, peak: c.peak}
+	}
+}
+
+// share adopts this worker's part of the capacity the fleet measured in round (see
+// package share), unless a newer measure has begun or settled since.
+func (c *capacity) share(round, part int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if round != c.round || c.measuring || part <= 0 {
+		return
+	}
+	c.limit, c.learnedAt = part, c.now()
+	c.admitWaiters()
 }
 
 // current returns the limit in force (0: none), for metrics.
@@ -260,4 +289,30 @@ func (c *capacity) current() int {
 	defer c.mu.Unlock()
 	c.expire()
 	return c.limit
+}
+
+// splitShares takes each settled measure to the fleet's share board and adopts this
+// worker's part of the capacity that the round measured, so that a worker whose requests
+// all came too late gets a part without another pause. If the board cannot be read, the
+// worker keeps its own peak.
+func (w *Worker) splitShares(ctx context.Context) {
+	c := w.gate.capacity
+	for {
+		var m measure
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-c.settled:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		part, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak)})
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("split the learned capacity with the fleet", "err", err)
+			}
+			continue
+		}
+		c.share(m.round, part)
+	}
 }

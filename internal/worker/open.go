@@ -18,6 +18,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
@@ -131,9 +132,10 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		w.backoff = backoff.NewLocal(nil)
 	} else {
 		baseURL := cmp.Or(cfg.TinkerBaseURL, os.Getenv("TINKER_BASE_URL"), tinker.DefaultBaseURL)
+		bucket, account := cfg.Queue.Names.BackoffBucket(), backoff.AccountKey(baseURL, string(cfg.TinkerAPIKey))
 		fleet, err := backoff.Open(ctx, cfg.Queue.JS, backoff.Config{
-			Bucket:   cfg.Queue.Names.BackoffBucket(),
-			Account:  backoff.AccountKey(baseURL, string(cfg.TinkerAPIKey)),
+			Bucket:   bucket,
+			Account:  account,
 			Replicas: cfg.Queue.Config.Replicas,
 			Logger:   cfg.Logger,
 			// Another worker's 429 says the service is full too: learn this worker's share.
@@ -148,6 +150,18 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		}
 		w.backoff = fleet
 		w.closers = append(w.closers, func() { _ = fleet.Close() })
+		if cfg.CapacityTTL > 0 {
+			board, err := share.Open(ctx, cfg.Queue.JS, bucket, account, share.Config{})
+			if err != nil {
+				return nil, fmt.Errorf("worker: %w", err)
+			}
+			w.board, learned.settled = board, make(chan measure, 1)
+			w.closers = append(w.closers, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = board.Close(ctx)
+			})
+		}
 	}
 
 	var observer *backoff.QueueStateObserver

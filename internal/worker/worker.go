@@ -11,6 +11,7 @@ import (
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 )
 
@@ -26,6 +27,7 @@ type Worker struct {
 	limiter *dispatch.Limiter
 	gate    *Gate
 	backoff Backoff
+	board   *share.Board // the fleet's split of learned capacity (nil: local backoff, or no learning)
 	metrics *Metrics
 	closers []func()
 	health  sessionHealth
@@ -60,6 +62,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	loaded := make(chan struct{})
 	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log, loaded) })
 	bg.Go(func() { w.deadLetters(bgCtx) })
+	if w.board != nil {
+		bg.Go(func() { w.splitShares(bgCtx) })
+	}
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()
 	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3) })
