@@ -53,7 +53,7 @@ func quickSettings() settings {
 	return settings{
 		Name:              "quick",
 		ThroughputSizes:   []int{1, 2, 4},
-		ThroughputWarmup:  time.Second,
+		ThroughputWarmup:  2 * time.Second,
 		ThroughputWindow:  2 * time.Second,
 		CapacityBound:     true,
 		CostWarmup:        300,
