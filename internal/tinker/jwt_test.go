@@ -201,7 +201,15 @@ func TestJWTBackgroundRefresh(t *testing.T) {
 		cfg.Timing.JWTRefreshBeforeExpiry = time.Hour - 100*time.Millisecond // first refresh ~100 ms after Dial
 		cfg.Timing.JWTRefreshRetry = 20 * time.Millisecond
 	})
-	waitFor(t, func() bool { return len(m.minted()) == 2 })
+	// Minted by the server is not yet stored by the client: wait for the client to hold it.
+	waitFor(t, func() bool {
+		toks := m.minted()
+		if len(toks) != 2 {
+			return false
+		}
+		tok, _ := c.jwt.current()
+		return string(tok) == toks[1]
+	})
 	if n := len(f.requests("auth/token")); n != 1+11+1 {
 		t.Fatalf("%d auth/token requests, want 13 (exchange, a failed refresh of 11 attempts, a retry)", n)
 	}
