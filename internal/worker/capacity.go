@@ -113,8 +113,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			c.mu.Unlock()
 			return nil
 		}
-		c.admitted--
-		*phase = phaseIdle
+		c.leave(phase)
 	case phaseAccepted:
 		c.accepted--
 		c.admitted++
@@ -142,9 +141,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			t.Stop()
 			c.mu.Lock()
 			if *phase == phaseAdmitted { // admitted as the context ended: pass the room on
-				c.admitted--
-				*phase = phaseIdle
-				c.admitWaiters()
+				c.leave(phase)
 			} else {
 				c.waiters = slices.DeleteFunc(c.waiters, func(o waiter) bool { return o.ready == w.ready })
 			}
@@ -176,14 +173,10 @@ func (c *capacity) send(phase *samplePhase) {
 func (c *capacity) answered(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch *phase {
-	case phaseAdmitted:
-		c.admitted--
-	case phaseSending:
-		c.sending--
-	default:
+	if !c.unanswered(*phase) {
 		return
 	}
+	c.uncount(*phase)
 	c.accepted++
 	c.acceptedSince++
 	*phase = phaseAccepted
@@ -198,33 +191,40 @@ func (c *capacity) answered(phase *samplePhase) {
 func (c *capacity) requeue(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch *phase {
-	case phaseAdmitted:
-		c.admitted--
-	case phaseSending:
-		c.sending--
-	default:
-		return
+	if c.unanswered(*phase) {
+		c.leave(phase)
 	}
-	*phase = phaseIdle
-	c.settle()
-	c.admitWaiters()
 }
 
 // done records that a job's sample is over, whatever its phase.
 func (c *capacity) done(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch *phase {
+	if *phase != phaseIdle {
+		c.leave(phase)
+	}
+}
+
+// unanswered reports whether a sample in phase is admitted or on the wire.
+func (c *capacity) unanswered(phase samplePhase) bool {
+	return phase == phaseAdmitted || phase == phaseSending
+}
+
+// uncount takes a sample out of the count of its phase. Call with mu held.
+func (c *capacity) uncount(phase samplePhase) {
+	switch phase {
 	case phaseAdmitted:
 		c.admitted--
 	case phaseSending:
 		c.sending--
 	case phaseAccepted:
 		c.accepted--
-	default:
-		return
 	}
+}
+
+// leave makes a counted sample idle and passes its room on. Call with mu held.
+func (c *capacity) leave(phase *samplePhase) {
+	c.uncount(*phase)
 	*phase = phaseIdle
 	c.settle()
 	c.admitWaiters()
