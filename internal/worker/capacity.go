@@ -25,10 +25,19 @@ import (
 // out), and its result is the most samples the service held for this worker during it.
 // Together the workers' limits are then what the service held when it said full.
 //
+// The measure is only sound while the submissions racing the 429 are few against the
+// capacity: a worker that sends all its job slots at once (the SDK's 400) meets the 429 with
+// hundreds on the wire, their answers take longer than a sample, and acceptances of slots
+// freed meanwhile count twice (two workers learned 22 of 8 under the race detector). So,
+// until a limit is learned, a window caps what the worker holds: initialWindow, plus one
+// per acceptance (TCP's slow start, doubling per asample round trip, a few milliseconds to
+// reach any job-slot count). The burst that meets the first 429 is then about the capacity,
+// not the job slots.
+//
 // Samples are admitted, in arrival order, while admitted + on the wire + accepted stays under
-// the limit. The limit is forgotten after ttl without a new one, so a capacity that grows,
-// or a 429 that was about a rate rather than capacity, costs at most ttl; relearning costs
-// one more 429.
+// the limit, or without one under the window. The limit is forgotten after ttl without a new
+// one, so a capacity that grows, or a 429 that was about a rate rather than capacity, costs at
+// most ttl; the window then grows on from the old limit, and relearning costs one more 429.
 type capacity struct {
 	ttl time.Duration // 0: never learn (no limit)
 	now func() time.Time
@@ -41,10 +50,15 @@ type capacity struct {
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when limit was set
-	measuring     bool      // a 429 was seen and submissions it raced are still on the wire
-	peak          int       // the most accepted during the measure
-	waiters       []waiter  // first come, first admitted
-	round         int       // measures settled so far
+	// window caps the samples held while no limit is in force (0: no cap, learning off). It
+	// starts at initialWindow and grows by one with every acceptance, so the samples on the
+	// wire are at most about those already accepted: the burst that meets the first 429 is
+	// bounded by what the service holds, not by the job slots (see capacity).
+	window    int
+	measuring bool     // a 429 was seen and submissions it raced are still on the wire
+	peak      int      // the most accepted during the measure
+	waiters   []waiter // first come, first admitted
+	round     int      // measures settled so far
 	// settled, if not nil, receives the latest settled measure for the fleet's share board
 	// (the worker's splitShares); an older one not yet taken is dropped.
 	settled chan measure
@@ -69,8 +83,25 @@ const (
 	phaseAccepted                    // accepted by the service
 )
 
+// initialWindow is how many samples a worker holds before the service has accepted any.
+const initialWindow = 8
+
 func newCapacity(ttl time.Duration) *capacity {
-	return &capacity{ttl: ttl, now: time.Now}
+	c := &capacity{ttl: ttl, now: time.Now}
+	if ttl > 0 {
+		c.window = initialWindow
+	}
+	return c
+}
+
+// room reports whether one more sample fits under the limit, or the window without one.
+// Call with mu held.
+func (c *capacity) room() bool {
+	bound := c.limit
+	if bound == 0 {
+		bound = c.window
+	}
+	return bound == 0 || c.held() < bound
 }
 
 // held is the number of samples that count against the limit. Call with mu held.
@@ -87,7 +118,7 @@ func (c *capacity) expire() {
 
 // admitWaiters admits waiters in arrival order while there is room. Call with mu held.
 func (c *capacity) admitWaiters() {
-	for len(c.waiters) > 0 && (c.limit == 0 || c.held() < c.limit) {
+	for len(c.waiters) > 0 && c.room() {
 		w := c.waiters[0]
 		c.waiters[0] = waiter{}
 		c.waiters = c.waiters[1:]
@@ -109,7 +140,10 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 		c.mu.Unlock()
 		return nil
 	case phaseAdmitted:
-		if c.limit == 0 || c.held() <= c.limit {
+		c.admitted-- // does it still fit, counting itself out?
+		fits := c.room()
+		c.admitted++
+		if fits {
 			c.mu.Unlock()
 			return nil
 		}
@@ -121,7 +155,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 		c.mu.Unlock()
 		return nil
 	}
-	if len(c.waiters) == 0 && (c.limit == 0 || c.held() < c.limit) {
+	if len(c.waiters) == 0 && c.room() {
 		c.admitted++
 		*phase = phaseAdmitted
 		c.mu.Unlock()
@@ -130,15 +164,26 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 	w := waiter{phase: phase, ready: make(chan struct{})}
 	c.waiters = append(c.waiters, w)
 	for {
-		// Waiters exist only under a limit; the timer is for its expiry.
-		t := time.NewTimer(c.ttl - c.now().Sub(c.learnedAt))
+		var (
+			t      *time.Timer
+			expiry <-chan time.Time
+		)
+		if c.limit > 0 { // the limit's expiry admits waiters
+			t = time.NewTimer(c.ttl - c.now().Sub(c.learnedAt))
+			expiry = t.C
+		}
+		stop := func() {
+			if t != nil {
+				t.Stop()
+			}
+		}
 		c.mu.Unlock()
 		select {
 		case <-w.ready:
-			t.Stop()
+			stop()
 			return nil
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			c.mu.Lock()
 			if *phase == phaseAdmitted { // admitted as the context ended: pass the room on
 				c.leave(phase)
@@ -147,7 +192,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			}
 			c.mu.Unlock()
 			return ctx.Err()
-		case <-t.C:
+		case <-expiry:
 		}
 		c.mu.Lock()
 		c.expire()
@@ -180,6 +225,10 @@ func (c *capacity) answered(phase *samplePhase) {
 	c.accepted++
 	c.acceptedSince++
 	*phase = phaseAccepted
+	if c.limit == 0 && c.window > 0 {
+		c.window++
+		c.admitWaiters()
+	}
 	if c.measuring {
 		c.peak = max(c.peak, c.accepted)
 		c.settle()
@@ -259,7 +308,7 @@ func (c *capacity) settle() {
 	c.measuring = false
 	c.round++
 	if c.peak > 0 {
-		c.limit, c.learnedAt, c.acceptedSince = c.peak, c.now(), 0
+		c.limit, c.window, c.learnedAt, c.acceptedSince = c.peak, c.peak, c.now(), 0
 		c.admitWaiters()
 	}
 	if c.settled != nil {
@@ -279,7 +328,7 @@ func (c *capacity) share(round, part int) {
 	if round != c.round || c.measuring || part <= 0 {
 		return
 	}
-	c.limit, c.learnedAt = part, c.now()
+	c.limit, c.window, c.learnedAt = part, part, c.now()
 	c.admitWaiters()
 }
 

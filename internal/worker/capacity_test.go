@@ -217,23 +217,55 @@ func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
 	if got := <-admitted; got != 1 {
 		t.Fatalf("second admitted waiter = %d, want 1", got)
 	}
-	// A larger limit admits as many as it has room for, still in order.
-	c.mu.Lock()
-	c.limit = 4
-	c.admitWaiters()
-	c.mu.Unlock()
+	// A larger part from the fleet admits as many as it has room for, still in order.
+	c.share(c.round, 4)
 	a, b := <-admitted, <-admitted
 	if min(a, b) != 2 || max(a, b) != 3 || waiting[4] != phaseIdle {
 		t.Fatalf("admitted waiters %d and %d (waiter 4 in phase %v), want 2 and 3", a, b, waiting[4])
 	}
-	// The limit's expiry admits the rest.
+	// When the limit expires, the window carries on from it: no room yet, and then every
+	// acceptance adds a place.
 	c.mu.Lock()
 	c.learnedAt = c.learnedAt.Add(-2 * time.Minute)
 	c.expire()
 	c.mu.Unlock()
+	select {
+	case got := <-admitted:
+		t.Fatalf("waiter %d admitted past the window the old limit left", got)
+	case <-time.After(20 * time.Millisecond):
+	}
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit after the ttl = %d, want none", got)
+	}
+	c.send(&waiting[0])
+	c.answered(&waiting[0])
 	if got := <-admitted; got != 4 {
 		t.Fatalf("admitted waiter = %d, want 4", got)
 	}
+}
+
+func TestCapacityWindowBoundsTheFirstBurst(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	// Before anything is accepted, only initialWindow samples go out.
+	first := sendN(t, c, initialWindow)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	var extra samplePhase
+	if err := c.submit(ctx, &extra); err == nil {
+		t.Fatal("admitted past the initial window with nothing accepted")
+	}
+	// Each acceptance adds a place: the window doubles per round trip, like TCP slow start.
+	for i := range first {
+		c.answered(&first[i])
+	}
+	sendN(t, c, initialWindow)
+	if c.held() != 2*initialWindow {
+		t.Fatalf("held %d after %d acceptances, want %d", c.held(), initialWindow, 2*initialWindow)
+	}
+	// Learning off (the SDK's way): no window at all.
+	off := newCapacity(0)
+	sendN(t, off, 10*initialWindow)
 }
 
 func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
