@@ -42,16 +42,15 @@ func openaiNames() fieldNames {
 	}
 }
 
-// namesFor returns the field names of a format.
-func namesFor(format string) *fieldNames {
-	var n fieldNames
+// namesFor returns the field names of a format (a value: the worker validates every job, and a
+// pointer would put one on the heap each time).
+func namesFor(format string) fieldNames {
 	switch format {
 	case FormatOpenAIChat, FormatOpenAICompletions:
-		n = openaiNames()
+		return openaiNames()
 	default:
-		n = nativeNames()
+		return nativeNames()
 	}
-	return &n
 }
 
 // Validate checks every field of the job against the format rules and the limits l (zero fields
@@ -59,7 +58,8 @@ func namesFor(format string) *fieldNames {
 // in the job's source format. Readers call it on every line; the worker calls it again on every
 // decoded message.
 func (j *Job) Validate(l Limits) error {
-	if fe := j.validate(l.withDefaults(), namesFor(j.Format)); fe != nil {
+	n := namesFor(j.Format)
+	if fe := j.validate(l.withDefaults(), &n); fe != nil {
 		return fe
 	}
 	return nil

@@ -59,14 +59,26 @@ func NewCodec(threshold int) (*Codec, error) {
 // Encode returns the message for data on subject, compressed with a Content-Encoding header
 // when data is over the threshold.
 func (c *Codec) Encode(subject string, data []byte) *nats.Msg {
-	msg := nats.NewMsg(subject)
-	if len(data) > c.threshold {
-		msg.Header.Set(HeaderContentEncoding, "zstd")
-		data = c.enc.EncodeAll(data, make([]byte, 0, len(data)/4))
-	}
-	msg.Data = data
+	msg := &nats.Msg{Header: nats.Header{}}
+	c.encodeInto(msg, subject, data)
 	return msg
 }
+
+// encodeInto is Encode into msg, whose header map is kept (and its other entries with it).
+func (c *Codec) encodeInto(msg *nats.Msg, subject string, data []byte) {
+	msg.Subject = subject
+	if len(data) > c.threshold {
+		setHeader(msg.Header, HeaderContentEncoding, "zstd")
+		data = c.enc.EncodeAll(data, make([]byte, 0, len(data)/4))
+	} else {
+		delete(msg.Header, HeaderContentEncoding)
+	}
+	msg.Data = data
+}
+
+// setHeader is Header.Set that reuses the entry's slice: a worker fills the same result
+// message for every job it settles.
+func setHeader(h nats.Header, key, value string) { h[key] = append(h[key][:0], value) }
 
 // Decode returns the payload of a message, decompressing it when its header says so.
 func (c *Codec) Decode(header nats.Header, data []byte) ([]byte, error) {
@@ -98,38 +110,84 @@ func (c *Codec) Close() {
 	}
 }
 
-// PublishResult stores the result of customID in batch and waits for the stream's ack, so the
-// caller may ack the job afterwards (invariant 2). status goes into a header. A repeated publish
-// is dropped by the duplicate window, and in any case replaces the earlier one (one per subject).
-//
-// The publish is asynchronous underneath (cheaper per message than a request, bench
-// comparison 2) with a wait of at most ResultAckTimeout for the ack. data must stay unchanged
-// until PublishResult returns; when it returns ctx's error the message may still be sent
-// again (no-responders retry), so then data must not be reused at all. nats.go stalls async
-// publishes beyond 4,000 unacknowledged ones (WithPublishAsyncMaxPending), far above the
-// results a worker has in flight.
-func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) error {
-	msg := codec.Encode(q.Names.ResultSubject(batch, customID), data)
-	msg.Header.Set(HeaderStatus, status)
-	msg.Header.Set(HeaderCustomID, customID)
-	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
-		return fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
+// ResultMsg fills msg with the message that stores the result of customID in batch and
+// returns it: data compressed when over the codec's threshold, status and custom id in
+// headers, and batch/custom id as the de-duplication id. A nil msg means a new one; a msg
+// given back keeps its header map, so a worker can reuse one message for job after job once
+// the stream has acked it. It returns ErrTooLarge when the message does not fit maxPayload
+// (0: no limit). The message holds data itself, not a copy.
+func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) (*nats.Msg, error) {
+	if msg == nil {
+		msg = &nats.Msg{}
 	}
-	f, err := q.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(batch, customID)))
+	if msg.Header == nil {
+		msg.Header = make(nats.Header, 4)
+	}
+	codec.encodeInto(msg, q.Names.ResultSubject(batch, customID), data)
+	setHeader(msg.Header, HeaderStatus, status)
+	setHeader(msg.Header, HeaderCustomID, customID)
+	setHeader(msg.Header, jetstream.MsgIDHeader, MsgID(batch, customID))
+	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
+		return nil, fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
+	}
+	return msg, nil
+}
+
+// PublishResult stores the result of customID in batch and waits for the stream's ack, so the
+// caller may ack the job afterwards (invariant 2): ResultMsg, then PublishResults of one.
+func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) error {
+	msg, err := q.ResultMsg(nil, codec, batch, customID, status, data, maxPayload)
 	if err != nil {
-		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, err)
+		return err
+	}
+	var errs [1]error
+	q.PublishResults(ctx, []*nats.Msg{msg}, errs[:])
+	return errs[0]
+}
+
+// PublishResults stores the result messages msgs (made by ResultMsg) and waits until the
+// stream has acked each of them, for at most ResultAckTimeout in all; errs[i] is then nil when
+// msgs[i] is stored. A repeated result is dropped by the duplicate window, and in any case
+// replaces the earlier one (one per subject). errs must be as long as msgs.
+//
+// The messages go out together, so a group costs about one write to the server and one wait
+// for the acks, not one each (bench comparison 2). The data of a message whose error is not
+// nil must not be reused: nats.go may still send it again (its no-responders retry). nats.go
+// stalls async publishes beyond 4,000 unacknowledged ones (WithPublishAsyncMaxPending), far
+// above the results a worker has in flight.
+func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []error) {
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, msg := range msgs {
+		futures[i], errs[i] = q.JS.PublishMsgAsync(msg)
 	}
 	t := time.NewTimer(ResultAckTimeout)
 	defer t.Stop()
-	select {
-	case <-f.Ok():
-		return nil
-	case err := <-f.Err():
-		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, err)
-	case <-t.C:
-		return fmt.Errorf("publish result of %s/%s: no ack from the stream within %s", batch, customID, ResultAckTimeout)
-	case <-ctx.Done():
-		return fmt.Errorf("publish result of %s/%s: %w", batch, customID, ctx.Err())
+	var late error // why the acks not in yet will not be waited for
+	for i, f := range futures {
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), errs[i])
+			continue
+		}
+		if late == nil {
+			select {
+			case <-f.Ok():
+				continue
+			case err := <-f.Err():
+				errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
+				continue
+			case <-t.C:
+				late = fmt.Errorf("no ack from the stream within %s", ResultAckTimeout)
+			case <-ctx.Done():
+				late = ctx.Err()
+			}
+		}
+		select { // answered by now? Then the answer counts.
+		case <-f.Ok():
+		case err := <-f.Err():
+			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
+		default:
+			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), late)
+		}
 	}
 }
 

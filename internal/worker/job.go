@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
@@ -21,22 +21,25 @@ import (
 // outcome is what became of one delivery of a job.
 type outcome struct {
 	result *jobs.Result  // to publish before the message is settled; nil for none
-	settle settlement    // what to tell JetStream afterwards
+	settle settleAction  // what to tell JetStream afterwards
 	delay  time.Duration // for settleRetry
 	err    error         // why, for settleRetry and the dead letter
 }
 
-type settlement int
+type settleAction int
 
 const (
-	settleAck   settlement = iota // done: result stored (or already there)
-	settleTerm                    // permanent failure: error result stored
-	settleRetry                   // transient: NakWithDelay, or dead-letter on the last delivery
-	settleNak                     // shutting down: hand back at once
+	settleAck   settleAction = iota // done: result stored (or already there)
+	settleTerm                      // permanent failure: error result stored
+	settleRetry                     // transient: NakWithDelay, or dead-letter on the last delivery
+	settleNak                       // shutting down: hand back at once
 )
 
 // handle works one delivery of a job and settles its message.
-func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Reservation) {
+//
+// A job with an outcome to store goes through the settler with s, the handler's own
+// settlement; other outcomes are settled here.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Reservation, s *settlement) {
 	start := time.Now()
 	names := w.cfg.Queue.Names
 	batch := names.BatchFromJobSubject(msg.Subject())
@@ -75,20 +78,29 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		out = outcome{result: &res, settle: settleTerm}
 		w.metrics.deadLetter()
 	}
-	if out.result != nil {
-		if err := w.publish(ctx, batch, out.result); err != nil {
-			log().Warn("publish result; the job will be delivered again", "err", err)
+	var err error
+	switch out.settle {
+	case settleAck, settleTerm:
+		s.msg, s.result, s.term = msg, nil, out.settle == settleTerm
+		if out.result != nil {
+			if s.result, err = w.resultMsg(batch, out.result, s); err != nil {
+				log().Error("encode result; the job will be delivered again", "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				return
+			}
+		}
+		w.settler.settle(s)
+		s.msg, s.result = nil, nil
+		if s.publishErr != nil {
+			s.buf, s.out = nil, nil // nats.go may still send the message again: leave it alone
+			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
-	}
-	var err error
-	switch out.settle {
-	case settleAck:
-		// The result is stored; a lost ack only means a redelivery, which finds it.
-		err = msg.Ack()
-	case settleTerm:
-		err = msg.Term()
+		if cap(s.buf) > maxKeptBuffer {
+			s.buf = nil // a rare huge result is not held on to
+		}
+		err = s.settleErr
 	case settleRetry:
 		delay := out.delay
 		if delay == 0 {
@@ -298,23 +310,19 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 	}
 }
 
-// publish stores a result; a result too large for the server even compressed is replaced by
-// an error result saying so, so that the job still ends with exactly one result.
-func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
-	buf := w.resultBufs.get()
-	defer func() {
-		if ctx.Err() == nil { // else the publish may still read buf (see PublishResult)
-			w.resultBufs.put(buf)
-		}
-	}()
-	data, err := res.AppendJSON(buf.b[:0])
+// resultMsg encodes res into s.buf and returns the message that stores it. A result too
+// large for the server even compressed is replaced by an error result saying so, so that
+// the job still ends with exactly one result.
+func (w *Worker) resultMsg(batch string, res *jobs.Result, s *settlement) (*nats.Msg, error) {
+	data, err := res.AppendJSON(s.buf[:0])
 	if err != nil {
-		return fmt.Errorf("encode result: %w", err)
+		return nil, fmt.Errorf("encode result: %w", err)
 	}
-	buf.b = data
-	err = w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	s.buf = data
+	msg, err := w.cfg.Queue.ResultMsg(s.out, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
 	if !errors.Is(err, queue.ErrTooLarge) {
-		return err
+		s.out = msg
+		return msg, err
 	}
 	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Format: res.Format, Metadata: res.Metadata}, batch, jobs.ResultError{
 		Code:     jobs.CodeInternal,
@@ -324,34 +332,28 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) er
 	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
 	*res = small
 	if data, err = res.AppendJSON(data[:0]); err != nil {
-		return fmt.Errorf("encode result: %w", err)
+		return nil, fmt.Errorf("encode result: %w", err)
 	}
-	buf.b = data
-	return w.cfg.Queue.PublishResult(ctx, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	s.buf = data
+	msg, err = w.cfg.Queue.ResultMsg(s.out, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	s.out = msg
+	return msg, err
 }
 
-// bufferPool recycles the buffers results are encoded into: PublishResult copies the bytes
-// into the connection's buffer before it returns.
-type bufferPool struct{ p sync.Pool }
-
-// pooledBuffer is one recycled buffer.
-type pooledBuffer struct{ b []byte }
-
-// maxPooledBuffer is the largest buffer kept for reuse; a rare huge result is not held on to.
-const maxPooledBuffer = 64 << 10
-
-func (bp *bufferPool) get() *pooledBuffer {
-	if b, ok := bp.p.Get().(*pooledBuffer); ok {
-		return b
+// publish stores one result outside the settler's groups (the dead-letter advisory path)
+// and waits for the stream's ack.
+func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
+	msg, err := w.resultMsg(batch, res, &settlement{})
+	if err != nil {
+		return err
 	}
-	return &pooledBuffer{b: make([]byte, 0, 1024)}
+	var errs [1]error
+	w.cfg.Queue.PublishResults(ctx, []*nats.Msg{msg}, errs[:])
+	return errs[0]
 }
 
-func (bp *bufferPool) put(b *pooledBuffer) {
-	if cap(b.b) <= maxPooledBuffer {
-		bp.p.Put(b)
-	}
-}
+// maxKeptBuffer is the largest encode buffer a job handler keeps for its next job.
+const maxKeptBuffer = 64 << 10
 
 // jobOrStub decodes the job of msg for an error result, or makes a stub from the custom id.
 func (w *Worker) jobOrStub(msg jetstream.Msg, customID string) jobs.Job {

@@ -1,0 +1,161 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// fetchJobs publishes n jobs to batch and fetches them from the workers' consumer.
+func fetchJobs(t *testing.T, q *queue.Queue, batch string, n int) []jetstream.Msg {
+	t.Helper()
+	js := make([]jobs.Job, n)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("job-%03d", i), Model: "m", Prompt: "p"}
+	}
+	fleettest.Publish(t, q, batch, js)
+	ctx := context.Background()
+	cons, err := q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for len(msgs) < n {
+		b, err := cons.Fetch(n-len(msgs), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			msgs = append(msgs, m)
+		}
+		if err := b.Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return msgs
+}
+
+// pendingAcks is the number of delivered jobs the consumer waits to be acked for, once it is
+// want or 5 s have passed: acks are not confirmed, and the server applies them a moment later.
+func pendingAcks(t *testing.T, q *queue.Queue, want int) int {
+	t.Helper()
+	cons, err := q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == want || time.Now().After(deadline) {
+			return info.NumAckPending
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSettlerStoresAGroupThenAcksIt: settlements that are waiting when the settler runs go out
+// as one group, every result is stored, and every job is acked (or termed) after that.
+func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	const n = 40
+	msgs := fetchJobs(t, q, "b1", n)
+
+	st := newSettler(q, n)
+	var handlers sync.WaitGroup
+	for i, m := range msgs {
+		s := newSettlement()
+		s.msg, s.term = m, i%4 == 0
+		id := m.Headers().Get(queue.HeaderCustomID)
+		if i%5 != 0 { // every fifth job has its result stored already: ack only
+			if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		handlers.Go(func() {
+			st.settle(s)
+			if s.publishErr != nil || s.settleErr != nil {
+				t.Errorf("%s: publish %v, settle %v", id, s.publishErr, s.settleErr)
+			}
+		})
+	}
+	for len(st.in) < n { // all waiting before the settler starts
+		time.Sleep(time.Millisecond)
+	}
+	var groups int
+	done := make(chan struct{})
+	go func() { groups = st.run(context.Background()); close(done) }()
+	handlers.Wait()
+	st.close()
+	<-done
+
+	if groups != 1 {
+		t.Errorf("settled %d waiting jobs in %d groups; want 1", n, groups)
+	}
+	stored, err := fleettest.ResultCount(context.Background(), q, "b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := n - n/5; stored != want {
+		t.Errorf("%d results stored; want %d", stored, want)
+	}
+	if p := pendingAcks(t, q, 0); p != 0 {
+		t.Errorf("%d jobs still wait for an ack; want 0", p)
+	}
+}
+
+// TestSettlerLeavesAJobWhoseResultFailed: a result the stream does not take fails on its own;
+// its job is not acked (it will be delivered again), and the rest of its group is settled.
+func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	msgs := fetchJobs(t, q, "b1", 3)
+
+	st := newSettler(q, len(msgs))
+	settlements := make([]*settlement, len(msgs))
+	for i, m := range msgs {
+		s := newSettlement()
+		s.msg = m
+		id := m.Headers().Get(queue.HeaderCustomID)
+		if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{}`), 0); err != nil {
+			t.Fatal(err)
+		}
+		settlements[i] = s
+	}
+	// No stream listens on this subject: the publish has no responders.
+	settlements[1].result = &nats.Msg{Subject: "nowhere.results", Header: nats.Header{jetstream.MsgIDHeader: {"b1/x"}}, Data: []byte(`{}`)}
+	for _, s := range settlements {
+		st.in <- s
+	}
+	st.close()
+	st.run(context.Background())
+	for i, s := range settlements {
+		<-s.done
+		if failed := s.publishErr != nil; failed != (i == 1) {
+			t.Errorf("settlement %d: publish error %v", i, s.publishErr)
+		}
+	}
+	if p := pendingAcks(t, q, 1); p != 1 {
+		t.Errorf("%d jobs wait for an ack; want 1 (the one whose result failed)", p)
+	}
+}
