@@ -15,6 +15,18 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
+// queueAndCodec starts a NATS server and returns a queue on it and a result codec.
+func queueAndCodec(t *testing.T) (*queue.Queue, *queue.Codec) {
+	t.Helper()
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(codec.Close)
+	return q, codec
+}
+
 // fetchJobs publishes n jobs to batch and fetches them from the workers' consumer.
 func fetchJobs(t *testing.T, q *queue.Queue, batch string, n int) []jetstream.Msg {
 	t.Helper()
@@ -68,12 +80,7 @@ func pendingAcks(t *testing.T, q *queue.Queue, want int) int {
 // TestSettlerStoresAGroupThenAcksIt: settlements that are waiting when the settler runs go out
 // as one group, every result is stored, and every job is acked (or termed) after that.
 func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
-	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
-	codec, err := queue.NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
+	q, codec := queueAndCodec(t)
 	const n = 40
 	msgs := fetchJobs(t, q, "b1", n)
 
@@ -84,6 +91,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 		s.msg, s.term = m, i%4 == 0
 		id := m.Headers().Get(queue.HeaderCustomID)
 		if i%5 != 0 { // every fifth job has its result stored already: ack only
+			var err error
 			if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0); err != nil {
 				t.Fatal(err)
 			}
@@ -123,12 +131,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 // TestSettlerLeavesAJobWhoseResultFailed: a result the stream does not take fails on its own;
 // its job is not acked (it will be delivered again), and the rest of its group is settled.
 func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
-	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
-	codec, err := queue.NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
+	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 3)
 
 	st := newSettler(q, len(msgs))
@@ -137,6 +140,7 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 		s := newSettlement()
 		s.msg = m
 		id := m.Headers().Get(queue.HeaderCustomID)
+		var err error
 		if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{}`), 0); err != nil {
 			t.Fatal(err)
 		}
