@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
@@ -218,6 +219,17 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	}
 	if _, err := sub.Jobs.Info(ctx, jetstream.WithSubjectFilter(sub.Names.JobSubject(batch))); err != nil {
 		t.Errorf("submit: status: %v", err)
+	}
+	// A capacity round (internal/share) as the worker: its report, and the round read back.
+	board, err := share.Open(ctx, wJS, sub.Names.BackoffBucket(), "perm-account", share.Config{})
+	if err != nil {
+		t.Fatalf("worker: share board: %v", err)
+	}
+	if part, err := board.Split(ctx, share.Report{Peak: 4, Want: 8}); err != nil || part != 4 {
+		t.Errorf("worker: capacity round = %d, %v; want its own 4", part, err)
+	}
+	if err := board.Close(ctx); err != nil {
+		t.Errorf("worker: close share board: %v", err)
 	}
 	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
 	if v := subV.list()[subBefore:]; len(v) > 0 {

@@ -17,6 +17,8 @@
 //
 // Gather (150 ms) is well inside the 1 s pause that follows a 429, so the division is known
 // before anyone sends again. A round whose reports cannot be read leaves each worker with its
-// own peak. A worker deletes its key when it closes; a crashed worker's report ages out of
-// every round by Window.
+// own peak. A worker deletes its key when it closes; a crashed worker's report stays in the
+// bucket but ages out of every round by Window. A round asks the server only for what was
+// stored from Window before its own report on, so neither those reports nor the delete
+// markers of closed workers are sent to it, however many a fleet leaves over weeks.
 package share

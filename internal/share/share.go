@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,6 +33,7 @@ type Config struct {
 
 // Board is one worker's place on the fleet's share board.
 type Board struct {
+	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	prefix string // <account>.share.
 	id     string
@@ -53,7 +55,7 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket, account string, c
 	if cfg.Window <= 0 {
 		cfg.Window = 500 * time.Millisecond
 	}
-	return &Board{kv: kv, prefix: account + ".share.", id: hex.EncodeToString(id[:]), cfg: cfg}, nil
+	return &Board{js: js, kv: kv, prefix: account + ".share.", id: hex.EncodeToString(id[:]), cfg: cfg}, nil
 }
 
 // Split writes r as this worker's report of a round, waits for the others' and returns this
@@ -74,7 +76,7 @@ func (b *Board) Split(ctx context.Context, r Report) (int, error) {
 		return 0, ctx.Err()
 	case <-t.C:
 	}
-	reports, err := b.round(ctx, rev)
+	reports, _, err := b.round(ctx, rev)
 	if err != nil {
 		return 0, err
 	}
@@ -87,41 +89,79 @@ func (b *Board) Split(ctx context.Context, r Report) (int, error) {
 	return Split(total, wants)[b.id], nil
 }
 
-// round reads the reports created within Window of this worker's report at revision rev.
-func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, error) {
-	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.IgnoreDeletes())
+// round reads the reports created within Window of this worker's report at revision rev, and
+// says how many messages it read. It asks the server only for what was stored from Window
+// before that report on, so that reports left by crashed workers, and the delete markers of
+// closed ones, cost a round nothing however many pile up in the bucket.
+func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, error) {
+	mine, err := b.kv.Get(ctx, b.prefix+b.id)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, fmt.Errorf("share: read own report: %w", err)
+	}
+	if err != nil || mine.Revision() != rev {
+		return nil, 0, errors.New("share: this worker's report was replaced or lost")
+	}
+	bucket := b.kv.Bucket()
+	subjectPrefix := "$KV." + bucket + "." // a key's subject in the bucket's stream
+	from := mine.Created().Add(-b.cfg.Window)
+	cons, err := b.js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subjectPrefix + b.prefix + "*"},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &from,
+		// The server drops the consumer soon after the round (nats.go's default keeps it 5 min:
+		// a fleet's rounds would leave hundreds behind).
+		InactiveThreshold: 5 * time.Second,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("share: read reports: %w", err)
+		return nil, 0, fmt.Errorf("share: read reports: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
-	var entries []jetstream.KeyValueEntry
-	for e := range w.Updates() {
-		if e == nil { // the current values are all in
-			break
+	latest := make(map[string]jetstream.Msg)
+	read := 0
+	for done := false; !done; {
+		batch, err := cons.FetchNoWait(256) // what is stored now: the round's reports are in
+
+		if err != nil {
+			return nil, read, fmt.Errorf("share: read reports: %w", err)
 		}
-		entries = append(entries, e)
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			read++
+			latest[strings.TrimPrefix(msg.Subject(), subjectPrefix)] = msg
+			if meta, err := msg.Metadata(); err == nil && meta.NumPending == 0 {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, read, fmt.Errorf("share: read reports: %w", err)
+		}
+		if got == 0 {
+			return nil, read, errors.New("share: read reports: the round's reports did not come")
+		}
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	i := slices.IndexFunc(entries, func(e jetstream.KeyValueEntry) bool { return e.Key() == b.prefix+b.id })
-	if i < 0 || entries[i].Revision() != rev {
-		return nil, errors.New("share: this worker's report was replaced or lost")
-	}
-	mine := entries[i].Created()
-	reports := make(map[string]Report, len(entries))
-	for _, e := range entries {
-		if d := e.Created().Sub(mine); d > b.cfg.Window || d < -b.cfg.Window {
+	reports := make(map[string]Report, len(latest))
+	for key, msg := range latest {
+		if op := msg.Headers().Get(kvOperationHeader); op != "" {
+			continue // deleted or purged
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		if d := meta.Timestamp.Sub(mine.Created()); d > b.cfg.Window || d < -b.cfg.Window {
 			continue
 		}
 		var r Report
-		if err := json.Unmarshal(e.Value(), &r); err != nil || r.Peak < 0 || r.Want < 0 {
+		if err := json.Unmarshal(msg.Data(), &r); err != nil || r.Peak < 0 || r.Want < 0 {
 			continue // not a report of ours
 		}
-		reports[e.Key()[len(b.prefix):]] = r
+		reports[key[len(b.prefix):]] = r
 	}
-	return reports, nil
+	return reports, read, nil
 }
+
+// kvOperationHeader marks a KV delete or purge marker (its value is DEL or PURGE).
+const kvOperationHeader = "KV-Operation"
 
 // Close takes this worker's report off the board.
 func (b *Board) Close(ctx context.Context) error {

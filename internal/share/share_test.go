@@ -152,3 +152,48 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 		t.Fatal("a closed board's report is still there")
 	}
 }
+
+// TestRoundReadsOnlyRecentReports: reports left by crashed workers (never closed) and the
+// delete markers of closed ones stay in the bucket, but a round is not sent them, so rounds do
+// not slow down as a fleet's workers come and go.
+func TestRoundReadsOnlyRecentReports(t *testing.T) {
+	t.Parallel()
+	js := runServer(t)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, "backoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gone = 100
+	for i := range gone {
+		key := fmt.Sprintf("acct.share.crashed%03d", i)
+		if _, err := kv.Put(ctx, key, []byte(`{"peak":9,"want":400}`)); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 { // half of them closed cleanly: a delete marker stays
+			if err := kv.Delete(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b, err := Open(ctx, js, "backoff", "acct", Config{Window: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the crashed workers' round is long over
+
+	rev, err := kv.Put(ctx, b.prefix+b.id, []byte(`{"peak":12,"want":400}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports, read, err := b.round(ctx, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reports) != 1 || reports[b.id] != (Report{Peak: 12, Want: 400}) {
+		t.Errorf("round = %v; want only this worker's report", reports)
+	}
+	if read != 1 {
+		t.Errorf("the round read %d messages; want 1 (none of the %d workers gone)", read, gone)
+	}
+}
