@@ -21,30 +21,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
@@ -104,7 +86,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	const key = "tml-secret-do-not-log"
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	logs := &syncBuffer{}
+	logs := &fleettest.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-long-poll-wait", "50ms", "-base-latency", "1ms"},
@@ -204,7 +186,7 @@ func TestRunServesTLS(t *testing.T) {
 	certFile, keyFile, roots := writeKeyPair(t, t.TempDir())
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	logs := &syncBuffer{}
+	logs := &fleettest.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-tls-cert", certFile, "-tls-key", keyFile},
@@ -260,7 +242,7 @@ func TestRunJWTAuth(t *testing.T) {
 	const key = "tml-sim.cmd-jwt-key"
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	logs := &syncBuffer{}
+	logs := &fleettest.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-jwt-auth", "-jwt-lifetime", "10m", "-log-level", "debug"},

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 
 // env is an injected environment.
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-// syncBuffer is a bytes.Buffer the worker's logger and the test can share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"--nats-url", "nats://n:4222"}, env(map[string]string{
@@ -90,7 +70,7 @@ func TestRunWorksABatch(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &syncBuffer{}
+	logs := &fleettest.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,

@@ -1,17 +1,16 @@
 package tinker_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -19,24 +18,6 @@ import (
 // The JWT exchange (§2.2) against the simulator with JWTAuth on: there every endpoint but
 // client/config and auth/token refuses the API key, so a client that did not exchange it, or
 // that sent a stale JWT, would see 401s.
-
-// syncBuf is a goroutine-safe log sink.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // jwtCreds returns the JWTs among the credentials the simulator received.
 func (e *simEnv) jwtCreds() []string {
@@ -168,7 +149,7 @@ func TestSimJWTRefreshBeforeExpiry(t *testing.T) {
 // neither the API key nor any JWT that went over the wire.
 func TestSimJWTNeverLeaks(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuf{}
+	logs := &fleettest.Buffer{}
 	e := newSimEnv(t, tinkersim.Config{JWTAuth: true}, func(c *tinker.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

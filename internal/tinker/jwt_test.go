@@ -1,10 +1,10 @@
 package tinker
 
 import (
-	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 )
 
 // testJWT builds a JWT-shaped token whose payload has the exp claim exp (raw JSON) and a
@@ -71,26 +73,10 @@ func jwtFake(t *testing.T, life func(i int) time.Duration) (*fakeTinker, *jwtMin
 
 func hourLife(int) time.Duration { return time.Hour }
 
-// syncLog is a goroutine-safe log sink (the background refresh logs from its goroutine).
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *syncLog) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// debugLogger logs everything to w (a fleettest.Buffer: the background refresh logs from its
+// own goroutine).
+func debugLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // §2 step 2, §2.2, §3.2: after client/config, POST auth/token with body {} and the API key;
@@ -159,9 +145,9 @@ func TestJWTOnDemandRefresh(t *testing.T) {
 		f, m := jwtFake(t, hourLife)
 		f.push("auth/token", m.mint)
 		f.set("auth/token", jsonReply(503, `{"error":"Service Unavailable"}`))
-		logs := &syncLog{}
+		logs := &fleettest.Buffer{}
 		dial(t, f, func(cfg *Config) {
-			cfg.Logger = logs.logger()
+			cfg.Logger = debugLogger(logs)
 			cfg.Timing.JWTRefreshOnDemand = 2 * time.Hour
 		})
 		toks := m.minted()
@@ -195,9 +181,9 @@ func TestJWTBackgroundRefresh(t *testing.T) {
 	for range 11 {
 		f.push("auth/token", jsonReply(500, `{"error":"Internal Server Error"}`))
 	}
-	logs := &syncLog{}
+	logs := &fleettest.Buffer{}
 	c, _, _ := dial(t, f, func(cfg *Config) {
-		cfg.Logger = logs.logger()
+		cfg.Logger = debugLogger(logs)
 		cfg.Timing.JWTRefreshBeforeExpiry = time.Hour - 100*time.Millisecond // first refresh ~100 ms after Dial
 		cfg.Timing.JWTRefreshRetry = 20 * time.Millisecond
 	})
@@ -251,8 +237,8 @@ func TestJWTCredentialRules(t *testing.T) {
 		f.set("client/config", jsonReply(200, cmdConfig))
 		direct := APIKey(testJWT(expIn(time.Hour), 7))
 		f.setAccept(func(_, cred string) bool { return cred == string(direct) })
-		logs := &syncLog{}
-		c, _, _ := dial(t, f, func(cfg *Config) { cfg.APIKey = direct; cfg.Logger = logs.logger() })
+		logs := &fleettest.Buffer{}
+		c, _, _ := dial(t, f, func(cfg *Config) { cfg.APIKey = direct; cfg.Logger = debugLogger(logs) })
 		sampler(t, c)
 		if n := len(f.requests("auth/token")); n != 0 || c.jwt != nil {
 			t.Fatalf("a JWT credential was exchanged (%d auth/token requests)", n)
@@ -264,8 +250,8 @@ func TestJWTCredentialRules(t *testing.T) {
 	t.Run("credential_cmd with JWT exchange", func(t *testing.T) {
 		f, m := jwtFake(t, hourLife)
 		f.set("client/config", jsonReply(200, cmdConfig))
-		logs := &syncLog{}
-		c, _, _ := dial(t, f, func(cfg *Config) { cfg.Logger = logs.logger() })
+		logs := &fleettest.Buffer{}
+		c, _, _ := dial(t, f, func(cfg *Config) { cfg.Logger = debugLogger(logs) })
 		sampler(t, c)
 		if n := strings.Count(logs.String(), "TINKER_CREDENTIAL_CMD"); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
 			t.Fatalf("%d credential_cmd warnings, want 1: %s", n, logs.String())
@@ -277,8 +263,8 @@ func TestJWTCredentialRules(t *testing.T) {
 	t.Run("credential_cmd without JWT exchange", func(t *testing.T) {
 		f := newFake(t)
 		f.set("client/config", jsonReply(200, `{"credential_default_source": "credential_cmd"}`))
-		logs := &syncLog{}
-		c, _, _ := dial(t, f, func(cfg *Config) { cfg.Logger = logs.logger() })
+		logs := &fleettest.Buffer{}
+		c, _, _ := dial(t, f, func(cfg *Config) { cfg.Logger = debugLogger(logs) })
 		sampler(t, c)
 		if n := strings.Count(logs.String(), "TINKER_CREDENTIAL_CMD"); n != 1 || len(f.requests("auth/token")) != 0 {
 			t.Fatalf("%d warnings, %d exchanges: %s", n, len(f.requests("auth/token")), logs.String())
@@ -377,8 +363,8 @@ func TestJWTExpiry(t *testing.T) {
 // JWT-shaped text), logs, events or a printed Client.
 func TestJWTNeverLeaks(t *testing.T) {
 	f, m := jwtFake(t, hourLife)
-	logs := &syncLog{}
-	c, _, ev := dial(t, f, func(cfg *Config) { cfg.Logger = logs.logger() })
+	logs := &fleettest.Buffer{}
+	c, _, ev := dial(t, f, func(cfg *Config) { cfg.Logger = debugLogger(logs) })
 	tok := m.minted()[0]
 	foreign := testJWT("1900000000", 99)
 	// The last copy of the JWT straddles the truncation point of error bodies.
