@@ -162,6 +162,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	// The cores are shared with other work: each variant runs CostRounds times, alternated,
 	// and keeps its cheapest figures.
 	best := make([]perSample, len(variants))
+	var roundRatios []string // the aim's CPU ratio within each round: how much the machine moves it
+	var lastClient perSample
 	for k := range max(s.CostRounds, 1) {
 		for i, v := range variants {
 			fmt.Fprintf(log, "bench:   round %d: %s\n", k+1, v.name)
@@ -173,6 +175,12 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 				best[i] = p
 			} else {
 				best[i] = best[i].cheaper(p)
+			}
+			if i == 2 { // the worker process, after this round's client alone (variant 0)
+				roundRatios = append(roundRatios, fmt.Sprintf("%.2f", ratio(float64(p.cpu), float64(lastClient.cpu))))
+			}
+			if i == 0 {
+				lastClient = p
 			}
 		}
 	}
@@ -190,6 +198,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: r, Aim: aim, Verdict: v})
 	t.add(row{Case: "allocations per sample (MemStats.Mallocs), worker process", Measured: fmt.Sprintf("%.0f", alone.allocs),
 		Baseline: fmt.Sprintf("%.0f", base.allocs), Ratio: ratio(alone.allocs, base.allocs), Verdict: verdictInfo})
+	t.add(row{Case: "CPU ratio of each round alone (worker process / that round's client)", Measured: strings.Join(roundRatios, " "),
+		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.add(row{Case: "CPU per sample, worker + embedded NATS server in one process (submit --local)", Measured: fmt.Sprintf("%.0f µs", us(meas.cpu)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(meas.cpu), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "bytes allocated per sample, worker + embedded NATS server", Measured: fmt.Sprintf("%.1f KiB", meas.bytes/1024),
@@ -215,7 +225,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("JetStream floor: the worker process's queue traffic (fetch, results stored in groups, acks) with no work at all; the aim leaves 0.25 x the client's cost for everything the queue adds")
 	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4)")
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
-	t.note("best of %d alternated rounds per variant and figure (shared cores)", max(s.CostRounds, 1))
+	t.note("best of %d alternated rounds per variant and figure (shared cores); the per-round row shows how far one round moves on this machine", max(s.CostRounds, 1))
 	return t, nil
 }
 
