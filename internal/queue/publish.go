@@ -156,6 +156,9 @@ func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID
 // stalls async publishes beyond 4,000 unacknowledged ones (WithPublishAsyncMaxPending), far
 // above the results a worker has in flight.
 func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []error) {
+	if len(msgs) == 0 {
+		return
+	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	for i, msg := range msgs {
 		futures[i], errs[i] = q.JS.PublishMsgAsync(msg)
