@@ -56,22 +56,15 @@ func NewCodec(threshold int) (*Codec, error) {
 	return &Codec{threshold: threshold, enc: enc}, nil
 }
 
-// Encode returns the message for data on subject, compressed with a Content-Encoding header
-// when data is over the threshold.
-func (c *Codec) Encode(subject string, data []byte) *nats.Msg {
-	msg := &nats.Msg{Header: nats.Header{}}
-	c.encodeInto(msg, subject, data)
-	return msg
-}
-
-// encodeInto is Encode into msg, whose header map is kept (and its other entries with it).
-func (c *Codec) encodeInto(msg *nats.Msg, subject string, data []byte) {
+// encode fills msg with data on subject, compressed with a Content-Encoding header when data
+// is over the threshold. The rest of msg's header map is kept.
+func (c *Codec) encode(msg *nats.Msg, subject string, data []byte) {
 	msg.Subject = subject
 	if len(data) > c.threshold {
 		setHeader(msg.Header, HeaderContentEncoding, "zstd")
 		data = c.enc.EncodeAll(data, make([]byte, 0, len(data)/4))
 	} else {
-		delete(msg.Header, HeaderContentEncoding)
+		delete(msg.Header, HeaderContentEncoding) // a reused message may have held a large one
 	}
 	msg.Data = data
 }
@@ -123,7 +116,7 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 	if msg.Header == nil {
 		msg.Header = make(nats.Header, 4)
 	}
-	codec.encodeInto(msg, q.Names.ResultSubject(batch, customID), data)
+	codec.encode(msg, q.Names.ResultSubject(batch, customID), data)
 	setHeader(msg.Header, HeaderStatus, status)
 	setHeader(msg.Header, HeaderCustomID, customID)
 	setHeader(msg.Header, jetstream.MsgIDHeader, MsgID(batch, customID))
@@ -133,13 +126,9 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 	return msg, nil
 }
 
-// PublishResult stores the result of customID in batch and waits for the stream's ack, so the
-// caller may ack the job afterwards (invariant 2): ResultMsg, then PublishResults of one.
-func (q *Queue) PublishResult(ctx context.Context, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) error {
-	msg, err := q.ResultMsg(nil, codec, batch, customID, status, data, maxPayload)
-	if err != nil {
-		return err
-	}
+// PublishResult stores one result message (made by ResultMsg) and waits for the stream's ack,
+// so the caller may ack the job afterwards (invariant 2): PublishResults of one.
+func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) error {
 	var errs [1]error
 	q.PublishResults(ctx, []*nats.Msg{msg}, errs[:])
 	return errs[0]

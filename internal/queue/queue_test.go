@@ -104,15 +104,23 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer codec.Close()
+	publish := func(msg *nats.Msg, customID string, data []byte, maxPayload int64) (*nats.Msg, error) {
+		msg, err := b.q.ResultMsg(msg, codec, "b1", customID, "ok", data, maxPayload)
+		if err != nil {
+			return nil, err
+		}
+		return msg, b.q.PublishResult(ctx, msg)
+	}
 
 	if has, err := b.q.HasResult(ctx, "b1", "a.b c"); err != nil || has {
 		t.Fatalf("HasResult before publish = %v, %v", has, err)
 	}
 	big := bytes.Repeat([]byte(`{"text":"the same words again"}`), 2000)
-	if err := b.q.PublishResult(ctx, codec, "b1", "a.b c", "ok", big, 1<<20); err != nil {
+	if _, err := publish(nil, "a.b c", big, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.q.PublishResult(ctx, codec, "b1", "a.b c", "ok", big, 1<<20); err != nil {
+	reused, err := publish(nil, "a.b c", big, 1<<20)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if has, err := b.q.HasResult(ctx, "b1", "a.b c"); err != nil || !has {
@@ -140,12 +148,28 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 		t.Fatalf("results stream holds %d messages, want 1", info.State.Msgs)
 	}
 
+	// A message reused for a small result after a compressed one loses its Content-Encoding.
+	small := []byte(`{"text":"short"}`)
+	if _, err := publish(reused, "small", small, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	msg, err = b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", "small"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if enc := msg.Header.Get(HeaderContentEncoding); enc != "" || !bytes.Equal(msg.Data, small) {
+		t.Fatalf("small result on a reused message: encoding %q, data %q; want none, %q", enc, msg.Data, small)
+	}
+	if msg.Header.Get(HeaderCustomID) != "small" {
+		t.Fatalf("small result on a reused message: headers = %v", msg.Header)
+	}
+
 	random := make([]byte, 128<<10)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range random {
 		random[i] = byte(rng.Uint32())
 	}
-	err = b.q.PublishResult(ctx, codec, "b1", "too-big", "ok", random, 64<<10)
+	_, err = publish(nil, "too-big", random, 64<<10)
 	if !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversized result: err = %v, want ErrTooLarge", err)
 	}

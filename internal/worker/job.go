@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
@@ -81,18 +80,18 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	var err error
 	switch out.settle {
 	case settleAck, settleTerm:
-		s.msg, s.result, s.term = msg, nil, out.settle == settleTerm
-		if out.result != nil {
-			if s.result, err = w.resultMsg(batch, out.result, s); err != nil {
+		s.msg, s.store, s.term = msg, out.result != nil, out.settle == settleTerm
+		if s.store {
+			if err := w.encodeResult(batch, out.result, s); err != nil {
 				log().Error("encode result; the job will be delivered again", "err", err)
 				_ = msg.NakWithDelay(time.Second)
 				return
 			}
 		}
 		w.settler.settle(s)
-		s.msg, s.result = nil, nil
+		s.msg = nil
 		if s.publishErr != nil {
-			s.buf, s.out = nil, nil // nats.go may still send the message again: leave it alone
+			s.result, s.buf = nil, nil // nats.go may still send the message again: leave it alone
 			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 			_ = msg.NakWithDelay(time.Second)
 			return
@@ -310,19 +309,19 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 	}
 }
 
-// resultMsg encodes res into s.buf and returns the message that stores it. A result too
-// large for the server even compressed is replaced by an error result saying so, so that
-// the job still ends with exactly one result.
-func (w *Worker) resultMsg(batch string, res *jobs.Result, s *settlement) (*nats.Msg, error) {
+// encodeResult encodes res into s.buf and fills s.result with the message that stores it. A
+// result too large for the server even compressed is replaced by an error result saying so,
+// so that the job still ends with exactly one result.
+func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) error {
 	data, err := res.AppendJSON(s.buf[:0])
 	if err != nil {
-		return nil, fmt.Errorf("encode result: %w", err)
+		return fmt.Errorf("encode result: %w", err)
 	}
 	s.buf = data
-	msg, err := w.cfg.Queue.ResultMsg(s.out, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	msg, err := w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
 	if !errors.Is(err, queue.ErrTooLarge) {
-		s.out = msg
-		return msg, err
+		s.result = msg
+		return err
 	}
 	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Format: res.Format, Metadata: res.Metadata}, batch, jobs.ResultError{
 		Code:     jobs.CodeInternal,
@@ -332,24 +331,21 @@ func (w *Worker) resultMsg(batch string, res *jobs.Result, s *settlement) (*nats
 	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
 	*res = small
 	if data, err = res.AppendJSON(data[:0]); err != nil {
-		return nil, fmt.Errorf("encode result: %w", err)
+		return fmt.Errorf("encode result: %w", err)
 	}
 	s.buf = data
-	msg, err = w.cfg.Queue.ResultMsg(s.out, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
-	s.out = msg
-	return msg, err
+	s.result, err = w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	return err
 }
 
 // publish stores one result outside the settler's groups (the dead-letter advisory path)
 // and waits for the stream's ack.
 func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
-	msg, err := w.resultMsg(batch, res, &settlement{})
-	if err != nil {
+	var s settlement
+	if err := w.encodeResult(batch, res, &s); err != nil {
 		return err
 	}
-	var errs [1]error
-	w.cfg.Queue.PublishResults(ctx, []*nats.Msg{msg}, errs[:])
-	return errs[0]
+	return w.cfg.Queue.PublishResult(ctx, s.result)
 }
 
 // maxKeptBuffer is the largest encode buffer a job handler keeps for its next job.

@@ -30,17 +30,17 @@ func newSettler(q *queue.Queue, capacity int) *settler {
 // settlement is one job to settle. A job handler owns one and reuses it, and its encode
 // buffer, for each of its jobs.
 type settlement struct {
-	msg    jetstream.Msg
-	result *nats.Msg // nil when the job's result is stored already
-	term   bool      // Term rather than Ack: a permanent failure
+	msg   jetstream.Msg
+	store bool // publish result first; false when the job's result is stored already
+	term  bool // Term rather than Ack: a permanent failure
 
 	// Set by the settler before it signals done.
 	publishErr error // the result was not stored: the message is not settled
 	settleErr  error // the result is stored, but the ack or term failed
 
-	done chan struct{}
-	buf  []byte    // the result's encoding; result.Data may point into it until done
-	out  *nats.Msg // the message result is, reused from job to job (nil: none yet)
+	done   chan struct{}
+	result *nats.Msg // the job's result, reused from job to job (nil: none yet)
+	buf    []byte    // the result's encoding; result.Data may point into it until done
 }
 
 func newSettlement() *settlement { return &settlement{done: make(chan struct{}, 1)} }
@@ -79,14 +79,14 @@ func (st *settler) run(ctx context.Context) (groups int) {
 		}
 		msgs = msgs[:0]
 		for _, s := range group {
-			if s.result != nil {
+			if s.store {
 				msgs = append(msgs, s.result)
 			}
 		}
 		st.queue.PublishResults(ctx, msgs, errs[:len(msgs)])
 		k := 0
 		for _, s := range group {
-			if s.result != nil {
+			if s.store {
 				s.publishErr = errs[k]
 				k++
 				if s.publishErr != nil {

@@ -95,6 +95,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 			if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0); err != nil {
 				t.Fatal(err)
 			}
+			s.store = true
 		}
 		handlers.Go(func() {
 			st.settle(s)
@@ -144,6 +145,7 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 		if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{}`), 0); err != nil {
 			t.Fatal(err)
 		}
+		s.store = true
 		settlements[i] = s
 	}
 	// No stream listens on this subject: the publish has no responders.
