@@ -115,11 +115,14 @@ func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, 
 	if err != nil {
 		return nil, 0, fmt.Errorf("share: read reports: %w", err)
 	}
-	latest := make(map[string]jetstream.Msg)
+	type stored struct {
+		msg jetstream.Msg
+		at  time.Time
+	}
+	latest := make(map[string]stored) // by key: the bucket keeps one revision of each
 	read := 0
 	for done := false; !done; {
 		batch, err := cons.FetchNoWait(256) // what is stored now: the round's reports are in
-
 		if err != nil {
 			return nil, read, fmt.Errorf("share: read reports: %w", err)
 		}
@@ -127,10 +130,12 @@ func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, 
 		for msg := range batch.Messages() {
 			got++
 			read++
-			latest[strings.TrimPrefix(msg.Subject(), subjectPrefix)] = msg
-			if meta, err := msg.Metadata(); err == nil && meta.NumPending == 0 {
-				done = true
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, read, fmt.Errorf("share: read reports: %w", err)
 			}
+			latest[strings.TrimPrefix(msg.Subject(), subjectPrefix)] = stored{msg, meta.Timestamp}
+			done = meta.NumPending == 0
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, read, fmt.Errorf("share: read reports: %w", err)
@@ -140,19 +145,15 @@ func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, 
 		}
 	}
 	reports := make(map[string]Report, len(latest))
-	for key, msg := range latest {
-		if op := msg.Headers().Get(kvOperationHeader); op != "" {
+	for key, e := range latest {
+		if e.msg.Headers().Get(kvOperationHeader) != "" {
 			continue // deleted or purged
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		if d := meta.Timestamp.Sub(mine.Created()); d > b.cfg.Window || d < -b.cfg.Window {
+		if d := e.at.Sub(mine.Created()); d > b.cfg.Window || d < -b.cfg.Window {
 			continue
 		}
 		var r Report
-		if err := json.Unmarshal(msg.Data(), &r); err != nil || r.Peak < 0 || r.Want < 0 {
+		if err := json.Unmarshal(e.msg.Data(), &r); err != nil || r.Peak < 0 || r.Want < 0 {
 			continue // not a report of ours
 		}
 		reports[key[len(b.prefix):]] = r
