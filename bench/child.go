@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -43,8 +44,20 @@ func runChild(args []string) error {
 	capacity := fs.Int("capacity", 100_000, "simulator capacity (sim)")
 	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (sim)")
 	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
+	profile := fs.String("cpuprofile-prefix", "", "write a CPU profile to `prefix`.<role>.<pid>")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *profile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%s.%d", *profile, *role, os.Getpid()))
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -132,10 +145,14 @@ type child struct {
 }
 
 // startChild re-executes this program as a helper with args and waits for its first line.
-func startChild(ctx context.Context, args ...string) (*child, error) {
+// A profile prefix (bench -cpuprofile) has the child profile itself to prefix.<role>.<pid>.
+func startChild(ctx context.Context, profile string, args ...string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("child: own executable: %w", err)
+	}
+	if profile != "" {
+		args = append(args, "-cpuprofile-prefix", profile)
 	}
 	cmd := exec.CommandContext(ctx, exe, append([]string{childArg}, args...)...)
 	cmd.Stderr = os.Stderr
@@ -225,7 +242,7 @@ func procCPU(pid int) (time.Duration, error) {
 
 // startTLSSim starts a simulator child serving HTTPS on a fresh self-signed certificate
 // (written to dir for it) and returns it with the roots that trust it.
-func startTLSSim(ctx context.Context, dir string) (*child, *x509.CertPool, error) {
+func startTLSSim(ctx context.Context, profile, dir string) (*child, *x509.CertPool, error) {
 	cert, err := tinkersim.SelfSignedCert()
 	if err != nil {
 		return nil, nil, err
@@ -241,7 +258,7 @@ func startTLSSim(ctx context.Context, dir string) (*child, *x509.CertPool, error
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
 		return nil, nil, fmt.Errorf("tls sim: %w", err)
 	}
-	c, err := startChild(ctx, "-role", "sim", "-tls-cert", certFile, "-tls-key", keyFile)
+	c, err := startChild(ctx, profile, "-role", "sim", "-tls-cert", certFile, "-tls-key", keyFile)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,19 +115,19 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		return t, fmt.Errorf("temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	sim, err := startChild(ctx, "-role", "sim")
+	sim, err := startChild(ctx, s.ChildProfile, "-role", "sim")
 	if err != nil {
 		return t, err
 	}
 	defer func() { _ = sim.stop() }()
 	plain := simTarget{url: sim.first, pid: sim.cmd.Process.Pid}
-	tlsSim, roots, err := startTLSSim(ctx, dir)
+	tlsSim, roots, err := startTLSSim(ctx, s.ChildProfile, dir)
 	if err != nil {
 		return t, err
 	}
 	defer func() { _ = tlsSim.stop() }()
 	secure := simTarget{url: tlsSim.first, pid: tlsSim.cmd.Process.Pid, roots: roots}
-	nats, err := startChild(ctx, "-role", "nats")
+	nats, err := startChild(ctx, s.ChildProfile, "-role", "nats")
 	if err != nil {
 		return t, err
 	}
@@ -134,14 +135,15 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	var natsPer time.Duration
 	variants := []struct {
-		name string
-		run  func(round int) (perSample, error)
+		name  string
+		label string // pprof label "variant" (-cpuprofile; pprof -tagfocus=variant=LABEL)
+		run   func(round int) (perSample, error)
 	}{
-		{"client alone", func(int) (perSample, error) { return clientCost(ctx, plain, s.CostWarmup, s.CostSamples) }},
-		{"worker + embedded NATS server", func(k int) (perSample, error) {
+		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, s.CostWarmup, s.CostSamples) }},
+		{"worker + embedded NATS server", "worker-embedded", func(k int) (perSample, error) {
 			return workerCost(ctx, "", plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
 		}},
-		{"worker, NATS server in a child process", func(k int) (perSample, error) {
+		{"worker, NATS server in a child process", "worker", func(k int) (perSample, error) {
 			natsBefore, _ := procCPU(nats.cmd.Process.Pid)
 			p, err := workerCost(ctx, nats.first, plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
 			natsAfter, _ := procCPU(nats.cmd.Process.Pid)
@@ -151,11 +153,11 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			}
 			return p, err
 		}},
-		{"JetStream floor", func(k int) (perSample, error) {
+		{"JetStream floor", "floor", func(k int) (perSample, error) {
 			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), s.CostWarmup, s.CostSamples)
 		}},
-		{"client alone, HTTPS", func(int) (perSample, error) { return clientCost(ctx, secure, s.CostWarmup, s.CostSamples) }},
-		{"worker, NATS server in a child process, HTTPS", func(k int) (perSample, error) {
+		{"client alone, HTTPS", "client-tls", func(int) (perSample, error) { return clientCost(ctx, secure, s.CostWarmup, s.CostSamples) }},
+		{"worker, NATS server in a child process, HTTPS", "worker-tls", func(k int) (perSample, error) {
 			return workerCost(ctx, nats.first, secure, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
 		}},
 	}
@@ -167,7 +169,10 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	for k := range max(s.CostRounds, 1) {
 		for i, v := range variants {
 			fmt.Fprintf(log, "bench:   round %d: %s\n", k+1, v.name)
-			p, err := v.run(k)
+			var p perSample
+			var err error
+			// Labelled, so that a -cpuprofile of the run splits by variant (pprof -tagfocus).
+			pprof.Do(ctx, pprof.Labels("variant", v.label), func(context.Context) { p, err = v.run(k) })
 			if err != nil {
 				return t, fmt.Errorf("%s: %w", v.name, err)
 			}

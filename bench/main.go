@@ -47,6 +47,10 @@ type settings struct {
 	// 6. tokenizer
 	TokBytes    int
 	TokDuration time.Duration
+
+	// ChildProfile is the -cpuprofile file: helper processes profile themselves to
+	// ChildProfile.<role>.<pid>. Empty: no profiles.
+	ChildProfile string
 }
 
 func quickSettings() settings {
@@ -137,7 +141,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	full := fs.Bool("full", false, "full sizes: 1M-line submit and backlog, longer windows (about 10 minutes)")
 	only := fs.String("only", "", "comma-separated comparisons to run, e.g. 1,3 (default: all)")
 	verbose := fs.Bool("v", false, "progress lines on stderr")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (this process, not its children) to `file`")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to `file`, and of each helper process to file.<role>.<pid>")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -158,6 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	if *cpuProfile != "" {
+		s.ChildProfile = *cpuProfile
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
 			return fmt.Errorf("-cpuprofile: %w", err)

@@ -29,12 +29,12 @@ type memResult struct {
 func runMemory(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t := &table{ID: 5, Title: "worker peak RSS: big backlog vs small"}
 	fmt.Fprintf(log, "bench:   backlog %d\n", memSmall)
-	small, err := measureMemory(ctx, memSmall, s.MemHold)
+	small, err := measureMemory(ctx, s.ChildProfile, memSmall, s.MemHold)
 	if err != nil {
 		return t, fmt.Errorf("backlog %d: %w", memSmall, err)
 	}
 	fmt.Fprintf(log, "bench:   backlog %d\n", s.MemBacklog)
-	big, err := measureMemory(ctx, s.MemBacklog, s.MemHold)
+	big, err := measureMemory(ctx, s.ChildProfile, s.MemBacklog, s.MemHold)
 	if err != nil {
 		return t, fmt.Errorf("backlog %d: %w", s.MemBacklog, err)
 	}
@@ -57,8 +57,9 @@ func runMemory(ctx context.Context, s settings, log io.Writer) (*table, error) {
 }
 
 // measureMemory fills the stream with backlog jobs (plus what the hold consumes), runs a child
-// worker until 400 samples are in flight and the hold has passed, and reads its memory.
-func measureMemory(ctx context.Context, backlog int, hold time.Duration) (memResult, error) {
+// worker until 400 samples are in flight and the hold has passed, and reads its memory. A
+// profile prefix has the worker profile itself (bench -cpuprofile).
+func measureMemory(ctx context.Context, profile string, backlog int, hold time.Duration) (memResult, error) {
 	r, err := newRig(ctx, rigConfig{
 		Sim:   &tinkersim.Config{Capacity: 10_000, BaseLatency: memLatency},
 		Queue: queue.Config{MaxAckPending: 1000},
@@ -76,7 +77,7 @@ func measureMemory(ctx context.Context, backlog int, hold time.Duration) (memRes
 	if err := publishJobs(ctx, q, "mem", 0, backlog+extra); err != nil {
 		return memResult{}, err
 	}
-	w, err := startChild(ctx, "-role", "worker", "-nats", r.natsURL, "-sim", r.simURL,
+	w, err := startChild(ctx, profile, "-role", "worker", "-nats", r.natsURL, "-sim", r.simURL,
 		"-concurrency", strconv.Itoa(memConcurrency), "-max-ack-pending", "1000")
 	if err != nil {
 		return memResult{}, err
