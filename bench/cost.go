@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,10 +140,9 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		label string // pprof label "variant" (-cpuprofile; pprof -tagfocus=variant=LABEL)
 		run   func(round int) (perSample, error)
 	}{
+		// The worker process comes right after the client alone: the two figures of one
+		// round are measured as close together as they can be, and make the aim's ratio.
 		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, s.CostWarmup, s.CostSamples) }},
-		{"worker + embedded NATS server", "worker-embedded", func(k int) (perSample, error) {
-			return workerCost(ctx, "", plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
-		}},
 		{"worker, NATS server in a child process", "worker", func(k int) (perSample, error) {
 			natsBefore, _ := procCPU(nats.cmd.Process.Pid)
 			p, err := workerCost(ctx, nats.first, plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
@@ -153,6 +153,9 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			}
 			return p, err
 		}},
+		{"worker + embedded NATS server", "worker-embedded", func(k int) (perSample, error) {
+			return workerCost(ctx, "", plain, fmt.Sprintf("cost-embedded-%d", k), s.CostWarmup, s.CostSamples)
+		}},
 		{"JetStream floor", "floor", func(k int) (perSample, error) {
 			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), s.CostWarmup, s.CostSamples)
 		}},
@@ -161,11 +164,11 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			return workerCost(ctx, nats.first, secure, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
 		}},
 	}
-	// The cores are shared with other work: each variant runs CostRounds times, alternated,
-	// and keeps its cheapest figures.
-	best := make([]perSample, len(variants))
-	var roundRatios []string // the aim's CPU ratio within each round: how much the machine moves it
-	var lastClient perSample
+	// The cores are shared with other work, which moves a round's figures by tens of per cent.
+	// Each variant runs CostRounds times, alternated. The aim rows take the median over the
+	// rounds of the worker's figure over the client's in the same round; the info rows keep
+	// each variant's cheapest figures.
+	rounds := make([][]perSample, len(variants))
 	for k := range max(s.CostRounds, 1) {
 		for i, v := range variants {
 			fmt.Fprintf(log, "bench:   round %d: %s\n", k+1, v.name)
@@ -176,35 +179,49 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			if err != nil {
 				return t, fmt.Errorf("%s: %w", v.name, err)
 			}
-			if k == 0 {
-				best[i] = p
-			} else {
-				best[i] = best[i].cheaper(p)
-			}
-			if i == 2 { // the worker process, after this round's client alone (variant 0)
-				roundRatios = append(roundRatios, fmt.Sprintf("%.2f", ratio(float64(p.cpu), float64(lastClient.cpu))))
-			}
-			if i == 0 {
-				lastClient = p
-			}
+			rounds[i] = append(rounds[i], p)
 		}
 	}
-	base, meas, alone, floor, baseTLS, aloneTLS := best[0], best[1], best[2], best[3], best[4], best[5]
+	best := make([]perSample, len(variants))
+	for i, ps := range rounds {
+		best[i] = ps[0]
+		for _, p := range ps[1:] {
+			best[i] = best[i].cheaper(p)
+		}
+	}
+	base, alone, meas, floor, baseTLS, aloneTLS := best[0], best[1], best[2], best[3], best[4], best[5]
+	clients, workers := rounds[0], rounds[1]
+	paired := func(figure func(perSample) float64) (median, worker, client float64, each []float64) {
+		var ws, cs []float64
+		for k := range clients {
+			w, c := figure(workers[k]), figure(clients[k])
+			each = append(each, ratio(w, c))
+			ws, cs = append(ws, w), append(cs, c)
+		}
+		return medianOf(each), medianOf(ws), medianOf(cs), each
+	}
 
 	// The aim is on the worker process as a fleet runs it (cmd/worker against a NATS server
 	// elsewhere); the embedded server of `submit --local` works in the same process, shown below.
-	r := ratio(float64(alone.cpu), float64(base.cpu))
+	r, w, c, each := paired(func(p perSample) float64 { return float64(p.cpu) })
 	aim, v := atMost(r, 1.25)
-	t.add(row{Case: "CPU per sample (user+sys, getrusage), worker process", Measured: fmt.Sprintf("%.0f µs", us(alone.cpu)),
-		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: r, Aim: aim, Verdict: v})
-	r = ratio(alone.bytes, base.bytes)
+	t.add(row{Case: "CPU per sample (user+sys, getrusage), worker process", Measured: fmt.Sprintf("%.0f µs", w/1e3),
+		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Aim: aim, Verdict: v})
+	var eachText []string
+	for _, x := range each {
+		eachText = append(eachText, fmt.Sprintf("%.2f", x))
+	}
+	r, w, c, _ = paired(func(p perSample) float64 { return p.bytes })
 	aim, v = atMost(r, 1.25)
-	t.add(row{Case: "bytes allocated per sample (MemStats.TotalAlloc), worker process", Measured: fmt.Sprintf("%.1f KiB", alone.bytes/1024),
-		Baseline: fmt.Sprintf("%.1f KiB", base.bytes/1024), Ratio: r, Aim: aim, Verdict: v})
-	t.add(row{Case: "allocations per sample (MemStats.Mallocs), worker process", Measured: fmt.Sprintf("%.0f", alone.allocs),
-		Baseline: fmt.Sprintf("%.0f", base.allocs), Ratio: ratio(alone.allocs, base.allocs), Verdict: verdictInfo})
-	t.add(row{Case: "CPU ratio of each round alone (worker process / that round's client)", Measured: strings.Join(roundRatios, " "),
+	t.add(row{Case: "bytes allocated per sample (MemStats.TotalAlloc), worker process", Measured: fmt.Sprintf("%.1f KiB", w/1024),
+		Baseline: fmt.Sprintf("%.1f KiB", c/1024), Ratio: r, Aim: aim, Verdict: v})
+	r, w, c, _ = paired(func(p perSample) float64 { return p.allocs })
+	t.add(row{Case: "allocations per sample (MemStats.Mallocs), worker process", Measured: fmt.Sprintf("%.0f", w),
+		Baseline: fmt.Sprintf("%.0f", c), Ratio: r, Verdict: verdictInfo})
+	t.add(row{Case: "CPU ratio in each round (worker process / the client alone just before it)", Measured: strings.Join(eachText, " "),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
+	t.add(row{Case: "CPU per sample, cheapest round of each side, worker process", Measured: fmt.Sprintf("%.0f µs", us(alone.cpu)),
+		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(alone.cpu), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "CPU per sample, worker + embedded NATS server in one process (submit --local)", Measured: fmt.Sprintf("%.0f µs", us(meas.cpu)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(meas.cpu), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "bytes allocated per sample, worker + embedded NATS server", Measured: fmt.Sprintf("%.1f KiB", meas.bytes/1024),
@@ -230,11 +247,24 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("JetStream floor: the worker process's queue traffic (fetch, results stored in groups, acks) with no work at all; the aim leaves 0.25 x the client's cost for everything the queue adds")
 	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4)")
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
-	t.note("best of %d alternated rounds per variant and figure (shared cores); the per-round row shows how far one round moves on this machine", max(s.CostRounds, 1))
+	t.note("%d alternated rounds; aim rows: the median over the rounds of the worker's figure / the client's in the same round (the medians of each side are shown); other rows: each variant's cheapest round", max(s.CostRounds, 1))
 	return t, nil
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// medianOf returns the median of xs (the mean of the middle two for an even count).
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
 
 // clientCost samples warmup+n jobs' prompts with the client alone and measures the last n.
 func clientCost(ctx context.Context, sim simTarget, warmup, n int) (perSample, error) {
