@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -9,22 +10,35 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
-// settler stores results and settles their jobs in groups (group commit). The jobs that finish
-// while one group waits for the stream's acks form the next group, so a busy worker writes to
-// the NATS server and waits for it about once per group rather than once per job, and a quiet
-// one settles each job at once: no job waits for a group to fill. A job is acked (or termed)
-// only after its result is stored (invariant 2); a job whose result was not stored is left to
-// its handler.
+// settler stores results and settles their jobs in groups (group commit): one write to the
+// NATS server and one wait for its acks per group rather than per job, then the group's acks
+// in one more write. A group is the jobs that finished while the previous one was out, plus
+// those that finish within the linger after the first, unless lingerFull are waiting already.
+//
+// The linger matters where the service has latency: jobs then finish one by one, spread out,
+// and without it nearly every group held one job (bench comparison 2 with 20 ms samples: 8.1
+// read and write system calls per sample, against 5.8 for the client alone). A sample takes
+// hundreds of milliseconds on Tinker; the linger adds at most a few to a job's settling.
+//
+// A job is acked (or termed) only after its result is stored (invariant 2); a job whose
+// result was not stored is left to its handler.
 type settler struct {
-	queue *queue.Queue
-	in    chan *settlement
+	queue  *queue.Queue
+	in     chan *settlement
+	linger time.Duration // how long a group waits for more jobs after its first
 }
 
-// maxSettleGroup bounds one group: the results of a group are in nats.go's buffer at once.
-const maxSettleGroup = 256
+const (
+	// maxSettleGroup bounds one group: the results of a group are in nats.go's buffer at once.
+	maxSettleGroup = 256
+	// settleLinger is how long a group waits for more jobs after its first (see settler).
+	settleLinger = 2 * time.Millisecond
+	// lingerFull is how many waiting jobs make a group worth sending without a linger.
+	lingerFull = 8
+)
 
-func newSettler(q *queue.Queue, capacity int) *settler {
-	return &settler{queue: q, in: make(chan *settlement, capacity)}
+func newSettler(q *queue.Queue, capacity int, linger time.Duration) *settler {
+	return &settler{queue: q, in: make(chan *settlement, capacity), linger: linger}
 }
 
 // settlement is one job to settle. A job handler owns one and reuses it, and its encode
@@ -64,6 +78,10 @@ func (st *settler) run(ctx context.Context) (groups int) {
 	errs := make([]error, maxSettleGroup)
 	for first := range st.in {
 		groups++
+		if st.linger > 0 && len(st.in) < lingerFull-1 {
+			// A sleep, not a wait on the channel: jobs arriving meanwhile wake nobody.
+			time.Sleep(st.linger)
+		}
 		group = append(group[:0], first)
 	fill:
 		for len(group) < maxSettleGroup {

@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -84,7 +86,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	const n = 40
 	msgs := fetchJobs(t, q, "b1", n)
 
-	st := newSettler(q, n)
+	st := newSettler(q, n, 0)
 	var handlers sync.WaitGroup
 	for i, m := range msgs {
 		s := newSettlement()
@@ -135,7 +137,7 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 3)
 
-	st := newSettler(q, len(msgs))
+	st := newSettler(q, len(msgs), 0)
 	settlements := make([]*settlement, len(msgs))
 	for i, m := range msgs {
 		s := newSettlement()
@@ -164,4 +166,95 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 	if p := pendingAcks(t, q, 1); p != 1 {
 		t.Errorf("%d jobs wait for an ack; want 1 (the one whose result failed)", p)
 	}
+}
+
+// storing returns a settlement for each message that stores an "ok" result of its job.
+func storing(t *testing.T, q *queue.Queue, codec *queue.Codec, msgs []jetstream.Msg) []*settlement {
+	t.Helper()
+	out := make([]*settlement, len(msgs))
+	for i, m := range msgs {
+		s := newSettlement()
+		s.msg, s.store = m, true
+		var err error
+		if s.result, err = q.ResultMsg(nil, codec, "b1", m.Headers().Get(queue.HeaderCustomID), "ok", []byte(`{}`), 0); err != nil {
+			t.Fatal(err)
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// settleAll settles each of settlements from a handler of its own, gap apart, and returns
+// once all are settled, with the first error seen.
+func settleAll(st *settler, settlements []*settlement, gap time.Duration) error {
+	var (
+		handlers sync.WaitGroup
+		mu       sync.Mutex
+		first    error
+	)
+	for i, s := range settlements {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		handlers.Go(func() {
+			st.settle(s)
+			if err := errors.Join(s.publishErr, s.settleErr); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	handlers.Wait()
+	return first
+}
+
+// TestSettlerLingersForJobsThatFinishSoonAfter: jobs that finish one by one, a little apart,
+// go out in one group when they fall within the linger of the first.
+func TestSettlerLingersForJobsThatFinishSoonAfter(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	msgs := fetchJobs(t, q, "b1", 4)
+
+	st := newSettler(q, len(msgs), time.Second)
+	var groups int
+	done := make(chan struct{})
+	go func() { groups = st.run(context.Background()); close(done) }()
+	if err := settleAll(st, storing(t, q, codec, msgs), 20*time.Millisecond); err != nil {
+		t.Error(err)
+	}
+	st.close()
+	<-done
+
+	if groups != 1 {
+		t.Errorf("4 jobs 20 ms apart settled in %d groups; want 1 (linger 1 s)", groups)
+	}
+	if p := pendingAcks(t, q, 0); p != 0 {
+		t.Errorf("%d jobs still wait for an ack; want 0", p)
+	}
+}
+
+// TestSettlerSkipsTheLingerForAFullGroup: with enough jobs waiting, a group goes at once.
+func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	msgs := fetchJobs(t, q, "b1", lingerFull)
+
+	st := newSettler(q, len(msgs), time.Hour)
+	go func() {
+		for len(st.in) < lingerFull { // all waiting before the settler starts
+			time.Sleep(time.Millisecond)
+		}
+		st.run(context.Background())
+	}()
+	settlements := storing(t, q, codec, msgs)
+	finished := make(chan error, 1)
+	go func() { finished <- settleAll(st, settlements, 0) }()
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d waiting jobs not settled within 10 s: the group waited for its linger (1 h)", lingerFull)
+	}
+	st.close()
 }

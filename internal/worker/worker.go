@@ -74,7 +74,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	// Results are stored and their jobs acked in groups, until every handler has returned.
-	w.settler = newSettler(w.cfg.Queue, cap(w.slots))
+	w.settler = newSettler(w.cfg.Queue, cap(w.slots), settleLinger)
 	var settling sync.WaitGroup
 	settling.Go(func() { w.settler.run(jobCtx) })
 
@@ -146,8 +146,15 @@ func (w *Worker) handleAll(ctx context.Context, first delivery, deliveries <-cha
 	}
 }
 
-// fetchExpiry is how long one pull request waits for jobs.
-const fetchExpiry = time.Second
+const (
+	// fetchExpiry is how long one pull request waits for jobs.
+	fetchExpiry = time.Second
+	// fetchLinger is how long the pull loop waits, once a job slot is free, for more to free
+	// up before it asks for jobs. Where the service has latency, jobs finish one by one, and
+	// without it a pull request brought 2.3 jobs (bench comparison 2 with 20 ms samples; 15-21
+	// with it). It delays a free slot's next job by at most that: nothing next to a sample.
+	fetchLinger = 2 * time.Millisecond
+)
 
 // pull fetches jobs while ctx lasts, never more than it has free job slots and reserved
 // dispatch count permits for.
@@ -178,6 +185,8 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(d
 				return err
 			}
 			held = append(held, &r)
+			// More slots free up meanwhile: one pull request then brings several jobs.
+			w.sleep(ctx, fetchLinger)
 		}
 		for len(held) < maxBatch && w.limiter.Free() > 0 {
 			select {
