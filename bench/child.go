@@ -42,6 +42,7 @@ func runChild(args []string) error {
 	concurrency := fs.Int("concurrency", 400, "job slots (worker)")
 	maxAckPending := fs.Int("max-ack-pending", 1000, "consumer MaxAckPending (worker)")
 	capacity := fs.Int("capacity", 100_000, "simulator capacity (sim)")
+	latency := fs.Duration("latency", 0, "simulator BaseLatency (sim)")
 	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (sim)")
 	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
 	profile := fs.String("cpuprofile-prefix", "", "write a CPU profile to `prefix`.<role>.<pid>")
@@ -84,7 +85,7 @@ func runChild(args []string) error {
 		emb.Shutdown()
 		return nil
 	case "sim":
-		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{string(benchKey)}, Capacity: *capacity})
+		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{string(benchKey)}, Capacity: *capacity, BaseLatency: *latency})
 		if err != nil {
 			return err
 		}

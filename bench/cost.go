@@ -24,8 +24,12 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
+
+// costLatency is the sample latency of comparison 2's rows "with latency".
+const costLatency = 20 * time.Millisecond
 
 // costConcurrency is the samples in flight in both halves of comparison 2.
 const costConcurrency = 64
@@ -122,6 +126,12 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	}
 	defer func() { _ = sim.stop() }()
 	plain := simTarget{url: sim.first, pid: sim.cmd.Process.Pid}
+	slowSim, err := startChild(ctx, s.ChildProfile, "-role", "sim", "-latency", costLatency.String())
+	if err != nil {
+		return t, err
+	}
+	defer func() { _ = slowSim.stop() }()
+	slow := simTarget{url: slowSim.first, pid: slowSim.cmd.Process.Pid}
 	tlsSim, roots, err := startTLSSim(ctx, s.ChildProfile, dir)
 	if err != nil {
 		return t, err
@@ -134,6 +144,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	}
 	defer func() { _ = nats.stop() }()
 
+	// One tokenizer for every variant: loading one takes about half a CPU-second.
+	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
 	var natsPer time.Duration
 	variants := []struct {
 		name  string
@@ -142,10 +154,10 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	}{
 		// The worker process comes right after the client alone: the two figures of one
 		// round are measured as close together as they can be, and make the aim's ratio.
-		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, s.CostWarmup, s.CostSamples) }},
+		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, tokens, s.CostWarmup, s.CostSamples) }},
 		{"worker, NATS server in a child process", "worker", func(k int) (perSample, error) {
 			natsBefore, _ := procCPU(nats.cmd.Process.Pid)
-			p, err := workerCost(ctx, nats.first, plain, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
+			p, err := workerCost(ctx, nats.first, plain, tokens, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
 			natsAfter, _ := procCPU(nats.cmd.Process.Pid)
 			np := (natsAfter - natsBefore) / time.Duration(s.CostWarmup+s.CostSamples)
 			if k == 0 || np < natsPer {
@@ -154,14 +166,20 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			return p, err
 		}},
 		{"worker + embedded NATS server", "worker-embedded", func(k int) (perSample, error) {
-			return workerCost(ctx, "", plain, fmt.Sprintf("cost-embedded-%d", k), s.CostWarmup, s.CostSamples)
+			return workerCost(ctx, "", plain, tokens, fmt.Sprintf("cost-embedded-%d", k), s.CostWarmup, s.CostSamples)
 		}},
 		{"JetStream floor", "floor", func(k int) (perSample, error) {
 			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), s.CostWarmup, s.CostSamples)
 		}},
-		{"client alone, HTTPS", "client-tls", func(int) (perSample, error) { return clientCost(ctx, secure, s.CostWarmup, s.CostSamples) }},
+		{"client alone, HTTPS", "client-tls", func(int) (perSample, error) { return clientCost(ctx, secure, tokens, s.CostWarmup, s.CostSamples) }},
 		{"worker, NATS server in a child process, HTTPS", "worker-tls", func(k int) (perSample, error) {
-			return workerCost(ctx, nats.first, secure, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
+			return workerCost(ctx, nats.first, secure, tokens, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
+		}},
+		{"client alone, samples with latency", "client-latency", func(int) (perSample, error) {
+			return clientCost(ctx, slow, tokens, s.CostWarmup, s.CostSamples)
+		}},
+		{"worker, NATS server in a child process, samples with latency", "worker-latency", func(k int) (perSample, error) {
+			return workerCost(ctx, nats.first, slow, tokens, fmt.Sprintf("cost-latency-%d", k), s.CostWarmup, s.CostSamples)
 		}},
 	}
 	// The cores are shared with other work, which moves a round's figures by tens of per cent.
@@ -189,9 +207,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			best[i] = best[i].cheaper(p)
 		}
 	}
-	base, alone, meas, floor, baseTLS, aloneTLS := best[0], best[1], best[2], best[3], best[4], best[5]
-	clients, workers := rounds[0], rounds[1]
-	paired := func(figure func(perSample) float64) (median, worker, client float64, each []float64) {
+	base, alone, meas, floor, baseTLS, aloneTLS, baseSlow, aloneSlow := best[0], best[1], best[2], best[3], best[4], best[5], best[6], best[7]
+	paired := func(clients, workers []perSample, figure func(perSample) float64) (median, worker, client float64, each []float64) {
 		var ws, cs []float64
 		for k := range clients {
 			w, c := figure(workers[k]), figure(clients[k])
@@ -203,7 +220,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	// The aim is on the worker process as a fleet runs it (cmd/worker against a NATS server
 	// elsewhere); the embedded server of `submit --local` works in the same process, shown below.
-	r, w, c, each := paired(func(p perSample) float64 { return float64(p.cpu) })
+	r, w, c, each := paired(rounds[0], rounds[1], func(p perSample) float64 { return float64(p.cpu) })
 	aim, v := atMost(r, 1.25)
 	t.add(row{Case: "CPU per sample (user+sys, getrusage), worker process", Measured: fmt.Sprintf("%.0f µs", w/1e3),
 		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Aim: aim, Verdict: v})
@@ -211,11 +228,11 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	for _, x := range each {
 		eachText = append(eachText, fmt.Sprintf("%.2f", x))
 	}
-	r, w, c, _ = paired(func(p perSample) float64 { return p.bytes })
+	r, w, c, _ = paired(rounds[0], rounds[1], func(p perSample) float64 { return p.bytes })
 	aim, v = atMost(r, 1.25)
 	t.add(row{Case: "bytes allocated per sample (MemStats.TotalAlloc), worker process", Measured: fmt.Sprintf("%.1f KiB", w/1024),
 		Baseline: fmt.Sprintf("%.1f KiB", c/1024), Ratio: r, Aim: aim, Verdict: v})
-	r, w, c, _ = paired(func(p perSample) float64 { return p.allocs })
+	r, w, c, _ = paired(rounds[0], rounds[1], func(p perSample) float64 { return p.allocs })
 	t.add(row{Case: "allocations per sample (MemStats.Mallocs), worker process", Measured: fmt.Sprintf("%.0f", w),
 		Baseline: fmt.Sprintf("%.0f", c), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: "CPU ratio in each round (worker process / the client alone just before it)", Measured: strings.Join(eachText, " "),
@@ -232,6 +249,13 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(baseTLS.cpu)), Ratio: ratio(float64(aloneTLS.cpu), float64(baseTLS.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "bytes allocated per sample over HTTPS + HTTP/2, worker process", Measured: fmt.Sprintf("%.1f KiB", aloneTLS.bytes/1024),
 		Baseline: fmt.Sprintf("%.1f KiB", baseTLS.bytes/1024), Ratio: ratio(aloneTLS.bytes, baseTLS.bytes), Verdict: verdictInfo})
+	r, w, c, _ = paired(rounds[6], rounds[7], func(p perSample) float64 { return float64(p.cpu) })
+	t.add(row{Case: fmt.Sprintf("CPU per sample, %s samples (a service with latency), worker process, median ratio", costLatency), Measured: fmt.Sprintf("%.0f µs", w/1e3),
+		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Verdict: verdictInfo})
+	t.add(row{Case: fmt.Sprintf("read+write system calls per sample, %s samples, worker process", costLatency), Measured: fmt.Sprintf("%.1f", aloneSlow.syscalls),
+		Baseline: fmt.Sprintf("%.1f", baseSlow.syscalls), Ratio: ratio(aloneSlow.syscalls, baseSlow.syscalls), Verdict: verdictInfo})
+	t.add(row{Case: fmt.Sprintf("jobs per pull request, %s samples (worker, all rounds)", costLatency), Measured: fmt.Sprintf("%.2f", aloneSlow.pulled/max(aloneSlow.fetches, 1)),
+		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.add(row{Case: "NATS server CPU per sample (that child, whole run incl. publishing)", Measured: fmt.Sprintf("%.0f µs", us(natsPer)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
@@ -245,6 +269,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("the simulator (zero latency) runs in a child process, so neither figure includes it: nothing to subtract")
 	t.note("the aim rows are the worker process, its NATS server in a child process (as cmd/worker runs against a server elsewhere); the NATS server's own CPU is shown apart, and the embedded rows count it in")
 	t.note("JetStream floor: the worker process's queue traffic (fetch, results stored in groups, acks) with no work at all; the aim leaves 0.25 x the client's cost for everything the queue adds")
+	t.note("%s rows: a simulator whose samples take %s, so that jobs finish one by one as against a real service (the worker's lingers then form its groups); idle cores make every hand-off between goroutines cost a wake-up, on both sides", costLatency, costLatency)
 	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4)")
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
 	t.note("%d alternated rounds; aim rows: the median over the rounds of the worker's figure / the client's in the same round (the medians of each side are shown); other rows: each variant's cheapest round", max(s.CostRounds, 1))
@@ -267,7 +292,7 @@ func medianOf(xs []float64) float64 {
 }
 
 // clientCost samples warmup+n jobs' prompts with the client alone and measures the last n.
-func clientCost(ctx context.Context, sim simTarget, warmup, n int) (perSample, error) {
+func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, warmup, n int) (perSample, error) {
 	simPID := sim.pid
 	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: sim.url, APIKey: benchKey, RootCAs: sim.roots})
 	if err != nil {
@@ -278,9 +303,9 @@ func clientCost(ctx context.Context, sim simTarget, warmup, n int) (perSample, e
 	if err != nil {
 		return perSample{}, err
 	}
-	tok, err := newTokenizer(ctx)
+	tok, err := tokens.ForModel(ctx, benchModel)
 	if err != nil {
-		return perSample{}, err
+		return perSample{}, fmt.Errorf("%s tokenizer: %w", benchModel, err)
 	}
 	var (
 		next, done atomic.Int64
@@ -338,9 +363,9 @@ func clientCost(ctx context.Context, sim simTarget, warmup, n int) (perSample, e
 // workerCost runs warmup+n jobs through one worker and measures the stretch between warmup
 // and warmup+n results stored.
 // batch names the jobs: rounds on one server (the child process) each need their own.
-func workerCost(ctx context.Context, natsURL string, sim simTarget, batch string, warmup, n int) (perSample, error) {
+func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *tokenizer.Registry, batch string, warmup, n int) (perSample, error) {
 	simPID := sim.pid
-	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: sim.url, SimRoots: sim.roots, Queue: queue.Config{MaxAckPending: 2000}})
+	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: sim.url, SimRoots: sim.roots, Queue: queue.Config{MaxAckPending: 2000}, Tokens: tokens})
 	if err != nil {
 		return perSample{}, err
 	}

@@ -62,6 +62,9 @@ type rigConfig struct {
 	NatsURL string
 	// Queue sizes the streams and the consumer.
 	Queue queue.Config
+	// Tokens is the workers' tokenizer registry, shared so that a tokenizer is loaded once
+	// across rigs; nil means a fresh one.
+	Tokens *tokenizer.Registry
 }
 
 // newRig starts the embedded server (data in a fresh temp dir) and the simulator.
@@ -71,7 +74,10 @@ func newRig(ctx context.Context, cfg rigConfig) (_ *rig, err error) {
 		return nil, fmt.Errorf("rig: temp dir: %w", err)
 	}
 	r := &rig{dir: dir, qcfg: cfg.Queue, simURL: cfg.SimURL, roots: cfg.SimRoots,
-		tokens: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+		tokens: cfg.Tokens}
+	if r.tokens == nil {
+		r.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+	}
 	defer func() {
 		if err != nil {
 			r.close()
