@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -40,12 +41,18 @@ type usage struct {
 	bytes    uint64
 	allocs   uint64
 	syscalls uint64 // read and write system calls (/proc/self/io), sockets included
+	switches uint64 // context switches of the process's threads, voluntary and involuntary
 }
 
 func snapshot() usage {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return usage{cpu: cpuTime(), bytes: ms.TotalAlloc, allocs: ms.Mallocs, syscalls: readWriteSyscalls()}
+	u := usage{cpu: cpuTime(), bytes: ms.TotalAlloc, allocs: ms.Mallocs, syscalls: readWriteSyscalls()}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		u.switches = uint64(ru.Nvcsw + ru.Nivcsw)
+	}
+	return u
 }
 
 // readWriteSyscalls is this process's count of read and write system calls so far (syscr +
@@ -73,6 +80,9 @@ type perSample struct {
 	allocs float64
 	// syscalls is read and write system calls per sample.
 	syscalls float64
+	// switches is context switches per sample: a thread that parks for want of work (a
+	// goroutine hand-off to a sleeping thread, a wait on the network) switches out.
+	switches float64
 	n        int64
 	simCPU   time.Duration // the simulator child's CPU per sample (not in cpu)
 
@@ -86,6 +96,7 @@ func (p perSample) cheaper(q perSample) perSample {
 		bytes:    min(p.bytes, q.bytes),
 		allocs:   min(p.allocs, q.allocs),
 		syscalls: min(p.syscalls, q.syscalls),
+		switches: min(p.switches, q.switches),
 		n:        p.n + q.n,
 		simCPU:   min(p.simCPU, q.simCPU),
 		fetches:  p.fetches + q.fetches,
@@ -99,6 +110,7 @@ func (a usage) per(b usage, n int64) perSample {
 		bytes:    float64(b.bytes-a.bytes) / float64(n),
 		allocs:   float64(b.allocs-a.allocs) / float64(n),
 		syscalls: float64(b.syscalls-a.syscalls) / float64(n),
+		switches: float64(b.switches-a.switches) / float64(n),
 		n:        n,
 	}
 }
@@ -254,6 +266,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: fmt.Sprintf("read+write system calls per sample, %s samples, worker process", costLatency), Measured: fmt.Sprintf("%.1f", aloneSlow.syscalls),
 		Baseline: fmt.Sprintf("%.1f", baseSlow.syscalls), Ratio: ratio(aloneSlow.syscalls, baseSlow.syscalls), Verdict: verdictInfo})
+	t.add(row{Case: fmt.Sprintf("context switches per sample, %s samples, worker process", costLatency), Measured: fmt.Sprintf("%.1f", aloneSlow.switches),
+		Baseline: fmt.Sprintf("%.1f", baseSlow.switches), Ratio: ratio(aloneSlow.switches, baseSlow.switches), Verdict: verdictInfo})
 	t.add(row{Case: fmt.Sprintf("jobs per pull request, %s samples (worker, all rounds)", costLatency), Measured: fmt.Sprintf("%.2f", aloneSlow.pulled/max(aloneSlow.fetches, 1)),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.add(row{Case: "NATS server CPU per sample (that child, whole run incl. publishing)", Measured: fmt.Sprintf("%.0f µs", us(natsPer)),
@@ -262,6 +276,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
 	t.add(row{Case: "read+write system calls per sample, worker process", Measured: fmt.Sprintf("%.1f", alone.syscalls),
 		Baseline: fmt.Sprintf("%.1f", base.syscalls), Ratio: ratio(alone.syscalls, base.syscalls), Verdict: verdictInfo})
+	t.add(row{Case: "context switches per sample (getrusage, voluntary + involuntary), worker process", Measured: fmt.Sprintf("%.1f", alone.switches),
+		Baseline: fmt.Sprintf("%.1f", base.switches), Ratio: ratio(alone.switches, base.switches), Verdict: verdictInfo})
 	t.add(row{Case: "jobs per pull request (worker, all rounds)", Measured: fmt.Sprintf("%.2f", alone.pulled/max(alone.fetches, 1)),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, tokenize, dispatch, asample, poll, decode, publish result, ack (results stored and jobs acked in groups)", costConcurrency)
