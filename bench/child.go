@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -50,15 +49,11 @@ func runChild(args []string) error {
 		return err
 	}
 	if *profile != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%s.%d", *profile, *role, os.Getpid()))
+		stop, err := startCPUProfile(fmt.Sprintf("%s.%s.%d", *profile, *role, os.Getpid()))
 		if err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -163,15 +163,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	if *cpuProfile != "" {
 		s.ChildProfile = *cpuProfile
-		f, err := os.Create(*cpuProfile)
+		stop, err := startCPUProfile(*cpuProfile)
 		if err != nil {
 			return fmt.Errorf("-cpuprofile: %w", err)
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("-cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 
 	started := time.Now()
@@ -218,4 +214,20 @@ func parseOnly(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// startCPUProfile profiles this process to the file path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
