@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 )
 
 type testBundle struct {
@@ -255,5 +258,41 @@ func TestBindLeavesTheFleetsConfigurationAlone(t *testing.T) {
 	fresh := setup(t, Config{Prefix: "other"})
 	if _, err := Bind(ctx, fresh.q.JS, Config{Prefix: "brand-new"}); err != nil {
 		t.Fatalf("Bind on a new prefix: %v", err)
+	}
+}
+
+// TestStreamFlagsReachTheStreams: --duplicate-window and --results-max-age (or their
+// environment variables) size the streams that Setup makes.
+func TestStreamFlagsReachTheStreams(t *testing.T) {
+	t.Parallel()
+	var cfg Config
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	env := map[string]string{"TINKERFLEET_RESULTS_MAX_AGE": "24h"}
+	set := envflag.New(fs, func(k string) string { return env[k] })
+	cfg.RegisterFlags(set)
+	if err := fs.Parse([]string{"--duplicate-window", "10m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	jobsInfo, err := b.q.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resultsInfo, err := b.q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := jobsInfo.Config.Duplicates; got != 10*time.Minute {
+		t.Errorf("jobs duplicate window %v; want 10m", got)
+	}
+	if got := resultsInfo.Config.Duplicates; got != 10*time.Minute {
+		t.Errorf("results duplicate window %v; want 10m", got)
+	}
+	if got := resultsInfo.Config.MaxAge; got != 24*time.Hour {
+		t.Errorf("results max age %v; want 24h", got)
 	}
 }
