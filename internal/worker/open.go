@@ -105,10 +105,11 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	w := &Worker{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		slots:      make(chan struct{}, cfg.Concurrency),
-		maxDeliver: cfg.Queue.Config.MaxDeliver,
+		cfg:         cfg,
+		log:         cfg.Logger,
+		slots:       make(chan struct{}, cfg.Concurrency),
+		maxDeliver:  cfg.Queue.Config.MaxDeliver,
+		fetchLinger: fetchLinger,
 	}
 	ok := false
 	defer func() {

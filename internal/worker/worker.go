@@ -35,6 +35,7 @@ type Worker struct {
 
 	pullDone    chan struct{} // closed when Run stopped pulling
 	pullExpired time.Time     // when the last pull request has expired at the server
+	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 
 	samplers   samplerCache
 	models     modelCache
@@ -186,7 +187,7 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(d
 			}
 			held = append(held, &r)
 			// More slots free up meanwhile: one pull request then brings several jobs.
-			w.sleep(ctx, fetchLinger)
+			w.sleep(ctx, w.fetchLinger)
 		}
 		for len(held) < maxBatch && w.limiter.Free() > 0 {
 			select {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
@@ -464,4 +465,51 @@ func TestLearnedSharesAddUpToTheCapacity(t *testing.T) {
 	if sum < capacity-2 || sum > capacity {
 		t.Fatalf("learned shares %v add up to %d, want the capacity %d (within 2 below)", shares, sum, capacity)
 	}
+}
+
+// TestPullLingersForMoreFreeSlots: jobs that finish a few milliseconds apart free their slots
+// one by one; the pull loop waits its linger after the first, so that one pull request brings
+// the next jobs of several slots, not one each.
+func TestPullLingersForMoreFreeSlots(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{PerTokenLatency: 5 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, Registerer: reg})
+	w.fetchLinger = 200 * time.Millisecond
+	var js []jobs.Job
+	for i := range 32 { // 5 to 40 ms each, so the 8 slots free up at different moments
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("linger-%02d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(1 + i%8)}})
+	}
+	publishJobs(t, b.results, "linger", js)
+	run(t, w)
+	waitResults(t, b.results, "linger", len(js), time.Minute)
+
+	pulled := counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "")
+	requests := counterValue(t, reg, "tinkerfleet_fetches_total", "jobs")
+	t.Logf("%v jobs in %v pull requests", pulled, requests)
+	if requests == 0 || pulled/requests < 4 {
+		t.Errorf("%v jobs in %v pull requests; want at least 4 a request (8 slots, linger 200 ms)", pulled, requests)
+	}
+}
+
+// counterValue is the value of counter name in reg, for the series whose one label has value
+// label ("" for a counter without labels).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if label == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
