@@ -154,10 +154,13 @@ func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []err
 	}
 	t := time.NewTimer(ResultAckTimeout)
 	defer t.Stop()
+	failed := func(i int, err error) error {
+		return fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
+	}
 	var late error // why the acks not in yet will not be waited for
 	for i, f := range futures {
 		if errs[i] != nil {
-			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), errs[i])
+			errs[i] = failed(i, errs[i])
 			continue
 		}
 		if late == nil {
@@ -165,7 +168,7 @@ func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []err
 			case <-f.Ok():
 				continue
 			case err := <-f.Err():
-				errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
+				errs[i] = failed(i, err)
 				continue
 			case <-t.C:
 				late = fmt.Errorf("no ack from the stream within %s", ResultAckTimeout)
@@ -176,9 +179,9 @@ func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []err
 		select { // answered by now? Then the answer counts.
 		case <-f.Ok():
 		case err := <-f.Err():
-			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
+			errs[i] = failed(i, err)
 		default:
-			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), late)
+			errs[i] = failed(i, late)
 		}
 	}
 }

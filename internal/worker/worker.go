@@ -152,7 +152,7 @@ const (
 	fetchExpiry = time.Second
 	// fetchLinger is how long the pull loop waits, once a job slot is free, for more to free
 	// up before it asks for jobs. Where the service has latency, jobs finish one by one, and
-	// without it a pull request brought 2.3 jobs (bench comparison 2 with 20 ms samples; 15-21
+	// without it a pull request brought 2.3 jobs (bench comparison 2 with 20 ms samples; 14-21
 	// with it). It delays a free slot's next job by at most that: nothing next to a sample.
 	fetchLinger = 2 * time.Millisecond
 )
