@@ -87,32 +87,24 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	msgs := fetchJobs(t, q, "b1", n)
 
 	st := newSettler(q, n, 0)
-	var handlers sync.WaitGroup
-	for i, m := range msgs {
-		s := newSettlement()
-		s.msg, s.term = m, i%4 == 0
-		id := m.Headers().Get(queue.HeaderCustomID)
-		if i%5 != 0 { // every fifth job has its result stored already: ack only
-			var err error
-			if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0); err != nil {
-				t.Fatal(err)
-			}
-			s.store = true
+	settlements := storing(t, q, codec, msgs)
+	for i, s := range settlements {
+		s.term = i%4 == 0
+		if i%5 == 0 { // every fifth job has its result stored already: ack only
+			s.store, s.result = false, nil
 		}
-		handlers.Go(func() {
-			st.settle(s)
-			if s.publishErr != nil || s.settleErr != nil {
-				t.Errorf("%s: publish %v, settle %v", id, s.publishErr, s.settleErr)
-			}
-		})
 	}
+	settled := make(chan error, 1)
+	go func() { settled <- settleAll(st, settlements, 0) }()
 	for len(st.in) < n { // all waiting before the settler starts
 		time.Sleep(time.Millisecond)
 	}
 	var groups int
 	done := make(chan struct{})
 	go func() { groups = st.run(context.Background()); close(done) }()
-	handlers.Wait()
+	if err := <-settled; err != nil {
+		t.Error(err)
+	}
 	st.close()
 	<-done
 
