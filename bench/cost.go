@@ -158,6 +158,17 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	// One tokenizer for every variant: loading one takes about half a CPU-second.
 	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+	// The variants, in the order they run in each round.
+	const (
+		vClient = iota
+		vWorker
+		vEmbedded
+		vFloor
+		vClientTLS
+		vWorkerTLS
+		vClientSlow
+		vWorkerSlow
+	)
 	var natsPer time.Duration
 	variants := []struct {
 		name  string
@@ -219,7 +230,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			best[i] = best[i].cheaper(p)
 		}
 	}
-	base, alone, meas, floor, baseTLS, aloneTLS, baseSlow, aloneSlow := best[0], best[1], best[2], best[3], best[4], best[5], best[6], best[7]
+	base, alone, meas, floor := best[vClient], best[vWorker], best[vEmbedded], best[vFloor]
+	baseTLS, aloneTLS, baseSlow, aloneSlow := best[vClientTLS], best[vWorkerTLS], best[vClientSlow], best[vWorkerSlow]
 	paired := func(clients, workers []perSample, figure func(perSample) float64) (median, worker, client float64, each []float64) {
 		var ws, cs []float64
 		for k := range clients {
@@ -232,7 +244,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	// The aim is on the worker process as a fleet runs it (cmd/worker against a NATS server
 	// elsewhere); the embedded server of `submit --local` works in the same process, shown below.
-	r, w, c, each := paired(rounds[0], rounds[1], func(p perSample) float64 { return float64(p.cpu) })
+	r, w, c, each := paired(rounds[vClient], rounds[vWorker], func(p perSample) float64 { return float64(p.cpu) })
 	aim, v := atMost(r, 1.25)
 	t.add(row{Case: "CPU per sample (user+sys, getrusage), worker process", Measured: fmt.Sprintf("%.0f µs", w/1e3),
 		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Aim: aim, Verdict: v})
@@ -240,11 +252,11 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	for _, x := range each {
 		eachText = append(eachText, fmt.Sprintf("%.2f", x))
 	}
-	r, w, c, _ = paired(rounds[0], rounds[1], func(p perSample) float64 { return p.bytes })
+	r, w, c, _ = paired(rounds[vClient], rounds[vWorker], func(p perSample) float64 { return p.bytes })
 	aim, v = atMost(r, 1.25)
 	t.add(row{Case: "bytes allocated per sample (MemStats.TotalAlloc), worker process", Measured: fmt.Sprintf("%.1f KiB", w/1024),
 		Baseline: fmt.Sprintf("%.1f KiB", c/1024), Ratio: r, Aim: aim, Verdict: v})
-	r, w, c, _ = paired(rounds[0], rounds[1], func(p perSample) float64 { return p.allocs })
+	r, w, c, _ = paired(rounds[vClient], rounds[vWorker], func(p perSample) float64 { return p.allocs })
 	t.add(row{Case: "allocations per sample (MemStats.Mallocs), worker process", Measured: fmt.Sprintf("%.0f", w),
 		Baseline: fmt.Sprintf("%.0f", c), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: "CPU ratio in each round (worker process / the client alone just before it)", Measured: strings.Join(eachText, " "),
@@ -261,7 +273,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(baseTLS.cpu)), Ratio: ratio(float64(aloneTLS.cpu), float64(baseTLS.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "bytes allocated per sample over HTTPS + HTTP/2, worker process", Measured: fmt.Sprintf("%.1f KiB", aloneTLS.bytes/1024),
 		Baseline: fmt.Sprintf("%.1f KiB", baseTLS.bytes/1024), Ratio: ratio(aloneTLS.bytes, baseTLS.bytes), Verdict: verdictInfo})
-	r, w, c, _ = paired(rounds[6], rounds[7], func(p perSample) float64 { return float64(p.cpu) })
+	r, w, c, _ = paired(rounds[vClientSlow], rounds[vWorkerSlow], func(p perSample) float64 { return float64(p.cpu) })
 	t.add(row{Case: fmt.Sprintf("CPU per sample, %s samples (a service with latency), worker process, median ratio", costLatency), Measured: fmt.Sprintf("%.0f µs", w/1e3),
 		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: fmt.Sprintf("read+write system calls per sample, %s samples, worker process", costLatency), Measured: fmt.Sprintf("%.1f", aloneSlow.syscalls),
@@ -272,7 +284,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.add(row{Case: "NATS server CPU per sample (that child, whole run incl. publishing)", Measured: fmt.Sprintf("%.0f µs", us(natsPer)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
-	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(meas.simCPU)),
+	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(alone.simCPU)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
 	t.add(row{Case: "read+write system calls per sample, worker process", Measured: fmt.Sprintf("%.1f", alone.syscalls),
 		Baseline: fmt.Sprintf("%.1f", base.syscalls), Ratio: ratio(alone.syscalls, base.syscalls), Verdict: verdictInfo})
@@ -282,7 +294,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, tokenize, dispatch, asample, poll, decode, publish result, ack (results stored and jobs acked in groups)", costConcurrency)
 	t.note("baseline: tinker.Dial + Sampler.Sample in %d goroutines: tokenize the same prompts, asample, poll, decode text", costConcurrency)
-	t.note("the simulator (zero latency) runs in a child process, so neither figure includes it: nothing to subtract")
+	t.note("the simulators (zero latency unless a row says otherwise) run in child processes, so neither figure includes them: nothing to subtract")
 	t.note("the aim rows are the worker process, its NATS server in a child process (as cmd/worker runs against a server elsewhere); the NATS server's own CPU is shown apart, and the embedded rows count it in")
 	t.note("JetStream floor: the worker process's queue traffic (fetch, results stored in groups, acks) with no work at all; the aim leaves 0.25 x the client's cost for everything the queue adds")
 	t.note("%s rows: a simulator whose samples take %s, so that jobs finish one by one as against a real service (the worker's lingers then form its groups); idle cores make every hand-off between goroutines cost a wake-up, on both sides", costLatency, costLatency)
