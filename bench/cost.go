@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -25,6 +28,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
@@ -85,6 +89,8 @@ type perSample struct {
 	switches float64
 	n        int64
 	simCPU   time.Duration // the simulator child's CPU per sample (not in cpu)
+	// calls is HTTP requests the simulator answered per sample, by endpoint.
+	calls map[string]float64
 
 	fetches, pulled float64 // the worker's pull requests and jobs pulled, whole run
 }
@@ -99,6 +105,7 @@ func (p perSample) cheaper(q perSample) perSample {
 		switches: min(p.switches, q.switches),
 		n:        p.n + q.n,
 		simCPU:   min(p.simCPU, q.simCPU),
+		calls:    p.calls, // the same in every round: one asample and one poll per sample
 		fetches:  p.fetches + q.fetches,
 		pulled:   p.pulled + q.pulled,
 	}
@@ -286,6 +293,8 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(natsPer), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "simulator CPU per sample (child process, not counted above)", Measured: fmt.Sprintf("%.0f µs", us(alone.simCPU)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.simCPU)), Ratio: ratio(float64(meas.simCPU), float64(base.simCPU)), Verdict: verdictInfo})
+	t.add(row{Case: "HTTP requests the simulator answered per sample (asample, retrieve_future)", Measured: callsText(alone.calls),
+		Baseline: callsText(base.calls), Ratio: ratio(sumOf(alone.calls), sumOf(base.calls)), Verdict: verdictInfo})
 	t.add(row{Case: "read+write system calls per sample, worker process", Measured: fmt.Sprintf("%.1f", alone.syscalls),
 		Baseline: fmt.Sprintf("%.1f", base.syscalls), Ratio: ratio(alone.syscalls, base.syscalls), Verdict: verdictInfo})
 	t.add(row{Case: "context switches per sample (getrusage, voluntary + involuntary), worker process", Measured: fmt.Sprintf("%.1f", alone.switches),
@@ -336,13 +345,14 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 		return perSample{}, fmt.Errorf("%s tokenizer: %w", benchModel, err)
 	}
 	var (
-		next, done atomic.Int64
-		first      error
-		mu         sync.Mutex
-		wg         sync.WaitGroup
-		mark       = make(chan struct{})
-		before     usage
-		simBefore  time.Duration
+		next, done  atomic.Int64
+		first       error
+		mu          sync.Mutex
+		wg          sync.WaitGroup
+		mark        = make(chan struct{})
+		before      usage
+		simBefore   time.Duration
+		callsBefore map[string]int64
 	)
 	warmup = max(warmup, 1)
 	total := int64(warmup + n)
@@ -370,6 +380,7 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 				}
 				if done.Add(1) == int64(warmup) {
 					simBefore, _ = procCPU(simPID)
+					callsBefore, _ = simRequests(ctx, sim)
 					before = snapshot()
 					close(mark)
 				}
@@ -385,6 +396,7 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 	<-mark
 	p := before.per(after, done.Load()-int64(warmup))
 	p.simCPU = (simAfter - simBefore) / time.Duration(p.n)
+	p.calls = callsPer(ctx, sim, callsBefore, p.n)
 	return p, nil
 }
 
@@ -427,11 +439,13 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 	run := start(ctx, []*worker.Worker{w})
 	var before usage
 	var simBefore time.Duration
+	var callsBefore map[string]int64
 	var k0 int64
 	// Polled every 50 ms: the stream info requests are this process's CPU too.
 	err = waitForEvery(ctx, 5*time.Minute, 50*time.Millisecond, "the warm-up results", func() bool { k0 = stored(); return k0 >= int64(warmup) })
 	if err == nil {
 		simBefore, _ = procCPU(simPID)
+		callsBefore, _ = simRequests(ctx, sim)
 		before = snapshot()
 		err = waitForEvery(ctx, 10*time.Minute, 50*time.Millisecond, "the measured results", func() bool { return stored() >= int64(warmup+n) })
 	}
@@ -446,6 +460,7 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 	}
 	p := before.per(after, k1-k0)
 	p.simCPU = (simAfter - simBefore) / time.Duration(p.n)
+	p.calls = callsPer(ctx, sim, callsBefore, p.n)
 	p.fetches = counterSum(reg, "tinkerfleet_fetches_total")
 	p.pulled = counterSum(reg, "tinkerfleet_jobs_pulled_total")
 	return p, nil
@@ -471,7 +486,7 @@ func counterSum(reg *prometheus.Registry, name string) float64 {
 
 // floorCost is the least a JetStream worker can spend per job with nats.go, settling as the
 // worker does: jobs fetched in batches of up to 64, each batch's typical results stored as one
-// group (queue.PublishResults) and its jobs acked after that. No decoding, no sampling, nothing
+// group (queue.ResultPublisher) and its jobs acked after that. No decoding, no sampling, nothing
 // of the worker's own.
 func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSample, error) {
 	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, Queue: queue.Config{MaxAckPending: 2000}})
@@ -495,6 +510,11 @@ func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSa
 		return perSample{}, err
 	}
 	defer codec.Close()
+	results, err := q.NewResultPublisher()
+	if err != nil {
+		return perSample{}, err
+	}
+	defer results.Close()
 	mt := benchMaxTokens
 	res := jobs.Result{CustomID: "job-00000000", BatchID: batch, Status: jobs.StatusOK, Model: benchModel, Attempts: 1,
 		Samples: []jobs.Sample{{Text: "a completion of sixteen tokens or so, as the simulator writes", Tokens: make([]int, mt), StopReason: jobs.StopReasonLength}},
@@ -528,7 +548,7 @@ func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSa
 			outs[len(group)] = out
 			jobMsgs, group = append(jobMsgs, msg), append(group, out)
 		}
-		q.PublishResults(ctx, group, errs[:len(group)])
+		results.Publish(ctx, group, errs[:len(group)])
 		for i, msg := range jobMsgs {
 			if errs[i] != nil {
 				return perSample{}, errs[i]
@@ -550,4 +570,62 @@ func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSa
 		return perSample{}, errors.New("no jobs left to measure after the warm-up")
 	}
 	return before.per(snapshot(), int64(settled-from)), nil
+}
+
+// simRequests is the simulator's count of replies so far, by endpoint (its admin stats).
+func simRequests(ctx context.Context, sim simTarget) (map[string]int64, error) {
+	hc := http.DefaultClient
+	if sim.roots != nil {
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: sim.roots}}}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(sim.url, "/")+"/admin/stats", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", string(benchKey))
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("simulator stats: %w", err)
+	}
+	defer resp.Body.Close()
+	var st tinkersim.Stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("simulator stats: %w", err)
+	}
+	n := map[string]int64{}
+	for endpoint, byStatus := range st.Requests {
+		for _, c := range byStatus {
+			n[endpoint] += c
+		}
+	}
+	return n, nil
+}
+
+// callsPer is the simulator's replies since before, by endpoint, per sample of n.
+func callsPer(ctx context.Context, sim simTarget, before map[string]int64, n int64) map[string]float64 {
+	after, err := simRequests(ctx, sim)
+	if err != nil || before == nil {
+		return nil
+	}
+	per := map[string]float64{}
+	for endpoint, c := range after {
+		per[endpoint] = float64(c-before[endpoint]) / float64(n)
+	}
+	return per
+}
+
+// callsText shows the sampling calls of a callsPer map: "0.99 + 1.00".
+func callsText(calls map[string]float64) string {
+	if calls == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f + %.2f", calls["asample"], calls["retrieve_future"])
+}
+
+// sumOf is the sampling calls of a callsPer map (asample and retrieve_future).
+func sumOf(calls map[string]float64) float64 {
+	if calls == nil {
+		return math.NaN()
+	}
+	return calls["asample"] + calls["retrieve_future"]
 }

@@ -127,67 +127,19 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 }
 
 // PublishResult stores one result message (made by ResultMsg) and waits for the stream's ack,
-// so the caller may ack the job afterwards (invariant 2): PublishResults of one.
+// so the caller may ack the job afterwards (invariant 2). A worker stores its results in
+// groups with a ResultPublisher; this is for the odd one outside them.
 func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) error {
-	var errs [1]error
-	q.PublishResults(ctx, []*nats.Msg{msg}, errs[:])
-	return errs[0]
+	ctx, cancel := context.WithTimeout(ctx, ResultAckTimeout)
+	defer cancel()
+	if _, err := q.JS.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("publish result of %s: %w", msg.Header.Get(jetstream.MsgIDHeader), err)
+	}
+	return nil
 }
 
-// PublishResults stores the result messages msgs (made by ResultMsg) and waits until the
-// stream has acked each of them, for at most ResultAckTimeout in all; errs[i] is then nil when
-// msgs[i] is stored. A repeated result is dropped by the duplicate window, and in any case
-// replaces the earlier one (one per subject). errs must be as long as msgs.
-//
-// The messages go out together, so a group costs about one write to the server and one wait
-// for the acks, not one each (bench comparison 2). The data of a message whose error is not
-// nil must not be reused: nats.go may still send it again (its no-responders retry). nats.go
-// stalls async publishes beyond 4,000 unacknowledged ones (WithPublishAsyncMaxPending), far
-// above the results a worker has in flight.
-func (q *Queue) PublishResults(ctx context.Context, msgs []*nats.Msg, errs []error) {
-	if len(msgs) == 0 {
-		return
-	}
-	futures := make([]jetstream.PubAckFuture, len(msgs))
-	for i, msg := range msgs {
-		futures[i], errs[i] = q.JS.PublishMsgAsync(msg)
-	}
-	t := time.NewTimer(ResultAckTimeout)
-	defer t.Stop()
-	failed := func(i int, err error) error {
-		return fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), err)
-	}
-	var late error // why the acks not in yet will not be waited for
-	for i, f := range futures {
-		if errs[i] != nil {
-			errs[i] = failed(i, errs[i])
-			continue
-		}
-		if late == nil {
-			select {
-			case <-f.Ok():
-				continue
-			case err := <-f.Err():
-				errs[i] = failed(i, err)
-				continue
-			case <-t.C:
-				late = fmt.Errorf("no ack from the stream within %s", ResultAckTimeout)
-			case <-ctx.Done():
-				late = ctx.Err()
-			}
-		}
-		select { // answered by now? Then the answer counts.
-		case <-f.Ok():
-		case err := <-f.Err():
-			errs[i] = failed(i, err)
-		default:
-			errs[i] = failed(i, late)
-		}
-	}
-}
-
-// ResultAckTimeout is how long PublishResult waits for the results stream's ack: the default
-// timeout of a JetStream request.
+// ResultAckTimeout is how long PublishResult and a ResultPublisher wait for the results
+// stream's acks: the default timeout of a JetStream request.
 const ResultAckTimeout = 5 * time.Second
 
 // HasResult reports whether a result of customID in batch is already stored, so that a job

@@ -91,7 +91,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 		w.settler.settle(s)
 		s.msg = nil
 		if s.publishErr != nil {
-			s.result, s.buf = nil, nil // nats.go may still send the message again: leave it alone
 			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 			_ = msg.NakWithDelay(time.Second)
 			return

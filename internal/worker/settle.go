@@ -23,9 +23,9 @@ import (
 // A job is acked (or termed) only after its result is stored (invariant 2); a job whose
 // result was not stored is left to its handler.
 type settler struct {
-	queue  *queue.Queue
-	in     chan *settlement
-	linger time.Duration // how long a group waits for more jobs after its first
+	results *queue.ResultPublisher
+	in      chan *settlement
+	linger  time.Duration // how long a group waits for more jobs after its first
 }
 
 const (
@@ -37,8 +37,12 @@ const (
 	lingerFull = 8
 )
 
-func newSettler(q *queue.Queue, capacity int, linger time.Duration) *settler {
-	return &settler{queue: q, in: make(chan *settlement, capacity), linger: linger}
+func newSettler(q *queue.Queue, capacity int, linger time.Duration) (*settler, error) {
+	results, err := q.NewResultPublisher()
+	if err != nil {
+		return nil, err
+	}
+	return &settler{results: results, in: make(chan *settlement, capacity), linger: linger}, nil
 }
 
 // settlement is one job to settle. A job handler owns one and reuses it, and its encode
@@ -54,7 +58,7 @@ type settlement struct {
 
 	done   chan struct{}
 	result *nats.Msg // the job's result, reused from job to job (nil: none yet)
-	buf    []byte    // the result's encoding; result.Data may point into it until done
+	buf    []byte    // the result's encoding; result.Data points into it until done
 }
 
 func newSettlement() *settlement { return &settlement{done: make(chan struct{}, 1)} }
@@ -73,6 +77,7 @@ func (st *settler) close() { close(st.in) }
 // run settles groups until close and returns how many it settled. ctx bounds the waits for
 // the stream's acks.
 func (st *settler) run(ctx context.Context) (groups int) {
+	defer func() { _ = st.results.Close() }()
 	group := make([]*settlement, 0, maxSettleGroup)
 	msgs := make([]*nats.Msg, 0, maxSettleGroup)
 	errs := make([]error, maxSettleGroup)
@@ -101,7 +106,7 @@ func (st *settler) run(ctx context.Context) (groups int) {
 				msgs = append(msgs, s.result)
 			}
 		}
-		st.queue.PublishResults(ctx, msgs, errs[:len(msgs)])
+		st.results.Publish(ctx, msgs, errs[:len(msgs)])
 		k := 0
 		for _, s := range group {
 			if s.store {

@@ -86,7 +86,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	const n = 40
 	msgs := fetchJobs(t, q, "b1", n)
 
-	st := newSettler(q, n, 0)
+	st := testSettler(t, q, n, 0)
 	settlements := storing(t, q, codec, msgs)
 	for i, s := range settlements {
 		s.term = i%4 == 0
@@ -129,7 +129,7 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 3)
 
-	st := newSettler(q, len(msgs), 0)
+	st := testSettler(t, q, len(msgs), 0)
 	settlements := make([]*settlement, len(msgs))
 	for i, m := range msgs {
 		s := newSettlement()
@@ -207,7 +207,7 @@ func TestSettlerLingersForJobsThatFinishSoonAfter(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 4)
 
-	st := newSettler(q, len(msgs), time.Second)
+	st := testSettler(t, q, len(msgs), time.Second)
 	var groups int
 	done := make(chan struct{})
 	go func() { groups = st.run(context.Background()); close(done) }()
@@ -230,7 +230,7 @@ func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", lingerFull)
 
-	st := newSettler(q, len(msgs), time.Hour)
+	st := testSettler(t, q, len(msgs), time.Hour)
 	go func() {
 		for len(st.in) < lingerFull { // all waiting before the settler starts
 			time.Sleep(time.Millisecond)
@@ -249,4 +249,14 @@ func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
 		t.Fatalf("%d waiting jobs not settled within 10 s: the group waited for its linger (1 h)", lingerFull)
 	}
 	st.close()
+}
+
+// testSettler is newSettler for a test.
+func testSettler(t *testing.T, q *queue.Queue, capacity int, linger time.Duration) *settler {
+	t.Helper()
+	st, err := newSettler(q, capacity, linger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

@@ -52,6 +52,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Results are stored and their jobs acked in groups, until every handler has returned.
+	if w.settler, err = newSettler(w.cfg.Queue, cap(w.slots), settleLinger); err != nil {
+		return err
+	}
 
 	// jobCtx outlives ctx by the grace period: in-flight jobs finish, then are cancelled.
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
@@ -74,8 +78,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 
-	// Results are stored and their jobs acked in groups, until every handler has returned.
-	w.settler = newSettler(w.cfg.Queue, cap(w.slots), settleLinger)
 	var settling sync.WaitGroup
 	settling.Go(func() { w.settler.run(jobCtx) })
 

@@ -1,0 +1,151 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// resultGroup makes n result messages of batch, custom ids id-0..id-n-1.
+func resultGroup(t *testing.T, q *Queue, codec *Codec, batch string, n int) []*nats.Msg {
+	t.Helper()
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		id := fmt.Sprintf("id-%d", i)
+		msg, err := q.ResultMsg(nil, codec, batch, id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs[i] = msg
+	}
+	return msgs
+}
+
+// refuse makes the stream refuse msg: it expects a last sequence its subject does not have.
+func refuse(msg *nats.Msg) { msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "999999") }
+
+// TestResultPublisherTellsEachMessageOfAGroupApart: a group's messages are answered one by
+// one, each error lands on its own message, a repeated result counts as stored, and a
+// subject no stream takes is an error.
+func TestResultPublisherTellsEachMessageOfAGroupApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	p, err := b.q.NewResultPublisher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	const n = 30
+	msgs := resultGroup(t, b.q, codec, "b1", n)
+	for i := 0; i < n; i += 7 {
+		refuse(msgs[i])
+	}
+	msgs[n-1].Subject = "nowhere.results" // no stream
+	errs := make([]error, n)
+	p.Publish(ctx, msgs, errs)
+	for i, err := range errs {
+		var apiErr *jetstream.APIError
+		switch {
+		case i == n-1:
+			if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+				t.Errorf("message to no stream: err = %v, want no stream response", err)
+			}
+		case i%7 == 0:
+			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+				t.Errorf("refused message %d: err = %v, want wrong last sequence", i, err)
+			}
+		case err != nil:
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	info, err := b.q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(n - 1 - (n+6)/7); info.State.Msgs != want {
+		t.Fatalf("results stream holds %d messages, want %d", info.State.Msgs, want)
+	}
+
+	// The same results again (a job delivered twice): stored, as far as the worker is concerned.
+	again := resultGroup(t, b.q, codec, "b1", 3)
+	p.Publish(ctx, again, errs[:3])
+	for i, err := range errs[:3] {
+		if err != nil {
+			t.Errorf("repeated result %d: %v", i, err)
+		}
+	}
+}
+
+// TestResultPublisherIgnoresTheAcksOfAGroupItGaveUpOn: acks of a group that were not waited
+// for (here its context was done) must not answer the next group's messages.
+func TestResultPublisherIgnoresTheAcksOfAGroupItGaveUpOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	p, err := b.q.NewResultPublisher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	const n = 100
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	errs := make([]error, n)
+	p.Publish(done, resultGroup(t, b.q, codec, "b1", n), errs)
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	// The next group, on the same positions: the first half is refused. A positive ack of the
+	// first group taken for one of them would show here as stored.
+	next := resultGroup(t, b.q, codec, "b2", n)
+	for _, msg := range next[:n/2] {
+		refuse(msg)
+	}
+	p.Publish(context.Background(), next, errs)
+	for i, err := range errs {
+		if refused := i < n/2; refused != (err != nil) {
+			t.Fatalf("message %d of the next group: err = %v, refused %v", i, err, refused)
+		}
+	}
+}
+
+// TestResultPublisherAfterClose: a closed publisher stores nothing and says so.
+func TestResultPublisherAfterClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	p, err := b.q.NewResultPublisher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 1)
+	p.Publish(context.Background(), resultGroup(t, b.q, codec, "b1", 1), errs)
+	if errs[0] == nil {
+		t.Fatal("a closed publisher stored a result")
+	}
+}
