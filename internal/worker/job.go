@@ -34,11 +34,11 @@ const (
 	settleNak                       // shutting down: hand back at once
 )
 
-// handle works one delivery of a job and settles its message.
-//
-// A job with an outcome to store goes through the settler with s, the handler's own
-// settlement; other outcomes are settled here.
-func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Reservation, s *settlement) {
+// handle works one delivery of a job and settles its message. A job with an outcome to store
+// or ack goes to the settler, which frees its slot once settled (handle reports true); other
+// outcomes are settled here, and the caller frees the slot.
+func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
+	msg, r := d.msg, d.r
 	start := time.Now()
 	names := w.cfg.Queue.Names
 	batch := names.BatchFromJobSubject(msg.Subject())
@@ -52,7 +52,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	if batch == "" {
 		log().Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
 		_ = msg.TermWithReason("not a job subject")
-		return
+		return false
 	}
 
 	w.alive.add(msg)
@@ -80,25 +80,19 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	var err error
 	switch out.settle {
 	case settleAck, settleTerm:
+		s := w.freeSettlement()
 		s.msg, s.store, s.term = msg, out.result != nil, out.settle == settleTerm
 		if s.store {
 			if err := w.encodeResult(batch, out.result, s); err != nil {
+				w.keep(s)
 				log().Error("encode result; the job will be delivered again", "err", err)
 				_ = msg.NakWithDelay(time.Second)
-				return
+				return false
 			}
 		}
-		w.settler.settle(s)
-		s.msg = nil
-		if s.publishErr != nil {
-			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		if cap(s.buf) > maxKeptBuffer {
-			s.buf = nil // a rare huge result is not held on to
-		}
-		err = s.settleErr
+		s.job = finishedJob{reservation: r, batch: batch, customID: customID, delivered: delivered, result: out.result, start: start}
+		w.settler.hand(s)
+		return true
 	case settleRetry:
 		delay := out.delay
 		if delay == 0 {
@@ -114,8 +108,63 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg, r *dispatch.Rese
 	if err != nil {
 		log().Warn("settle job message", "err", err)
 	}
-	if out.result != nil {
-		w.metrics.finished(out.result, time.Since(start))
+	return false
+}
+
+// finishedJob is what the worker needs of a job once the settler is through with it.
+type finishedJob struct {
+	reservation *dispatch.Reservation
+	batch       string
+	customID    string
+	delivered   uint64
+	result      *jobs.Result // nil: none stored (the job had one already)
+	start       time.Time
+}
+
+// settled ends a job handed to the settler: a job whose result was not stored is handed back
+// for another delivery; the job's slot and reservation are freed, and its settlement kept
+// for a next job. It runs on the settler's goroutine.
+func (w *Worker) settled(s *settlement) {
+	j := s.job
+	log := func() *slog.Logger {
+		return w.log.With("batch", j.batch, "custom_id", j.customID, "delivery", j.delivered)
+	}
+	if s.publishErr != nil {
+		log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
+		_ = s.msg.NakWithDelay(time.Second)
+	} else {
+		if s.settleErr != nil {
+			log().Warn("settle job message", "err", s.settleErr)
+		}
+		if j.result != nil {
+			w.metrics.finished(j.result, time.Since(j.start))
+		}
+	}
+	j.reservation.Release()
+	<-w.slots
+	w.keep(s)
+}
+
+// freeSettlement returns a kept settlement, or a new one.
+func (w *Worker) freeSettlement() *settlement {
+	select {
+	case s := <-w.settlements:
+		return s
+	default:
+		return &settlement{}
+	}
+}
+
+// keep holds on to s, and its buffers, for a next job. A settlement of every job slot is kept
+// at most; a rare huge result's buffer is not.
+func (w *Worker) keep(s *settlement) {
+	s.msg, s.job = nil, finishedJob{}
+	if cap(s.buf) > maxKeptBuffer {
+		s.buf = nil
+	}
+	select {
+	case w.settlements <- s:
+	default:
 	}
 }
 

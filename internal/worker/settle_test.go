@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -86,23 +87,19 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	const n = 40
 	msgs := fetchJobs(t, q, "b1", n)
 
-	st := testSettler(t, q, n, 0)
+	st, settled := testSettler(t, q, n, 0)
 	settlements := storing(t, q, codec, msgs)
 	for i, s := range settlements {
 		s.term = i%4 == 0
 		if i%5 == 0 { // every fifth job has its result stored already: ack only
 			s.store, s.result = false, nil
 		}
-	}
-	settled := make(chan error, 1)
-	go func() { settled <- settleAll(st, settlements, 0) }()
-	for len(st.in) < n { // all waiting before the settler starts
-		time.Sleep(time.Millisecond)
+		st.hand(s) // all waiting before the settler starts
 	}
 	var groups int
 	done := make(chan struct{})
 	go func() { groups = st.run(context.Background()); close(done) }()
-	if err := <-settled; err != nil {
+	if err := waitSettled(settled, n); err != nil {
 		t.Error(err)
 	}
 	st.close()
@@ -129,10 +126,10 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 3)
 
-	st := testSettler(t, q, len(msgs), 0)
+	st, settled := testSettler(t, q, len(msgs), 0)
 	settlements := make([]*settlement, len(msgs))
 	for i, m := range msgs {
-		s := newSettlement()
+		s := &settlement{}
 		s.msg = m
 		id := m.Headers().Get(queue.HeaderCustomID)
 		var err error
@@ -145,12 +142,14 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 	// No stream listens on this subject: the publish has no responders.
 	settlements[1].result = &nats.Msg{Subject: "nowhere.results", Header: nats.Header{jetstream.MsgIDHeader: {"b1/x"}}, Data: []byte(`{}`)}
 	for _, s := range settlements {
-		st.in <- s
+		st.hand(s)
 	}
 	st.close()
 	st.run(context.Background())
+	if len(settled) != len(settlements) {
+		t.Fatalf("%d of %d settlements passed on", len(settled), len(settlements))
+	}
 	for i, s := range settlements {
-		<-s.done
 		if failed := s.publishErr != nil; failed != (i == 1) {
 			t.Errorf("settlement %d: publish error %v", i, s.publishErr)
 		}
@@ -165,8 +164,7 @@ func storing(t *testing.T, q *queue.Queue, codec *queue.Codec, msgs []jetstream.
 	t.Helper()
 	out := make([]*settlement, len(msgs))
 	for i, m := range msgs {
-		s := newSettlement()
-		s.msg, s.store = m, true
+		s := &settlement{msg: m, store: true}
 		var err error
 		if s.result, err = q.ResultMsg(nil, codec, "b1", m.Headers().Get(queue.HeaderCustomID), "ok", []byte(`{}`), 0); err != nil {
 			t.Fatal(err)
@@ -176,28 +174,23 @@ func storing(t *testing.T, q *queue.Queue, codec *queue.Codec, msgs []jetstream.
 	return out
 }
 
-// settleAll settles each of settlements from a handler of its own, gap apart, and returns
-// once all are settled, with the first error seen.
-func settleAll(st *settler, settlements []*settlement, gap time.Duration) error {
-	var (
-		handlers sync.WaitGroup
-		mu       sync.Mutex
-		first    error
-	)
+// handAll hands each of settlements to st, gap apart.
+func handAll(st *settler, settlements []*settlement, gap time.Duration) {
 	for i, s := range settlements {
 		if i > 0 {
 			time.Sleep(gap)
 		}
-		handlers.Go(func() {
-			st.settle(s)
-			if err := errors.Join(s.publishErr, s.settleErr); err != nil {
-				mu.Lock()
-				first = cmp.Or(first, err)
-				mu.Unlock()
-			}
-		})
+		st.hand(s)
 	}
-	handlers.Wait()
+}
+
+// waitSettled waits for n settlements to be passed on, and returns the first error of theirs.
+func waitSettled(settled <-chan *settlement, n int) error {
+	var first error
+	for range n {
+		s := <-settled
+		first = cmp.Or(first, errors.Join(s.publishErr, s.settleErr))
+	}
 	return first
 }
 
@@ -207,11 +200,12 @@ func TestSettlerLingersForJobsThatFinishSoonAfter(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", 4)
 
-	st := testSettler(t, q, len(msgs), time.Second)
+	st, settled := testSettler(t, q, len(msgs), time.Second)
 	var groups int
 	done := make(chan struct{})
 	go func() { groups = st.run(context.Background()); close(done) }()
-	if err := settleAll(st, storing(t, q, codec, msgs), 20*time.Millisecond); err != nil {
+	handAll(st, storing(t, q, codec, msgs), 20*time.Millisecond)
+	if err := waitSettled(settled, len(msgs)); err != nil {
 		t.Error(err)
 	}
 	st.close()
@@ -230,16 +224,11 @@ func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", lingerFull)
 
-	st := testSettler(t, q, len(msgs), time.Hour)
-	go func() {
-		for len(st.in) < lingerFull { // all waiting before the settler starts
-			time.Sleep(time.Millisecond)
-		}
-		st.run(context.Background())
-	}()
-	settlements := storing(t, q, codec, msgs)
+	st, settled := testSettler(t, q, len(msgs), time.Hour)
+	handAll(st, storing(t, q, codec, msgs), 0) // all waiting before the settler starts
+	go st.run(context.Background())
 	finished := make(chan error, 1)
-	go func() { finished <- settleAll(st, settlements, 0) }()
+	go func() { finished <- waitSettled(settled, len(msgs)) }()
 	select {
 	case err := <-finished:
 		if err != nil {
@@ -251,12 +240,66 @@ func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
 	st.close()
 }
 
-// testSettler is newSettler for a test.
-func testSettler(t *testing.T, q *queue.Queue, capacity int, linger time.Duration) *settler {
+// testSettler is newSettler for a test: the settlements it is through with come out of the
+// channel returned.
+func testSettler(t *testing.T, q *queue.Queue, capacity int, linger time.Duration) (*settler, <-chan *settlement) {
 	t.Helper()
-	st, err := newSettler(q, capacity, linger)
+	settled := make(chan *settlement, capacity)
+	st, err := newSettler(q, capacity, linger, func(s *settlement) { settled <- s })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st
+	return st, settled
+}
+
+// TestSettledHandsBackAJobWhoseResultFailed: once the settler is through, a job whose result
+// was not stored is handed back for another delivery at once (not after AckWait), a stored
+// one is not, and both free their job slot and dispatch permit.
+func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	msgs := fetchJobs(t, q, "b1", 2)
+	limiter := dispatch.New(dispatch.Config{Count: 2})
+	w := &Worker{log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, 2), limiter: limiter,
+		settlements: make(chan *settlement, 2)}
+	st, err := newSettler(q, 2, 0, w.settled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settlements := storing(t, q, codec, msgs)
+	// No stream listens on this subject: the publish has no responders.
+	settlements[0].result = &nats.Msg{Subject: "nowhere.results", Header: nats.Header{jetstream.MsgIDHeader: {"b1/x"}}, Data: []byte(`{}`)}
+	for _, s := range settlements {
+		w.slots <- struct{}{}
+		r, err := limiter.Reserve(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.job = finishedJob{reservation: &r, batch: "b1", delivered: 1, start: time.Now()}
+		st.hand(s)
+	}
+	st.close()
+	st.run(context.Background())
+
+	if len(w.slots) != 0 || limiter.Free() != 2 {
+		t.Errorf("after settling: %d job slots and %d of 2 permits still taken", len(w.slots), 2-limiter.Free())
+	}
+	if len(w.settlements) != 2 {
+		t.Errorf("%d settlements kept for the next jobs; want 2", len(w.settlements))
+	}
+	cons, err := q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Within 5 s: NakWithDelay(1 s), not AckWait (30 s).
+	again, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for m := range again.Messages() {
+		ids = append(ids, m.Headers().Get(queue.HeaderCustomID))
+	}
+	if want := msgs[0].Headers().Get(queue.HeaderCustomID); len(ids) != 1 || ids[0] != want {
+		t.Errorf("delivered again: %v; want only %s, whose result failed", ids, want)
+	}
 }

@@ -37,12 +37,13 @@ type Worker struct {
 	pullExpired time.Time     // when the last pull request has expired at the server
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 
-	samplers   samplerCache
-	models     modelCache
-	cancelled  cancelSet
-	maxDeliver int
-	maxPayload int64
-	settler    *settler // set by Run
+	samplers    samplerCache
+	models      modelCache
+	cancelled   cancelSet
+	maxDeliver  int
+	maxPayload  int64
+	settler     *settler         // set by Run
+	settlements chan *settlement // kept for next jobs, with their buffers
 }
 
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
@@ -53,9 +54,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	// Results are stored and their jobs acked in groups, until every handler has returned.
-	if w.settler, err = newSettler(w.cfg.Queue, cap(w.slots), settleLinger); err != nil {
+	if w.settler, err = newSettler(w.cfg.Queue, cap(w.slots), settleLinger, w.settled); err != nil {
 		return err
 	}
+	w.settlements = make(chan *settlement, cap(w.slots))
 
 	// jobCtx outlives ctx by the grace period: in-flight jobs finish, then are cancelled.
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
@@ -137,14 +139,15 @@ type delivery struct {
 }
 
 // handleAll works first, then every delivery that comes until deliveries is closed. Each
-// delivery holds a job slot and a reservation, released when it is done.
+// delivery holds a job slot and a reservation, freed when it is settled (by the settler for
+// the jobs handed to it).
 func (w *Worker) handleAll(ctx context.Context, first delivery, deliveries <-chan delivery) {
-	s := newSettlement()
 	d, ok := first, true
 	for ok {
-		w.handle(ctx, d.msg, d.r, s)
-		d.r.Release()
-		<-w.slots
+		if !w.handle(ctx, d) {
+			d.r.Release()
+			<-w.slots
+		}
 		d, ok = <-deliveries
 	}
 }
