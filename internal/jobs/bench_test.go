@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"hash/maphash"
 	"runtime"
@@ -87,4 +88,25 @@ func BenchmarkIDSet(b *testing.B) {
 			runtime.KeepAlive(m)
 		}
 	})
+}
+
+// BenchmarkValidJSON compares the syntax check every line and job goes through with
+// encoding/json's, on the lines of BenchmarkReaderNext. One op is one line.
+func BenchmarkValidJSON(b *testing.B) {
+	lines := make([][]byte, 64)
+	for i := range lines {
+		lines[i] = []byte(genLine(i))
+	}
+	for _, c := range []struct {
+		name  string
+		valid func([]byte) bool
+	}{{"validJSON", validJSON}, {"encoding-json", json.Valid}} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				if !c.valid(lines[i%len(lines)]) {
+					b.Fatal("a valid line judged invalid")
+				}
+			}
+		})
+	}
 }

@@ -22,7 +22,7 @@ func checkSyntax(b []byte) *FieldError {
 		}
 		return fieldErr("", fmt.Sprintf("invalid UTF-8 at byte %d (lines must be UTF-8 JSON)", off+1))
 	}
-	if !json.Valid(b) {
+	if !validJSON(b) {
 		var raw json.RawMessage
 		err := json.Unmarshal(b, &raw)
 		var se *json.SyntaxError

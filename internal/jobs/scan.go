@@ -7,7 +7,7 @@ import (
 	"strconv"
 )
 
-// This file walks JSON that json.Valid has already accepted. Walking the bytes ourselves (rather
+// This file walks JSON that validJSON (json.Valid) has already accepted. Walking the bytes ourselves (rather
 // than decoding into structs) lets the parser report unknown and duplicate keys in line order and
 // name every field by its exact path, without allocating a map per line.
 

@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -94,7 +93,7 @@ func (j *Job) validate(l Limits, n *fieldNames) *FieldError {
 		if len(j.Metadata) > l.MaxMetadataBytes {
 			return fieldErr(n.metadata, fmt.Sprintf("is %d bytes, over the limit of %d", len(j.Metadata), l.MaxMetadataBytes))
 		}
-		if !json.Valid(j.Metadata) {
+		if !validJSON(j.Metadata) {
 			return fieldErr(n.metadata, "must be valid JSON")
 		}
 	}
