@@ -25,6 +25,24 @@ func resultGroup(t *testing.T, q *Queue, codec *Codec, batch string, n int) []*n
 	return msgs
 }
 
+// publisherBed starts a server with the streams and returns them, a codec and a result
+// publisher, released when the test ends.
+func publisherBed(t *testing.T) (*testBundle, *Codec, *ResultPublisher) {
+	t.Helper()
+	b := setup(t, Config{})
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(codec.Close)
+	p, err := b.q.NewResultPublisher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return b, codec, p
+}
+
 // refuse makes the stream refuse msg: it expects a last sequence its subject does not have.
 func refuse(msg *nats.Msg) { msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "999999") }
 
@@ -33,18 +51,8 @@ func refuse(msg *nats.Msg) { msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader,
 // subject no stream takes is an error.
 func TestResultPublisherTellsEachMessageOfAGroupApart(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
+	b, codec, p := publisherBed(t)
 	ctx := context.Background()
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
-	p, err := b.q.NewResultPublisher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 
 	const n = 30
 	msgs := resultGroup(t, b.q, codec, "b1", n)
@@ -91,17 +99,7 @@ func TestResultPublisherTellsEachMessageOfAGroupApart(t *testing.T) {
 // for (here its context was done) must not answer the next group's messages.
 func TestResultPublisherIgnoresTheAcksOfAGroupItGaveUpOn(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
-	p, err := b.q.NewResultPublisher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	b, codec, p := publisherBed(t)
 
 	const n = 100
 	done, cancel := context.WithCancel(context.Background())
@@ -130,16 +128,7 @@ func TestResultPublisherIgnoresTheAcksOfAGroupItGaveUpOn(t *testing.T) {
 // TestResultPublisherAfterClose: a closed publisher stores nothing and says so.
 func TestResultPublisherAfterClose(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
-	p, err := b.q.NewResultPublisher()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, codec, p := publisherBed(t)
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
