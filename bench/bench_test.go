@@ -91,3 +91,44 @@ func TestVerdicts(t *testing.T) {
 		t.Fatal("1.2 <= 1.25 judged a miss")
 	}
 }
+
+// TestParseCachegrind sums counts by the package of each function, the runtime's assembly
+// by its file.
+func TestParseCachegrind(t *testing.T) {
+	const out = `desc: I1 cache:
+cmd: bench
+events: Ir
+fl=/usr/local/go/src/net/http/transport.go
+fn=net/http.(*Transport).dial
+10 100
+11 5
+fn=github.com/nats-io/nats%2ego.(*Conn).parse
+3 7
+fl=/usr/local/go/src/runtime/asm_amd64.s
+fn=gogo
+1 40
+fl=/usr/local/go/src/internal/bytealg/indexbyte_amd64.s
+fn=indexbytebody
+2 9
+fl=/usr/local/go/src/runtime/proc.go
+fn=runtime.schedule
+5 1000
+summary: 1161
+`
+	got, err := parseCachegrind(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{"net/http": 105, "github.com/nats-io/nats.go": 7, "runtime": 1040, "indexbytebody": 9}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for pkg, n := range want {
+		if got[pkg] != n {
+			t.Errorf("%s: %d instructions, want %d (all: %v)", pkg, got[pkg], n, got)
+		}
+	}
+	if !isRuntime("runtime") || !isRuntime("internal/runtime/atomic") || isRuntime("runtime/pprof") {
+		t.Error("isRuntime: runtime and internal/runtime/... are the runtime's, runtime/pprof is not")
+	}
+}

@@ -35,7 +35,7 @@ const childArg = "-bench-child"
 // runChild is the helper process.
 func runChild(args []string) error {
 	fs := flag.NewFlagSet("bench-child", flag.ContinueOnError)
-	role := fs.String("role", "", "nats, sim or worker")
+	role := fs.String("role", "", "nats, sim, worker or cost")
 	natsURL := fs.String("nats", "", "NATS URL (worker)")
 	simURL := fs.String("sim", "", "simulator URL (worker)")
 	concurrency := fs.Int("concurrency", 400, "job slots (worker)")
@@ -44,6 +44,8 @@ func runChild(args []string) error {
 	latency := fs.Duration("latency", 0, "simulator BaseLatency (sim)")
 	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this PEM certificate (sim)")
 	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
+	side := fs.String("side", "", "client or worker (cost: a side of comparison 2, for -instructions)")
+	setupOnly := fs.Bool("setup-only", false, "set up as for the samples, then stop (cost)")
 	profile := fs.String("cpuprofile-prefix", "", "write a CPU profile to `prefix`.<role>.<pid>")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -128,6 +130,8 @@ func runChild(args []string) error {
 			return fmt.Errorf("worker run: %w", err)
 		}
 		return nil
+	case "cost":
+		return runCostSide(ctx, *side, *setupOnly)
 	default:
 		return fmt.Errorf("unknown role %q", *role)
 	}

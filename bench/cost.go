@@ -165,6 +165,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	// One tokenizer for every variant: loading one takes about half a CPU-second.
 	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+	plan := costPlan{warmup: s.CostWarmup, n: s.CostSamples}
 	// The variants, in the order they run in each round.
 	const (
 		vClient = iota
@@ -184,32 +185,32 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	}{
 		// The worker process comes right after the client alone: the two figures of one
 		// round are measured as close together as they can be, and make the aim's ratio.
-		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, tokens, s.CostWarmup, s.CostSamples) }},
+		{"client alone", "client", func(int) (perSample, error) { return clientCost(ctx, plain, tokens, plan) }},
 		{"worker, NATS server in a child process", "worker", func(k int) (perSample, error) {
 			natsBefore, _ := procCPU(nats.cmd.Process.Pid)
-			p, err := workerCost(ctx, nats.first, plain, tokens, fmt.Sprintf("cost-%d", k), s.CostWarmup, s.CostSamples)
+			p, err := workerCost(ctx, nats.first, plain, tokens, fmt.Sprintf("cost-%d", k), plan)
 			natsAfter, _ := procCPU(nats.cmd.Process.Pid)
-			np := (natsAfter - natsBefore) / time.Duration(s.CostWarmup+s.CostSamples)
+			np := (natsAfter - natsBefore) / time.Duration(plan.warmup+plan.n)
 			if k == 0 || np < natsPer {
 				natsPer = np
 			}
 			return p, err
 		}},
 		{"worker + embedded NATS server", "worker-embedded", func(k int) (perSample, error) {
-			return workerCost(ctx, "", plain, tokens, fmt.Sprintf("cost-embedded-%d", k), s.CostWarmup, s.CostSamples)
+			return workerCost(ctx, "", plain, tokens, fmt.Sprintf("cost-embedded-%d", k), plan)
 		}},
 		{"JetStream floor", "floor", func(k int) (perSample, error) {
-			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), s.CostWarmup, s.CostSamples)
+			return floorCost(ctx, nats.first, fmt.Sprintf("floor-%d", k), plan)
 		}},
-		{"client alone, HTTPS", "client-tls", func(int) (perSample, error) { return clientCost(ctx, secure, tokens, s.CostWarmup, s.CostSamples) }},
+		{"client alone, HTTPS", "client-tls", func(int) (perSample, error) { return clientCost(ctx, secure, tokens, plan) }},
 		{"worker, NATS server in a child process, HTTPS", "worker-tls", func(k int) (perSample, error) {
-			return workerCost(ctx, nats.first, secure, tokens, fmt.Sprintf("cost-tls-%d", k), s.CostWarmup, s.CostSamples)
+			return workerCost(ctx, nats.first, secure, tokens, fmt.Sprintf("cost-tls-%d", k), plan)
 		}},
 		{"client alone, samples with latency", "client-latency", func(int) (perSample, error) {
-			return clientCost(ctx, slow, tokens, s.CostWarmup, s.CostSamples)
+			return clientCost(ctx, slow, tokens, plan)
 		}},
 		{"worker, NATS server in a child process, samples with latency", "worker-latency", func(k int) (perSample, error) {
-			return workerCost(ctx, nats.first, slow, tokens, fmt.Sprintf("cost-latency-%d", k), s.CostWarmup, s.CostSamples)
+			return workerCost(ctx, nats.first, slow, tokens, fmt.Sprintf("cost-latency-%d", k), plan)
 		}},
 	}
 	// The cores are shared with other work, which moves a round's figures by tens of per cent.
@@ -328,8 +329,16 @@ func medianOf(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
+// costPlan is how many samples one variant of comparison 2 runs: warmup, then n measured.
+type costPlan struct {
+	warmup, n int
+	// setupOnly stops a variant once it is set up, as it would be for warmup+n samples (jobs
+	// published, tokenizer loaded), so that set-up can be subtracted (-instructions).
+	setupOnly bool
+}
+
 // clientCost samples warmup+n jobs' prompts with the client alone and measures the last n.
-func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, warmup, n int) (perSample, error) {
+func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, plan costPlan) (perSample, error) {
 	simPID := sim.pid
 	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: sim.url, APIKey: benchKey, RootCAs: sim.roots})
 	if err != nil {
@@ -344,6 +353,18 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 	if err != nil {
 		return perSample{}, fmt.Errorf("%s tokenizer: %w", benchModel, err)
 	}
+	warmup := max(plan.warmup, 1)
+	total := int64(warmup + plan.n)
+	// The jobs are made before, as the worker's are published before: making one is not the
+	// client's work (fmt.Sprintf, about 2,000 instructions a job).
+	prompts := make([]string, total)
+	for i := range prompts {
+		prompts[i] = benchJob(i).Prompt
+	}
+	maxTokens := benchMaxTokens
+	if plan.setupOnly {
+		return perSample{}, nil
+	}
 	var (
 		next, done  atomic.Int64
 		first       error
@@ -354,8 +375,6 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 		simBefore   time.Duration
 		callsBefore map[string]int64
 	)
-	warmup = max(warmup, 1)
-	total := int64(warmup + n)
 	for range costConcurrency {
 		wg.Go(func() {
 			for {
@@ -363,10 +382,9 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 				if i >= total || ctx.Err() != nil {
 					return
 				}
-				j := benchJob(int(i))
-				mt := *j.Params.MaxTokens
+				mt := maxTokens
 				res, err := sampler.Sample(ctx, tinker.SampleRequest{
-					Prompt: tinker.EncodedText(tok.Encode(j.Prompt)), NumSamples: 1,
+					Prompt: tinker.EncodedText(tok.Encode(prompts[i])), NumSamples: 1,
 					Params: tinker.SamplingParams{MaxTokens: &mt},
 				})
 				if err != nil {
@@ -403,7 +421,7 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 // workerCost runs warmup+n jobs through one worker and measures the stretch between warmup
 // and warmup+n results stored.
 // batch names the jobs: rounds on one server (the child process) each need their own.
-func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *tokenizer.Registry, batch string, warmup, n int) (perSample, error) {
+func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *tokenizer.Registry, batch string, plan costPlan) (perSample, error) {
 	simPID := sim.pid
 	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, SimURL: sim.url, SimRoots: sim.roots, Queue: queue.Config{MaxAckPending: 2000}, Tokens: tokens})
 	if err != nil {
@@ -426,8 +444,12 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 	if earlier < 0 {
 		return perSample{}, errors.New("results stream info")
 	}
-	warmup += int(earlier)
+	warmup, n := plan.warmup+int(earlier), plan.n
 	if err := publishJobs(ctx, q, batch, 0, warmup+n-int(earlier)); err != nil {
+		return perSample{}, err
+	}
+	if plan.setupOnly { // the worker loads the tokenizer for its first job
+		_, err := tokens.ForModel(ctx, benchModel)
 		return perSample{}, err
 	}
 	reg := prometheus.NewRegistry()
@@ -488,7 +510,8 @@ func counterSum(reg *prometheus.Registry, name string) float64 {
 // worker does: jobs fetched in batches of up to 64, each batch's typical results stored as one
 // group (queue.ResultPublisher) and its jobs acked after that. No decoding, no sampling, nothing
 // of the worker's own.
-func floorCost(ctx context.Context, natsURL, batch string, warmup, n int) (perSample, error) {
+func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSample, error) {
+	warmup, n := plan.warmup, plan.n
 	r, err := newRig(ctx, rigConfig{NatsURL: natsURL, Queue: queue.Config{MaxAckPending: 2000}})
 	if err != nil {
 		return perSample{}, err

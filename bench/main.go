@@ -142,6 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	only := fs.String("only", "", "comma-separated comparisons to run, e.g. 1,3 (default: all)")
 	verbose := fs.Bool("v", false, "progress lines on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to `file`, and of each helper process to file.<role>.<pid>")
+	instructions := fs.Bool("instructions", false, "instead of the comparisons, count comparison 2's instructions per sample with valgrind (a few minutes)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -170,6 +171,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer stop()
 	}
 
+	if *instructions {
+		fmt.Fprintf(stdout, "tinkerfleet bench, instruction counts: %s, %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		t, err := runInstructions(ctx, log)
+		t.print(stdout)
+		return err
+	}
 	started := time.Now()
 	fmt.Fprintf(stdout, "tinkerfleet bench, %s mode: %s, GOMAXPROCS %d, NumCPU %d, %s/%s\n",
 		s.Name, runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
