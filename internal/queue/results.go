@@ -19,8 +19,9 @@ import (
 // subscription of its own. It does what nats.go's PublishMsgAsync does for a group, without a
 // future, a map entry and a JSON decoding per message, nor the hand-off of every ack to a
 // goroutine of nats.go's: the acks go from the connection's read loop straight to the
-// channel the publisher waits on (bench comparison 2: that was about 5 % of a worker's CPU
-// per sample). A result counts as stored only on the stream's positive ack, as before.
+// channel the publisher waits on. In bench comparison 2 the JetStream floor fell from 10-15 to
+// 7-9 us per sample with it, and the worker's instructions outside the Go runtime by about
+// 8,000 a sample (of 173,000). A result counts as stored only on the stream's positive ack.
 //
 // One group at a time: Publish holds a lock while it waits. Close releases the subscription.
 type ResultPublisher struct {
