@@ -1,0 +1,78 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+)
+
+// gathered returns every series of reg as "name{label=value,...}" → counter value, or the
+// sample count of a histogram.
+func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			key := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
+			if h := m.GetHistogram(); h != nil {
+				out[key] = float64(h.GetSampleCount())
+			} else {
+				out[key] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// TestMetricsCountEachSeriesApart: the series the hot paths keep (by endpoint and status, by
+// job status and code) count what their labels say, each apart.
+func TestMetricsCountEachSeriesApart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	for _, e := range []tinker.Event{
+		{Kind: tinker.EventRequest, Endpoint: "asample", StatusCode: 200, Duration: 10 * time.Millisecond},
+		{Kind: tinker.EventRequest, Endpoint: "asample", StatusCode: 200, Duration: 20 * time.Millisecond},
+		{Kind: tinker.EventRequest, Endpoint: "asample", StatusCode: 429, Duration: time.Millisecond},
+		{Kind: tinker.EventRequest, Endpoint: "retrieve_future", StatusCode: 200, Duration: time.Millisecond},
+	} {
+		m.event(e)
+	}
+	ok := &jobs.Result{Status: jobs.StatusOK}
+	invalid := &jobs.Result{Status: jobs.StatusError, Error: &jobs.ResultError{Code: jobs.CodeInvalidJob}}
+	failed := &jobs.Result{Status: jobs.StatusError, Error: &jobs.ResultError{Code: jobs.CodeFailedFuture}}
+	for _, r := range []*jobs.Result{ok, ok, invalid, failed, failed} {
+		m.finished(r, time.Second)
+	}
+
+	got := gathered(t, reg)
+	for key, want := range map[string]float64{
+		"tinkerfleet_tinker_requests_total{endpoint=asample,status=200}":                   2,
+		"tinkerfleet_tinker_requests_total{endpoint=asample,status=429}":                   1,
+		"tinkerfleet_tinker_requests_total{endpoint=retrieve_future,status=200}":           1,
+		"tinkerfleet_tinker_request_duration_seconds{endpoint=asample}":                    3,
+		"tinkerfleet_tinker_request_duration_seconds{endpoint=retrieve_future}":            1,
+		"tinkerfleet_jobs_finished_total{code=,status=ok}":                                 2,
+		"tinkerfleet_jobs_finished_total{code=" + jobs.CodeInvalidJob + ",status=error}":   1,
+		"tinkerfleet_jobs_finished_total{code=" + jobs.CodeFailedFuture + ",status=error}": 2,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("all series: %v", got)
+	}
+}
