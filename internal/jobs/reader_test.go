@@ -432,3 +432,19 @@ func TestNextFileFindsDuplicatesAcrossInputs(t *testing.T) {
 		t.Fatalf("duplicate across files: %v", err)
 	}
 }
+
+// TestPromptLimitCountsCharactersNotBytes: a prompt (or messages' content) at the limit in
+// characters is accepted however many bytes its characters take.
+func TestPromptLimitCountsCharactersNotBytes(t *testing.T) {
+	limits := Limits{MaxPromptChars: 5}
+	for _, line := range []string{
+		`{"custom_id":"x","model":"m","prompt":"ééééé"}`,
+		`{"custom_id":"x","model":"m","messages":[{"role":"user","content":"éé"},{"role":"user","content":"ééé"}]}`,
+	} {
+		items, err := readString(t, line+"\n", limits)
+		mustEOF(t, err)
+		if len(items) != 1 || items[0].lerr != nil {
+			t.Errorf("%s: %+v, want it accepted (5 characters in 10 bytes, limit 5)", line, items)
+		}
+	}
+}

@@ -175,7 +175,8 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 	default:
 		return fieldErr(second, "exactly one of prompt, prompt_tokens and messages may be set")
 	}
-	if j.Prompt != "" {
+	// A string has no more characters than bytes: most are counted without a pass over them.
+	if len(j.Prompt) > l.MaxPromptChars {
 		if c := utf8.RuneCountInString(j.Prompt); c > l.MaxPromptChars {
 			return fieldErr(n.prompt, fmt.Sprintf("is %d characters, over the limit of %d", c, l.MaxPromptChars))
 		}
@@ -188,7 +189,7 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 			return fieldErr(n.promptTokens+"["+strconv.Itoa(i)+"]", "must be a token id (0 to 2147483647)")
 		}
 	}
-	chars := 0
+	size := 0
 	for i, m := range j.Messages {
 		switch m.Role {
 		case RoleSystem, RoleUser, RoleAssistant, RoleTool:
@@ -196,6 +197,13 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 			return fieldErr(n.messages+"["+strconv.Itoa(i)+"].role",
 				fmt.Sprintf("must be system, user, assistant or tool, not %q", m.Role))
 		}
+		size += len(m.Content)
+	}
+	if size <= l.MaxPromptChars {
+		return nil
+	}
+	chars := 0
+	for _, m := range j.Messages {
 		chars += utf8.RuneCountInString(m.Content)
 	}
 	if chars > l.MaxPromptChars {
