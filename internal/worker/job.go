@@ -47,8 +47,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	if meta, err := msg.Metadata(); err == nil {
 		delivered = meta.NumDelivered
 	}
-	// The job's logger is made only when something is logged: most jobs log nothing.
-	log := func() *slog.Logger { return w.log.With("batch", batch, "custom_id", customID, "delivery", delivered) }
+	log := func() *slog.Logger { return w.jobLog(batch, customID, delivered) }
 	if batch == "" {
 		log().Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
 		_ = msg.TermWithReason("not a job subject")
@@ -111,6 +110,12 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	return false
 }
 
+// jobLog is the logger of one delivery of a job. Callers make it only when something is
+// logged: most jobs log nothing.
+func (w *Worker) jobLog(batch, customID string, delivered uint64) *slog.Logger {
+	return w.log.With("batch", batch, "custom_id", customID, "delivery", delivered)
+}
+
 // finishedJob is what the worker needs of a job once the settler is through with it.
 type finishedJob struct {
 	reservation *dispatch.Reservation
@@ -126,9 +131,7 @@ type finishedJob struct {
 // for a next job. It runs on the settler's goroutine.
 func (w *Worker) settled(s *settlement) {
 	j := s.job
-	log := func() *slog.Logger {
-		return w.log.With("batch", j.batch, "custom_id", j.customID, "delivery", j.delivered)
-	}
+	log := func() *slog.Logger { return w.jobLog(j.batch, j.customID, j.delivered) }
 	if s.publishErr != nil {
 		log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 		_ = s.msg.NakWithDelay(time.Second)
