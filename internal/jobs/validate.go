@@ -199,15 +199,14 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 		}
 		size += len(m.Content)
 	}
-	if size <= l.MaxPromptChars {
-		return nil
-	}
-	chars := 0
-	for _, m := range j.Messages {
-		chars += utf8.RuneCountInString(m.Content)
-	}
-	if chars > l.MaxPromptChars {
-		return fieldErr(n.messages, fmt.Sprintf("hold %d characters of content, over the limit of %d", chars, l.MaxPromptChars))
+	if size > l.MaxPromptChars { // characters are counted only where bytes could be over
+		chars := 0
+		for _, m := range j.Messages {
+			chars += utf8.RuneCountInString(m.Content)
+		}
+		if chars > l.MaxPromptChars {
+			return fieldErr(n.messages, fmt.Sprintf("hold %d characters of content, over the limit of %d", chars, l.MaxPromptChars))
+		}
 	}
 	return nil
 }
