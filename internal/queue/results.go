@@ -142,10 +142,8 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 	}
 	if late != nil {
 		// Late acks must not answer the next group: listen on a new inbox. If that fails,
-		// the next Publish tries again.
-		if err := p.subscribe(); err != nil {
-			p.sub = nil
-		}
+		// p.sub is nil and the next Publish tries again.
+		_ = p.subscribe()
 	}
 }
 
