@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/url"
 	"os"
@@ -52,41 +53,24 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 		}
 		samples := float64(instructionPlan.warmup + instructionPlan.n)
 		per[side] = map[string]float64{}
-		for pkg, c := range counts[0] {
-			per[side][pkg] = (float64(c) - float64(counts[1][pkg])) / samples
+		for _, pkg := range keysOf(counts[0], counts[1]) { // a package may be in one run only
+			per[side][pkg] = (float64(counts[0][pkg]) - float64(counts[1][pkg])) / samples
 		}
 	}
 	client, worker := per["client"], per["worker"]
-	outside := func(m map[string]float64) (sum float64) {
+	// total is the instructions of the runtime's packages (runtime) or of all others.
+	total := func(m map[string]float64, runtime bool) (sum float64) {
 		for pkg, v := range m {
-			if !isRuntime(pkg) {
-				sum += v
-			}
-		}
-		return sum
-	}
-	inside := func(m map[string]float64) (sum float64) {
-		for pkg, v := range m {
-			if isRuntime(pkg) {
+			if isRuntime(pkg) == runtime {
 				sum += v
 			}
 		}
 		return sum
 	}
 	kilo := func(v float64) string { return fmt.Sprintf("%.1fk", v/1e3) }
-	t.add(row{Case: "instructions per sample outside the Go runtime", Measured: kilo(outside(worker)),
-		Baseline: kilo(outside(client)), Ratio: ratio(outside(worker), outside(client)), Verdict: verdictInfo})
-	var pkgs []string
-	for pkg := range worker {
-		if !isRuntime(pkg) {
-			pkgs = append(pkgs, pkg)
-		}
-	}
-	for pkg := range client {
-		if _, ok := worker[pkg]; !ok && !isRuntime(pkg) {
-			pkgs = append(pkgs, pkg)
-		}
-	}
+	t.add(row{Case: "instructions per sample outside the Go runtime", Measured: kilo(total(worker, false)),
+		Baseline: kilo(total(client, false)), Ratio: ratio(total(worker, false), total(client, false)), Verdict: verdictInfo})
+	pkgs := slices.DeleteFunc(keysOf(worker, client), isRuntime)
 	// The packages that make the difference, largest first.
 	slices.SortFunc(pkgs, func(a, b string) int {
 		return cmp.Compare(math.Abs(worker[b]-client[b]), math.Abs(worker[a]-client[a]))
@@ -95,8 +79,8 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 		t.add(row{Case: "  " + pkg, Measured: kilo(worker[pkg]), Baseline: kilo(client[pkg]),
 			Ratio: ratio(worker[pkg], client[pkg]), Verdict: verdictInfo})
 	}
-	t.add(row{Case: "Go runtime (not comparable under valgrind)", Measured: kilo(inside(worker)),
-		Baseline: kilo(inside(client)), Ratio: math.NaN(), Verdict: verdictInfo})
+	t.add(row{Case: "Go runtime (not comparable under valgrind)", Measured: kilo(total(worker, true)),
+		Baseline: kilo(total(client, true)), Ratio: math.NaN(), Verdict: verdictInfo})
 	t.note("measured: comparison 2's worker variant (NATS server in a child process); baseline: its client alone; %d warm-up + %d samples each", instructionPlan.warmup, instructionPlan.n)
 	t.note("per sample: (run with the samples - run set up only) / samples, by the package of each instruction's function (inlined code counts to its caller)")
 	t.note("valgrind --tool=cachegrind --cache-sim=no, GODEBUG=asyncpreemptoff=1; the simulator and the NATS server run natively in child processes")
@@ -188,6 +172,17 @@ func packageOf(fn string) string {
 // isRuntime reports whether pkg is the Go runtime's.
 func isRuntime(pkg string) bool {
 	return pkg == "runtime" || strings.HasPrefix(pkg, "internal/runtime/")
+}
+
+// keysOf returns the keys of a and b, each once.
+func keysOf[V any](a, b map[string]V) []string {
+	keys := slices.Collect(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // lastLines returns the last n lines of s.
