@@ -551,7 +551,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 		before  usage
 		settled int
 		jobMsgs = make([]jetstream.Msg, 0, fetchMax)
-		outs    = make([]*nats.Msg, fetchMax) // reused, as a worker's handlers reuse theirs
+		outs    = make([]*nats.Msg, fetchMax) // reused, as a worker reuses the result messages of its kept settlements
 		group   = make([]*nats.Msg, 0, fetchMax)
 		errs    = make([]error, fetchMax)
 	)
