@@ -132,3 +132,32 @@ summary: 1161
 		t.Error("isRuntime: runtime and internal/runtime/... are the runtime's, runtime/pprof is not")
 	}
 }
+
+// TestWaitForCountPollsSparsely checks that waiting for a count that grows steadily polls it a
+// few times, not once every few milliseconds, and still returns once the target is reached.
+func TestWaitForCountPollsSparsely(t *testing.T) {
+	start := time.Now()
+	polls := 0
+	count := func() int64 {
+		polls++
+		if polls == 2 {
+			return -1 // a failed poll is tried again
+		}
+		return int64(time.Since(start) / time.Millisecond)
+	}
+	const target = 1000 // a second
+	k, err := waitForCount(context.Background(), time.Minute, "the count", target, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k < target {
+		t.Fatalf("returned at %d, before the target %d", k, target)
+	}
+	// Halving the time left from 1 s down to 20 ms takes about six polls; every 50 ms would be 20.
+	if polls > 14 {
+		t.Errorf("polled %d times for a second's wait, want at most 14", polls)
+	}
+	if _, err := waitForCount(context.Background(), 30*time.Millisecond, "nothing", 1, func() int64 { return 0 }); err == nil {
+		t.Error("a count that never reaches its target: want a timeout error")
+	}
+}

@@ -469,7 +469,7 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 		simBefore, _ = procCPU(simPID)
 		callsBefore, _ = simRequests(ctx, sim)
 		before = snapshot()
-		err = waitForEvery(ctx, 10*time.Minute, 50*time.Millisecond, "the measured results", func() bool { return stored() >= int64(warmup+n) })
+		_, err = waitForCount(ctx, 10*time.Minute, "the measured results", int64(warmup+n), stored)
 	}
 	after := snapshot()
 	simAfter, _ := procCPU(simPID)
