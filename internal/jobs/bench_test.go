@@ -110,3 +110,44 @@ func BenchmarkValidJSON(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWorkerCodec measures what a worker does to each job's bytes besides sampling:
+// decoding the encoded job (syntax check and parse) and encoding its result with 16 sampled
+// tokens and their logprobs, as in bench comparison 2. One op is one job.
+func BenchmarkWorkerCodec(b *testing.B) {
+	mt := 16
+	jobs := make([][]byte, 64)
+	for i := range jobs {
+		j := Job{CustomID: fmt.Sprintf("job-%08d", i), Model: "Qwen/Qwen3-8B", NumSamples: 1,
+			Prompt: fmt.Sprintf("Question %d: explain in %d words why the sky is blue at noon and red at dusk.", i, 10+i%50),
+			Params: SamplingParams{MaxTokens: &mt}}
+		data, err := j.Encode()
+		if err != nil {
+			b.Fatal(err)
+		}
+		jobs[i] = data
+	}
+	b.Run("decode-job", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			if _, err := DecodeJob(jobs[i%len(jobs)]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	res := Result{CustomID: "job-00000042", BatchID: "batch-2026-11-23", Status: StatusOK, Model: "Qwen/Qwen3-8B",
+		Samples: []Sample{{Text: " The sky looks blue at noon because air scatters short wavelengths", StopReason: StopReasonLength}},
+		Usage:   &Usage{PromptTokens: 24, CompletionTokens: mt}, Attempts: 1, LatencyMS: 812}
+	for k := range mt {
+		res.Samples[0].Tokens = append(res.Samples[0].Tokens, 1000+k*7919%150000)
+		res.Samples[0].Logprobs = append(res.Samples[0].Logprobs, float64(float32(-0.01-float64(k)*0.37)))
+	}
+	b.Run("encode-result", func(b *testing.B) {
+		buf := make([]byte, 0, 1024)
+		for b.Loop() {
+			var err error
+			if buf, err = res.AppendJSON(buf[:0]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -165,13 +165,12 @@ func appendMetadata(b []byte, raw json.RawMessage) ([]byte, error) {
 func appendJSONString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0
-	for i := 0; i < len(s); {
+	for i := 0; ; {
+		if i = asciiPlainEnd(s, i); i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			b = append(b, s[start:i]...)
 			switch c {
 			case '"', '\\':

@@ -26,15 +26,19 @@ func skipWS(b []byte, i int) int {
 
 // stringEnd returns the index just past the string literal that starts at b[i] == '"'.
 func stringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
+	for j := i + 1; ; {
+		if j = plainEnd(b, j); j >= len(b) {
+			return len(b)
+		}
 		switch b[j] {
-		case '\\':
-			j++
 		case '"':
 			return j + 1
+		case '\\':
+			j += 2
+		default: // a control character: only in data that is not valid JSON
+			j++
 		}
 	}
-	return len(b)
 }
 
 // valueEnd returns the index just past the JSON value that starts at b[i].

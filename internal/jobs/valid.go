@@ -98,16 +98,15 @@ func memberValue(b []byte, i int) int {
 // jsonStringEnd returns the index just past the string literal that starts at b[i] == '"',
 // or -1 when it is not a valid one: unterminated, a control character, or a bad escape.
 func jsonStringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); {
-		c := b[j]
-		switch {
+	for j := i + 1; ; {
+		if j = plainEnd(b, j); j >= len(b) {
+			return -1
+		}
+		switch c := b[j]; {
 		case c == '"':
 			return j + 1
 		case c < 0x20:
 			return -1
-		case c != '\\':
-			j++
-			continue
 		}
 		if j+1 >= len(b) {
 			return -1
@@ -129,7 +128,6 @@ func jsonStringEnd(b []byte, i int) int {
 			return -1
 		}
 	}
-	return -1
 }
 
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
