@@ -43,10 +43,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	names := w.cfg.Queue.Names
 	batch := names.BatchFromJobSubject(msg.Subject())
 	customID := msg.Headers().Get(queue.HeaderCustomID)
-	delivered := uint64(1)
-	if meta, err := msg.Metadata(); err == nil {
-		delivered = meta.NumDelivered
-	}
+	delivered := queue.NumDelivered(msg)
 	log := func() *slog.Logger { return w.jobLog(batch, customID, delivered) }
 	if batch == "" {
 		log().Error("job on an unexpected subject: dropping it", "subject", msg.Subject())
