@@ -157,6 +157,19 @@ func TestWaitForCountPollsSparsely(t *testing.T) {
 	if polls > 14 {
 		t.Errorf("polled %d times for a second's wait, want at most 14", polls)
 	}
+	// A count that stands still for 300 ms first, as a worker's results while it starts.
+	start, polls = time.Now(), 0
+	stalled := func() int64 {
+		polls++
+		return max(0, int64(time.Since(start)/time.Millisecond)-300)
+	}
+	// Then it must not sleep past the target on the slow rate of the stall.
+	if k, err := waitForCount(context.Background(), time.Minute, "the count", 600, stalled); err != nil || k < 600 || k > 750 {
+		t.Fatalf("after a stall: returned %d, %v; want 600 to 750", k, err)
+	}
+	if polls > 16 {
+		t.Errorf("polled %d times for a 300 ms stall and 600 ms of progress, want at most 16", polls)
+	}
 	if _, err := waitForCount(context.Background(), 30*time.Millisecond, "nothing", 1, func() int64 { return 0 }); err == nil {
 		t.Error("a count that never reaches its target: want a timeout error")
 	}

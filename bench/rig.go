@@ -276,11 +276,7 @@ func settle(ctx context.Context, fs []jetstream.PubAckFuture) error {
 
 // waitFor polls cond every 10 ms until it holds, ctx ends or timeout passes.
 func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
-	return waitForEvery(ctx, timeout, 10*time.Millisecond, what, cond)
-}
-
-// waitForEvery polls cond every period until it holds, ctx ends or timeout passes.
-func waitForEvery(ctx context.Context, timeout, period time.Duration, what string, cond func() bool) error {
+	const period = 10 * time.Millisecond
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -296,18 +292,18 @@ func waitForEvery(ctx context.Context, timeout, period time.Duration, what strin
 }
 
 // waitForCount waits until count reaches target, ctx ends or timeout passes, and returns the
-// last count. It polls sparsely: from the rate so far it sleeps half the time the rest should
-// take (at least 20 ms), so a run of any length is polled a few dozen times, not every period.
-// The polls run in the measured process (comparison 2's stream info requests, their replies
-// decoded as JSON): they are not the worker's work, and under valgrind, which slows the worker
-// but not the clock, polling every 50 ms added about 6,000 instructions per sample.
-// A count below 0 is a failed poll and is tried again.
+// last count. It polls sparsely: from the rate since its last poll it sleeps half the time the
+// rest should take, but at most twice its last sleep (so that a rate that picks up after a slow
+// start is not overshot), at least 20 ms and at most a second. The polls run in the measured
+// process (comparison 2's stream info requests, their replies decoded as JSON): they are not
+// the worker's work, and under valgrind, which slows the worker but not the clock, polling
+// every 50 ms added about 6,000 instructions per sample. A count below 0 is a failed poll.
 func waitForCount(ctx context.Context, timeout time.Duration, what string, target int64, count func() int64) (int64, error) {
-	const least = 20 * time.Millisecond
-	start := time.Now()
-	deadline := start.Add(timeout)
-	first := count()
-	for k := first; ; k = count() {
+	const least, most = 20 * time.Millisecond, time.Second
+	deadline := time.Now().Add(timeout)
+	lastK, lastAt := count(), time.Now()
+	wait := least / 2
+	for k := lastK; ; k = count() {
 		if k >= target {
 			return k, nil
 		}
@@ -315,10 +311,14 @@ func waitForCount(ctx context.Context, timeout time.Duration, what string, targe
 		if now.After(deadline) {
 			return k, fmt.Errorf("timed out after %s waiting for %s (%d of %d)", timeout, what, k, target)
 		}
-		wait := least
-		if done := k - first; first >= 0 && done > 0 {
-			perItem := now.Sub(start) / time.Duration(done)
-			wait = max(least, perItem*time.Duration(target-k)/2)
+		if lastK >= 0 && k > lastK {
+			perItem := now.Sub(lastAt) / time.Duration(k-lastK)
+			wait = min(most, 2*wait, max(least, perItem*time.Duration(target-k)/2))
+		} else {
+			wait = min(most, 2*wait) // no progress (or no reading) since the last poll
+		}
+		if k >= 0 {
+			lastK, lastAt = k, now
 		}
 		if err := sleepCtx(ctx, min(wait, time.Until(deadline))); err != nil {
 			return k, err
