@@ -5,6 +5,9 @@ import (
 	"context"
 	"io"
 	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -172,5 +175,31 @@ func TestWaitForCountPollsSparsely(t *testing.T) {
 	}
 	if _, err := waitForCount(context.Background(), 30*time.Millisecond, "nothing", 1, func() int64 { return 0 }); err == nil {
 		t.Error("a count that never reaches its target: want a timeout error")
+	}
+}
+
+// TestHasSymbols checks the test of -instructions for an executable that cachegrind can name
+// functions in: a program built as go build does has its symbol table; one linked as go run
+// and go test link theirs (-s -w) has not.
+func TestHasSymbols(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{"go.mod": "module hello\n", "main.go": "package main\n\nfunc main() {}\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		ldflags string
+		want    bool
+	}{{"", true}, {"-s -w", false}} {
+		exe := filepath.Join(dir, "hello"+strings.ReplaceAll(c.ldflags, " ", ""))
+		cmd := exec.Command("go", "build", "-ldflags="+c.ldflags, "-o", exe, ".")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		if got := hasSymbols(exe); got != c.want {
+			t.Errorf("linked with %q: hasSymbols = %v, want %v", c.ldflags, got, c.want)
+		}
 	}
 }

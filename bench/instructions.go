@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,12 +43,16 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 		return t, fmt.Errorf("temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	exe, err := symbolled(ctx, dir, log)
+	if err != nil {
+		return t, err
+	}
 	per := map[string]map[string]float64{} // side → package → instructions per sample
 	for _, side := range []string{"client", "worker"} {
 		var counts [2]map[string]uint64
 		for i, setupOnly := range []bool{false, true} {
 			fmt.Fprintf(log, "bench:   %s under cachegrind (set-up only: %v)\n", side, setupOnly)
-			counts[i], err = cachegrind(ctx, dir, side, setupOnly)
+			counts[i], err = cachegrind(ctx, exe, dir, side, setupOnly)
 			if err != nil {
 				return t, fmt.Errorf("%s: %w", side, err)
 			}
@@ -89,11 +95,7 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 
 // cachegrind runs one side of comparison 2 under valgrind and returns its instruction counts
 // by package.
-func cachegrind(ctx context.Context, dir, side string, setupOnly bool) (map[string]uint64, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("own executable: %w", err)
-	}
+func cachegrind(ctx context.Context, exe, dir, side string, setupOnly bool) (map[string]uint64, error) {
 	out := filepath.Join(dir, fmt.Sprintf("cachegrind.%s.%v", side, setupOnly))
 	args := []string{"--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=" + out,
 		exe, childArg, "-role", "cost", "-side", side, "-setup-only=" + strconv.FormatBool(setupOnly)}
@@ -115,6 +117,39 @@ func cachegrind(ctx context.Context, dir, side string, setupOnly bool) (map[stri
 	}
 	defer f.Close()
 	return parseCachegrind(f)
+}
+
+// symbolled returns an executable of this program that has its symbol table, which cachegrind
+// needs to name the functions: this one, or, when it has none (go run links with -s -w), one
+// that go build makes in dir.
+func symbolled(ctx context.Context, dir string, log io.Writer) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("own executable: %w", err)
+	}
+	if hasSymbols(exe) {
+		return exe, nil
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", errors.New("-instructions needs a bench built with its symbols: go build -o bench.bin ./bench && ./bench.bin -instructions")
+	}
+	fmt.Fprintf(log, "bench:   this executable has no symbols (go run strips them): go build %s\n", bi.Path)
+	out := filepath.Join(dir, "bench")
+	if b, err := exec.CommandContext(ctx, "go", "build", "-o", out, bi.Path).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the bench with its symbols (or: go build -o bench.bin ./bench && ./bench.bin -instructions): %w\n%s", err, b)
+	}
+	return out, nil
+}
+
+// hasSymbols reports whether the ELF executable at path has a symbol table.
+func hasSymbols(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return f.Section(".symtab") != nil
 }
 
 // parseCachegrind sums a cachegrind output's instruction counts ("line count" lines under
