@@ -15,17 +15,7 @@ func TestNumDeliveredCountsRedeliveries(t *testing.T) {
 	b := setup(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f, err := b.q.PublishJobAsync("b1", "job-1", []byte(`{"custom_id":"job-1"}`), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-f.Ok():
-	case err := <-f.Err():
-		t.Fatal(err)
-	case <-ctx.Done():
-		t.Fatal("no publish ack")
-	}
+	publishJob(t, b.q, "b1", "job-1")
 	cons, err := b.q.Consumer(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -47,6 +47,22 @@ func setup(t *testing.T, cfg Config) *testBundle {
 	return &testBundle{emb: emb, nc: nc, q: q}
 }
 
+// publishJob publishes a job with customID to batch and waits for the stream's ack.
+func publishJob(t *testing.T, q *Queue, batch, customID string) {
+	t.Helper()
+	f, err := q.PublishJobAsync(batch, customID, []byte(`{"custom_id":"`+customID+`"}`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.Ok():
+	case err := <-f.Err():
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack")
+	}
+}
+
 func TestSetupIsIdempotentAndNamesFollowPrefix(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{Prefix: "fleet-a"})
@@ -77,17 +93,7 @@ func TestPublishJobTwiceStoresItOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	for range 2 {
-		f, err := b.q.PublishJobAsync("b1", "job-1", []byte(`{"custom_id":"job-1"}`), false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("no ack")
-		}
+		publishJob(t, b.q, "b1", "job-1")
 	}
 	info, err := b.q.Jobs.Info(context.Background())
 	if err != nil {
