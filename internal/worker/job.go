@@ -140,9 +140,14 @@ func (w *Worker) settled(s *settlement) {
 			w.metrics.finished(j.result, time.Since(j.start))
 		}
 	}
-	j.reservation.Release()
-	<-w.slots
+	w.free(j.reservation)
 	w.keep(s)
+}
+
+// free gives back a job's dispatch reservation and its job slot.
+func (w *Worker) free(r *dispatch.Reservation) {
+	r.Release()
+	<-w.slots
 }
 
 // freeSettlement returns a kept settlement, or a new one.

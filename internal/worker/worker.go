@@ -145,8 +145,7 @@ func (w *Worker) handleAll(ctx context.Context, first delivery, deliveries <-cha
 	d, ok := first, true
 	for ok {
 		if !w.handle(ctx, d) {
-			d.r.Release()
-			<-w.slots
+			w.free(d.r)
 		}
 		d, ok = <-deliveries
 	}
@@ -169,8 +168,7 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(d
 	var held []*dispatch.Reservation
 	defer func() {
 		for _, r := range held {
-			r.Release()
-			<-w.slots
+			w.free(r)
 		}
 	}()
 	var lastWarn time.Time
