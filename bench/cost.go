@@ -462,10 +462,9 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 	var before usage
 	var simBefore time.Duration
 	var callsBefore map[string]int64
-	var k0 int64
 	// Polled sparsely: the stream info requests are this process's CPU too (and, for
 	// -instructions, its count, which takes in the warm-up).
-	k0, err = waitForCount(ctx, 5*time.Minute, "the warm-up results", int64(warmup), stored)
+	k0, err := waitForCount(ctx, 5*time.Minute, "the warm-up results", int64(warmup), stored)
 	if err == nil {
 		simBefore, _ = procCPU(simPID)
 		callsBefore, _ = simRequests(ctx, sim)

@@ -52,7 +52,8 @@ func plainEnd(b []byte, j int) int {
 // that is not ASCII: '"', '\\', a control character or a byte >= 0x80; len(s) if none.
 func asciiPlainEnd(s string, i int) int {
 	for ; i+8 <= len(s); i += 8 {
-		if m := specialInString(load64(s, i)) | load64(s, i)&high; m != 0 {
+		x := load64(s, i)
+		if m := specialInString(x) | x&high; m != 0 {
 			return i + firstMarked(m)
 		}
 	}
