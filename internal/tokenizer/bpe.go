@@ -12,7 +12,7 @@ const noMerge = ^uint32(0)
 // bpe is a byte-level BPE model working on raw bytes: vocab keys and pieces
 // are the original bytes, not GPT-2's printable stand-ins.
 type bpe struct {
-	vocab        map[string]int32  // raw bytes -> id
+	vocab        *vocab            // raw bytes -> id
 	byteID       [256]int32        // id of each single byte
 	merges       map[uint64]uint64 // (left id<<32 | right id) -> (rank<<32 | merged id)
 	ignoreMerges bool              // a piece that is itself in the vocab is one token
@@ -36,7 +36,7 @@ func (m *bpe) appendPiece(dst []int, piece string) []int {
 		return append(dst, int(m.byteID[piece[0]]))
 	}
 	if m.ignoreMerges {
-		if id, ok := m.vocab[piece]; ok {
+		if id, ok := m.vocab.id(piece); ok {
 			return append(dst, int(id))
 		}
 	}

@@ -24,7 +24,7 @@ type Tokenizer struct {
 	normAdded      *addedMatcher // added tokens with normalized=true
 	model          *bpe
 	added          map[string]*addedToken // content -> token
-	idBytes        []string               // id -> decoded bytes ("" for holes)
+	idBytes        tokenBytes             // id -> decoded bytes (none for holes)
 	special        []bool                 // id -> is a special added token
 }
 
@@ -136,10 +136,13 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if f.Decoder == nil || !hasByteLevel(f.Decoder) {
 		return nil, errors.New("parse tokenizer.json: decoder is not ByteLevel; only byte-level BPE is supported")
 	}
-	if err := t.setModel(f.Model); err != nil {
+	decoded, err := t.setModel(f.Model)
+	if err != nil {
 		return nil, err
 	}
-	t.setAdded(f.AddedTokens)
+	if err := t.setAdded(f.AddedTokens, decoded); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -239,39 +242,44 @@ func splitterFor(pattern string) (splitter, error) {
 	return newRegexSplitter(pattern)
 }
 
-func (t *Tokenizer) setModel(m *bpeModel) error {
+// maxTokenID bounds the ids a tokenizer.json may give, since tables are as long as the
+// largest: far above any real vocabulary (Qwen3's is 151,669, Llama 3's 128,256).
+const maxTokenID = 1 << 24
+
+// setModel builds the BPE model and returns each model token's bytes by id.
+func (t *Tokenizer) setModel(m *bpeModel) ([]string, error) {
 	if m == nil {
-		return errors.New("parse tokenizer.json: no model")
+		return nil, errors.New("parse tokenizer.json: no model")
 	}
 	if m.Type != "BPE" {
-		return fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
+		return nil, fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
 	}
 	if m.ByteFallback || m.Dropout != nil ||
 		(m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
 		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
-		return errors.New("parse tokenizer.json: BPE options byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix are not supported")
+		return nil, errors.New("parse tokenizer.json: BPE options byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix are not supported")
 	}
-	b := &bpe{
-		vocab:        make(map[string]int32, len(m.Vocab)),
-		ignoreMerges: m.IgnoreMerges,
-		cache:        newPieceCache(16),
-	}
+	b := &bpe{ignoreMerges: m.IgnoreMerges, cache: newPieceCache(16)}
+	vocab := make(map[string]int32, len(m.Vocab)) // raw bytes -> id
 	maxID := int32(-1)
 	for tok, id := range m.Vocab {
+		if id < 0 || id > maxTokenID {
+			return nil, fmt.Errorf("parse tokenizer.json: vocab token %q has id %d, outside 0..%d", tok, id, maxTokenID)
+		}
 		raw, _ := byteLevelDecode(tok)
-		b.vocab[raw] = id
+		vocab[raw] = id
 		maxID = max(maxID, id)
 	}
 	for c := 0; c < 256; c++ {
-		id, ok := b.vocab[string([]byte{byte(c)})]
+		id, ok := vocab[string([]byte{byte(c)})]
 		if !ok {
-			return fmt.Errorf("parse tokenizer.json: vocab has no token for byte 0x%02x", c)
+			return nil, fmt.Errorf("parse tokenizer.json: vocab has no token for byte 0x%02x", c)
 		}
 		b.byteID[c] = id
 	}
 	pairs, err := parseMerges(m.Merges)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.merges = make(map[uint64]uint64, len(pairs))
 	var joined []byte
@@ -282,19 +290,20 @@ func (t *Tokenizer) setModel(m *bpeModel) error {
 		merged, okM := m.Vocab[string(joined)] // no allocation for the key
 
 		if !okA || !okC || !okM {
-			return fmt.Errorf("parse tokenizer.json: merge %d (%q %q) uses a token missing from the vocab", rank, p[0], p[1])
+			return nil, fmt.Errorf("parse tokenizer.json: merge %d (%q %q) uses a token missing from the vocab", rank, p[0], p[1])
 		}
 		k := pairKey(a, c)
 		if _, dup := b.merges[k]; !dup {
 			b.merges[k] = uint64(rank)<<32 | uint64(uint32(merged))
 		}
 	}
+	b.vocab = newVocab(vocab)
 	t.model = b
-	t.idBytes = make([]string, maxID+1)
-	for raw, id := range b.vocab {
-		t.idBytes[id] = raw
+	decoded := make([]string, maxID+1)
+	for raw, id := range vocab {
+		decoded[id] = raw
 	}
-	return nil
+	return decoded, nil
 }
 
 // parseMerges accepts both merge formats: "a b" strings (older files) and ["a","b"] pairs
@@ -332,18 +341,20 @@ func firstElement(raw []byte) byte {
 	return rest[0]
 }
 
-func (t *Tokenizer) setAdded(toks []*addedToken) {
+// setAdded sets the added tokens and the bytes of every id: decoded (the model's tokens by
+// id) with the added tokens' over them.
+func (t *Tokenizer) setAdded(toks []*addedToken, decoded []string) error {
 	t.added = make(map[string]*addedToken, len(toks))
 	var raw, normed []*addedToken
 	for _, a := range toks {
-		t.added[a.Content] = a
-		if a.ID >= len(t.idBytes) {
-			grown := make([]string, a.ID+1)
-			copy(grown, t.idBytes)
-			t.idBytes = grown
+		if a.ID < 0 || a.ID > maxTokenID {
+			return fmt.Errorf("parse tokenizer.json: added token %q has id %d, outside 0..%d", a.Content, a.ID, maxTokenID)
 		}
-		dec, _ := byteLevelDecode(a.Content)
-		t.idBytes[a.ID] = dec
+		t.added[a.Content] = a
+		if a.ID >= len(decoded) {
+			decoded = append(decoded, make([]string, a.ID+1-len(decoded))...)
+		}
+		decoded[a.ID], _ = byteLevelDecode(a.Content)
 		if a.Normalized && len(t.forms) > 0 {
 			c := *a
 			c.Content = t.normalize(a.Content)
@@ -352,12 +363,14 @@ func (t *Tokenizer) setAdded(toks []*addedToken) {
 			raw = append(raw, a)
 		}
 	}
-	t.special = make([]bool, len(t.idBytes))
+	t.idBytes = newTokenBytes(decoded)
+	t.special = make([]bool, len(decoded))
 	for _, a := range toks {
 		t.special[a.ID] = a.Special
 	}
 	t.rawAdded = newAddedMatcher(raw)
 	t.normAdded = newAddedMatcher(normed)
+	return nil
 }
 
 func (t *Tokenizer) normalize(s string) string {
@@ -429,15 +442,11 @@ func (t *Tokenizer) appendText(out []int, s string) []int {
 func (t *Tokenizer) Decode(ids []int) string {
 	n := 0
 	for _, id := range ids {
-		if id >= 0 && id < len(t.idBytes) {
-			n += len(t.idBytes[id])
-		}
+		n += len(t.idBytes.get(id))
 	}
 	buf := make([]byte, 0, n)
 	for _, id := range ids {
-		if id >= 0 && id < len(t.idBytes) {
-			buf = append(buf, t.idBytes[id]...)
-		}
+		buf = append(buf, t.idBytes.get(id)...)
 	}
 	for _, c := range buf {
 		if c >= 0x80 {
@@ -453,7 +462,7 @@ func (t *Tokenizer) TokenID(s string) (int, bool) {
 	if a, ok := t.added[s]; ok {
 		return a.ID, true
 	}
-	id, ok := t.model.vocab[s]
+	id, ok := t.model.vocab.id(s)
 	return int(id), ok
 }
 
@@ -463,4 +472,4 @@ func (t *Tokenizer) IsSpecial(id int) bool {
 }
 
 // VocabSize returns one more than the largest id, added tokens included.
-func (t *Tokenizer) VocabSize() int { return len(t.idBytes) }
+func (t *Tokenizer) VocabSize() int { return t.idBytes.len() }

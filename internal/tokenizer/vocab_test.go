@@ -1,0 +1,198 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// qwen3JSON is the built-in Qwen3 tokenizer.json.
+func qwen3JSON(t *testing.T) []byte {
+	t.Helper()
+	data, err := unzstd(qwen3Zst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// qwen3Vocab is the committed Qwen3 tokenizer.json's model vocabulary, raw bytes → id.
+func qwen3Vocab(t *testing.T) map[string]int32 {
+	t.Helper()
+	raw := qwen3JSON(t)
+	var f struct {
+		Model struct {
+			Vocab map[string]int32 `json:"vocab"`
+		} `json:"model"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	vocab := make(map[string]int32, len(f.Model.Vocab))
+	for tok, id := range f.Model.Vocab {
+		b, _ := byteLevelDecode(tok)
+		vocab[b] = id
+	}
+	return vocab
+}
+
+func TestVocabFindsEveryTokenAndNothingElse(t *testing.T) {
+	want := qwen3Vocab(t)
+	v := newVocab(want)
+	for s, id := range want {
+		if got, ok := v.id(s); !ok || got != id {
+			t.Fatalf("id(%q) = %d, %v; want %d", s, got, ok, id)
+		}
+		// Strings one byte longer or shorter than a token, tokens themselves or not.
+		for _, other := range []string{s + "\x00", s + "e", s[:len(s)-1], "\xff" + s} {
+			wantID, in := want[other]
+			if got, ok := v.id(other); ok != in || (in && got != wantID) {
+				t.Fatalf("id(%q) = %d, %v; want %d, %v", other, got, ok, wantID, in)
+			}
+		}
+	}
+	for _, s := range []string{"", strings.Repeat("a", 1000), "\xff\xfe\xfd"} {
+		if id, ok := v.id(s); ok {
+			t.Errorf("id(%q) = %d, found; it is not a token", s, id)
+		}
+	}
+}
+
+// A table with more tokens than slots' worth of distinct hashes' low bits: probing must
+// pass over other tokens' slots, and stop at an empty one for a miss.
+func TestVocabProbesPastCollisions(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 3, 5, 100, 4095, 4096} {
+		want := map[string]int32{}
+		for i := range n {
+			want[fmt.Sprintf("t%d", i)] = int32(n - i)
+		}
+		v := newVocab(want)
+		if used := len(v.slots) - countZero(v.slots); used != n || used*3 > len(v.slots)*2 {
+			t.Errorf("n=%d: %d of %d slots used, want n and at most 2/3", n, used, len(v.slots))
+		}
+		for s, id := range want {
+			if got, ok := v.id(s); !ok || got != id {
+				t.Fatalf("n=%d: id(%q) = %d, %v; want %d", n, s, got, ok, id)
+			}
+		}
+		for i := n; i < n+100; i++ {
+			s := fmt.Sprintf("t%d", i)
+			if id, ok := v.id(s); ok {
+				t.Fatalf("n=%d: id(%q) = %d, found; not a token", n, s, id)
+			}
+		}
+	}
+}
+
+// Equal hash bits and length are not equal bytes: a slot forged to give "cd"'s hash bits to
+// "ab"'s entry (as a 32-bit collision would) is not a hit for "cd".
+func TestVocabComparesBytesAfterHashBits(t *testing.T) {
+	v := newVocab(map[string]int32{"ab": 7})
+	h := maphash.String(v.seed, "cd")
+	clear(v.slots)
+	v.slots[h&uint64(len(v.slots)-1)] = h>>32<<32 | 1 // "ab"'s entry is at offset 0
+	if id, ok := v.id("cd"); ok {
+		t.Errorf(`id("cd") = %d, found "ab"'s entry`, id)
+	}
+}
+
+func countZero(xs []uint64) (n int) {
+	for _, x := range xs {
+		if x == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func TestTokenBytes(t *testing.T) {
+	tb := newTokenBytes([]string{"ab", "", "c", "", "def"})
+	if tb.len() != 5 {
+		t.Errorf("len = %d, want 5", tb.len())
+	}
+	for id, want := range map[int]string{-1: "", 0: "ab", 1: "", 2: "c", 3: "", 4: "def", 5: "", 1 << 40: ""} {
+		if got := tb.get(id); !bytes.Equal(got, []byte(want)) {
+			t.Errorf("get(%d) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// The point of the two tables: a parsed tokenizer is a few hundred objects for the garbage
+// collector to mark, not one or more per token (Qwen3 has 151,669 tokens).
+func TestParsedTokenizerIsFewObjects(t *testing.T) {
+	raw := qwen3JSON(t)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tok, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	objects := int64(after.HeapObjects) - int64(before.HeapObjects)
+	runtime.KeepAlive(tok)
+	if objects > 5_000 {
+		t.Errorf("the parsed tokenizer holds %d heap objects; want a few hundred, not one per token of %d", objects, tok.VocabSize())
+	}
+	t.Logf("%d heap objects for %d tokens", objects, tok.VocabSize())
+}
+
+func TestParseRejectsIDsOutOfRange(t *testing.T) {
+	for _, tc := range []struct{ name, from, to string }{
+		{"vocab negative", `"he":256`, `"he":-1`},
+		{"vocab huge", `"he":256`, `"he":99999999`},
+		{"added negative", `"id":300`, `"id":-300`},
+		{"added huge", `"id":300`, `"id":99999999`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := strings.Replace(string(miniTokenizerJSON(t)), tc.from, tc.to, 1)
+			if data == string(miniTokenizerJSON(t)) {
+				t.Fatalf("%s not in the mini tokenizer.json", tc.from)
+			}
+			_, err := Parse([]byte(data))
+			if err == nil || !strings.Contains(err.Error(), "outside 0..16777216") {
+				t.Errorf("Parse = %v, want an id out of range error", err)
+			}
+		})
+	}
+}
+
+// ignore_merges (Llama 3) looks a whole piece up in the vocab before merging.
+func TestIgnoreMergesTakesAWholePieceFromTheVocab(t *testing.T) {
+	for _, ignore := range []bool{false, true} {
+		var doc map[string]any
+		if err := json.Unmarshal(miniTokenizerJSON(t), &doc); err != nil {
+			t.Fatal(err)
+		}
+		model := doc["model"].(map[string]any)
+		model["vocab"].(map[string]any)["hello"] = 260 // no merge makes it
+		model["ignore_merges"] = ignore
+		data, err := json.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []int{258, 'o'}
+		if ignore {
+			want = []int{260}
+		}
+		if got := tok.Encode("hello"); !slices.Equal(got, want) {
+			t.Errorf("ignore_merges=%v: Encode(hello) = %v, want %v", ignore, got, want)
+		}
+		if id, ok := tok.TokenID("hello"); !ok || id != 260 {
+			t.Errorf("TokenID(hello) = %d, %v", id, ok)
+		}
+		if got := tok.Decode([]int{260, 300}); got != "hello<|end|>" {
+			t.Errorf("Decode = %q", got)
+		}
+	}
+}
