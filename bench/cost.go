@@ -362,6 +362,7 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 		prompts[i] = benchJob(i).Prompt
 	}
 	maxTokens := benchMaxTokens
+	runtime.GC() // set-up's garbage is not the samples' (and -instructions' two runs match)
 	if plan.setupOnly {
 		return perSample{}, nil
 	}
@@ -448,9 +449,14 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 	if err := publishJobs(ctx, q, batch, 0, warmup+n-int(earlier)); err != nil {
 		return perSample{}, err
 	}
-	if plan.setupOnly { // the worker loads the tokenizer for its first job
-		_, err := tokens.ForModel(ctx, benchModel)
-		return perSample{}, err
+	// Loaded here rather than for the worker's first job, so that set-up's garbage (the
+	// parse's above all) is collected before the samples, and -instructions' two runs match.
+	if _, err := tokens.ForModel(ctx, benchModel); err != nil {
+		return perSample{}, fmt.Errorf("%s tokenizer: %w", benchModel, err)
+	}
+	runtime.GC()
+	if plan.setupOnly {
+		return perSample{}, nil
 	}
 	reg := prometheus.NewRegistry()
 	r.registry = reg
