@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"hash/maphash"
-	"strings"
 	"sync/atomic"
 )
 
@@ -205,6 +204,10 @@ func (h *mergeHeap) pop() mergeCand {
 // maxCachedPiece is the longest piece kept in the cache.
 const maxCachedPiece = 48
 
+// maxCachedIDs is the most ids a piece kept in the cache may have: most pieces are one to
+// four tokens, and a piece of many short tokens is rarely seen twice.
+const maxCachedIDs = 12
+
 // pieceCache is a direct-mapped cache from piece to ids. Slots are atomic
 // pointers to immutable entries, so concurrent readers and writers need no
 // lock; a collision simply replaces the older entry.
@@ -214,9 +217,12 @@ type pieceCache struct {
 	mask  uint64
 }
 
+// cacheEntry is one piece and its ids, without pointers: a full cache is 65,536 objects
+// the garbage collector marks but never scans, not three times as many to follow.
 type cacheEntry struct {
-	key string
-	ids []int32
+	keyLen, n uint8
+	key       [maxCachedPiece]byte
+	ids       [maxCachedIDs]int32
 }
 
 func newPieceCache(bits uint) *pieceCache {
@@ -232,16 +238,18 @@ func (c *pieceCache) get(piece string) ([]int32, bool) {
 		return nil, false
 	}
 	e := c.slots[maphash.String(c.seed, piece)&c.mask].Load()
-	if e == nil || e.key != piece {
+	if e == nil || string(e.key[:e.keyLen]) != piece {
 		return nil, false
 	}
-	return e.ids, true
+	return e.ids[:e.n], true
 }
 
 func (c *pieceCache) put(piece string, ids []int32) {
-	if len(piece) > maxCachedPiece {
+	if len(piece) > maxCachedPiece || len(ids) > maxCachedIDs {
 		return
 	}
-	e := &cacheEntry{key: strings.Clone(piece), ids: append([]int32(nil), ids...)}
+	e := &cacheEntry{keyLen: uint8(len(piece)), n: uint8(len(ids))}
+	copy(e.key[:], piece)
+	copy(e.ids[:], ids)
 	c.slots[maphash.String(c.seed, piece)&c.mask].Store(e)
 }

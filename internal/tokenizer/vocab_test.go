@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -195,4 +196,80 @@ func TestIgnoreMergesTakesAWholePieceFromTheVocab(t *testing.T) {
 			t.Errorf("Decode = %q", got)
 		}
 	}
+}
+
+func TestPieceCacheKeepsWhatFitsAndReplacesOnCollision(t *testing.T) {
+	c := newPieceCache(4)
+	ids := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(1000 + i)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		piece string
+		ids   []int32
+		kept  bool
+	}{
+		{"a", ids(1), true},
+		{strings.Repeat("x", maxCachedPiece), ids(maxCachedIDs), true},
+		{strings.Repeat("y", maxCachedPiece+1), ids(1), false},
+		{"many", ids(maxCachedIDs + 1), false},
+	} {
+		c.put(tc.piece, tc.ids)
+		got, ok := c.get(tc.piece)
+		if ok != tc.kept || (ok && !slices.Equal(got, tc.ids)) {
+			t.Errorf("get(%.10q…) after put of %d ids = %v, %v; want kept=%v", tc.piece, len(tc.ids), got, ok, tc.kept)
+		}
+	}
+	// Two pieces in one slot: the later replaces the earlier, which is then a miss.
+	first, second := "p0", ""
+	for i := 1; second == ""; i++ {
+		if s := fmt.Sprintf("p%d", i); maphash.String(c.seed, s)&c.mask == maphash.String(c.seed, first)&c.mask {
+			second = s
+		}
+	}
+	c.put(first, ids(2))
+	c.put(second, ids(3))
+	if got, ok := c.get(first); ok {
+		t.Errorf("get(%q) = %v after %q took its slot", first, got, second)
+	}
+	if got, ok := c.get(second); !ok || !slices.Equal(got, ids(3)) {
+		t.Errorf("get(%q) = %v, %v", second, got, ok)
+	}
+}
+
+// A warm cache gives the ids a cold one computes, and costs the collector one object a
+// piece.
+func TestWarmPieceCacheIsOneObjectAPiece(t *testing.T) {
+	tok, err := Parse(qwen3JSON(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus := buildCorpus(t, 200_000)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	cold := tok.Encode(corpus)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	cached := len(tok.model.cache.slots) - countNil(tok.model.cache.slots)
+	if objects := int64(after.HeapObjects) - int64(before.HeapObjects); objects > int64(cached)+1_000 {
+		t.Errorf("%d pieces cached hold %d heap objects; want one each", cached, objects)
+	}
+	if warm := tok.Encode(corpus); !slices.Equal(warm, cold) {
+		t.Errorf("warm cache: %d ids, cold: %d; they differ", len(warm), len(cold))
+	}
+	runtime.KeepAlive(cold)
+	t.Logf("%d pieces cached", cached)
+}
+
+func countNil(slots []atomic.Pointer[cacheEntry]) (n int) {
+	for i := range slots {
+		if slots[i].Load() == nil {
+			n++
+		}
+	}
+	return n
 }
