@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +202,29 @@ func TestHasSymbols(t *testing.T) {
 		if got := hasSymbols(exe); got != c.want {
 			t.Errorf("linked with %q: hasSymbols = %v, want %v", c.ldflags, got, c.want)
 		}
+	}
+}
+
+// TestMedianOf checks the statistic of comparison 2's paired rounds and of comparison 3's
+// baseline windows.
+func TestMedianOf(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		want float64
+	}{
+		{[]float64{55, 13, 49}, 49},
+		{[]float64{7}, 7},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		in := slices.Clone(tc.xs)
+		if got := medianOf(tc.xs); got != tc.want {
+			t.Errorf("medianOf(%v) = %v, want %v", in, got, tc.want)
+		}
+		if !slices.Equal(tc.xs, in) {
+			t.Errorf("medianOf reordered its argument: %v", tc.xs)
+		}
+	}
+	if got := medianOf(nil); !math.IsNaN(got) {
+		t.Errorf("medianOf(nil) = %v, want NaN", got)
 	}
 }
