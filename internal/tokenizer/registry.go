@@ -285,8 +285,8 @@ func (r *Registry) download(ctx context.Context, id string) (string, error) {
 	return snap, nil
 }
 
-// maxDownload bounds one file from the hub (tokenizer.json is ~10 MB).
-const maxDownload = 256 << 20
+// maxDownload bounds one file from the hub: the largest tokenizer.json Parse takes.
+const maxDownload = maxTokenizerJSON
 
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
 // the X-Repo-Commit revision.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,12 +86,12 @@ func Load(path string) (*Tokenizer, error) {
 		}
 		path = found
 	}
-	data, err := os.ReadFile(path)
+	data, err := readBounded(path, maxTokenizerJSON)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
 	if strings.HasSuffix(path, ".zst") {
-		if data, err = unzstd(data); err != nil {
+		if data, err = unzstdBounded(data, maxTokenizerJSON); err != nil {
 			return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
 		}
 	}
@@ -101,9 +102,29 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
+// readBounded reads the file at path, of at most limit bytes.
+func readBounded(path string, limit int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > limit {
+		return nil, fmt.Errorf("%s: more than the %d bytes a tokenizer may have", path, limit)
+	}
+	return data, nil
+}
+
 // unzstd decompresses a zstd-compressed tokenizer.json.
-func unzstd(data []byte) ([]byte, error) {
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+func unzstd(data []byte) ([]byte, error) { return unzstdBounded(data, maxTokenizerJSON) }
+
+// unzstdBounded decompresses data into at most limit bytes.
+func unzstdBounded(data []byte, limit int) ([]byte, error) {
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(uint64(limit)))
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}
@@ -119,6 +140,9 @@ func unzstd(data []byte) ([]byte, error) {
 // byte-level BPE models (Qwen2/2.5/3, Llama 3.x, GPT-2 style) and rejects
 // configurations it would not reproduce exactly.
 func Parse(data []byte) (*Tokenizer, error) {
+	if len(data) > maxTokenizerJSON {
+		return nil, fmt.Errorf("parse tokenizer.json: %d bytes, more than the %d a tokenizer may have", len(data), maxTokenizerJSON)
+	}
 	var f tokenizerFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
@@ -241,6 +265,10 @@ func splitterFor(pattern string) (splitter, error) {
 	}
 	return newRegexSplitter(pattern)
 }
+
+// maxTokenizerJSON bounds a tokenizer.json (real ones are 5-35 MB). It also keeps every offset
+// into the vocabulary's tables (vocab.go) within their uint32s.
+const maxTokenizerJSON = 256 << 20
 
 // maxTokenID bounds the ids a tokenizer.json may give, since tables are as long as the
 // largest: far above any real vocabulary (Qwen3's is 151,669, Llama 3's 128,256).

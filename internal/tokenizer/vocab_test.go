@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // qwen3JSON is the built-in Qwen3 tokenizer.json.
@@ -272,4 +276,42 @@ func countNil(slots []atomic.Pointer[cacheEntry]) (n int) {
 		}
 	}
 	return n
+}
+
+// A tokenizer.json is bounded (maxTokenizerJSON), read from a file or unpacked from zstd: the
+// tables' uint32 offsets rely on it, and a small .zst must not unpack into gigabytes. The
+// file and zstd paths are checked against a smaller limit, to spare the disk.
+func TestTokenizerSizeIsBounded(t *testing.T) {
+	if _, err := Parse(make([]byte, maxTokenizerJSON+1)); err == nil || !strings.Contains(err.Error(), "more than the") {
+		t.Errorf("Parse of maxTokenizerJSON+1 bytes = %v, want a size error", err)
+	}
+	const limit = 1 << 16
+	for _, size := range []int{limit, limit + 1} {
+		dir := t.TempDir()
+		data := bytes.Repeat([]byte{' '}, size)
+		plain := filepath.Join(dir, "tokenizer.json")
+		if err := os.WriteFile(plain, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readBounded(plain, limit)
+		if size <= limit && (err != nil || len(got) != size) {
+			t.Errorf("readBounded of %d bytes, limit %d: %d bytes, %v", size, limit, len(got), err)
+		}
+		if size > limit && (err == nil || !strings.Contains(err.Error(), "more than the")) {
+			t.Errorf("readBounded of %d bytes, limit %d: %v, want a size error", size, limit, err)
+		}
+		enc, err := zstd.NewWriter(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		packed := enc.EncodeAll(data, nil)
+		enc.Close()
+		got, err = unzstdBounded(packed, limit)
+		if size <= limit && (err != nil || !bytes.Equal(got, data)) {
+			t.Errorf("unzstdBounded to %d bytes, limit %d: %d bytes, %v", size, limit, len(got), err)
+		}
+		if size > limit && err == nil {
+			t.Errorf("unzstdBounded of %d packed bytes to %d, limit %d: no error", len(packed), size, limit)
+		}
+	}
 }
