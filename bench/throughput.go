@@ -8,6 +8,7 @@ import (
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
 // throughputLatency is the simulator's fixed sample latency in comparison 1.
@@ -37,6 +38,7 @@ type throughputResult struct {
 // runThroughput is comparison 1: jobs per second against min(capacity, total slots)/latency.
 func runThroughput(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t := &table{ID: 1, Title: "throughput against the ideal"}
+	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true}) // loaded once, not per row
 	scenarios := []scenario{workerBound}
 	if s.CapacityBound {
 		scenarios = append(scenarios, capacityBound)
@@ -44,7 +46,7 @@ func runThroughput(ctx context.Context, s settings, log io.Writer) (*table, erro
 	for _, sc := range scenarios {
 		for _, n := range s.ThroughputSizes {
 			fmt.Fprintf(log, "bench:   %s, %d workers\n", sc.name, n)
-			res, err := measureThroughput(ctx, sc, n, s.ThroughputWarmup, s.ThroughputWindow)
+			res, err := measureThroughput(ctx, sc, n, s.ThroughputWarmup, s.ThroughputWindow, tokens)
 			if err != nil {
 				return t, fmt.Errorf("%s, %d workers: %w", sc.name, n, err)
 			}
@@ -73,12 +75,13 @@ func runThroughput(ctx context.Context, s settings, log io.Writer) (*table, erro
 }
 
 // measureThroughput runs n workers of sc against a fresh rig and counts completions in the window.
-func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window time.Duration) (throughputResult, error) {
+func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window time.Duration, tokens *tokenizer.Registry) (throughputResult, error) {
 	ideal := float64(min(sc.capacity, n*sc.concurrency)) / throughputLatency.Seconds()
 	need := int(ideal*(warmup+window).Seconds()*1.5) + n*sc.concurrency + 500
 	r, err := newRig(ctx, rigConfig{
-		Sim:   &tinkersim.Config{Capacity: sc.capacity, BaseLatency: throughputLatency},
-		Queue: queue.Config{MaxAckPending: n*sc.concurrency + 1000},
+		Sim:    &tinkersim.Config{Capacity: sc.capacity, BaseLatency: throughputLatency},
+		Queue:  queue.Config{MaxAckPending: n*sc.concurrency + 1000},
+		Tokens: tokens,
 	})
 	if err != nil {
 		return throughputResult{}, err
