@@ -78,10 +78,7 @@ func BenchmarkDecodeQwen3(b *testing.B) {
 // BenchmarkParseQwen3 is the start-up cost of a worker or submit: decompressing and parsing
 // the built-in Qwen3 tokenizer.json.
 func BenchmarkParseQwen3(b *testing.B) {
-	data, err := unzstd(qwen3Zst)
-	if err != nil {
-		b.Fatal(err)
-	}
+	data := qwen3JSON(b)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {

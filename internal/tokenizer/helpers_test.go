@@ -17,6 +17,16 @@ func testdataDir(t testing.TB) string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tokenizer")
 }
 
+// qwen3JSON is the built-in Qwen3 tokenizer.json.
+func qwen3JSON(t testing.TB) []byte {
+	t.Helper()
+	data, err := unzstd(qwen3Zst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // loadQwen3 is the committed Qwen3 tokenizer, parsed once for all tests.
 var loadQwen3 = sync.OnceValues(func() (*Tokenizer, error) {
 	_, file, _, _ := runtime.Caller(0)

@@ -16,16 +16,6 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// qwen3JSON is the built-in Qwen3 tokenizer.json.
-func qwen3JSON(t *testing.T) []byte {
-	t.Helper()
-	data, err := unzstd(qwen3Zst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
 // qwen3Vocab is the committed Qwen3 tokenizer.json's model vocabulary, raw bytes → id.
 func qwen3Vocab(t *testing.T) map[string]int32 {
 	t.Helper()
