@@ -285,9 +285,6 @@ func (r *Registry) download(ctx context.Context, id string) (string, error) {
 	return snap, nil
 }
 
-// maxDownload bounds one file from the hub: the largest tokenizer.json Parse takes.
-const maxDownload = maxTokenizerJSON
-
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
 // the X-Repo-Commit revision.
 func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, error) {
@@ -317,12 +314,12 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 	case resp.StatusCode != http.StatusOK:
 		return nil, "", fmt.Errorf("download %s: hub answered %s", u, resp.Status)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxDownload+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizerJSON+1))
 	if err != nil {
 		return nil, "", fmt.Errorf("download %s: %w", u, err)
 	}
-	if len(data) > maxDownload {
-		return nil, "", fmt.Errorf("download %s: larger than %d bytes", u, maxDownload)
+	if len(data) > maxTokenizerJSON {
+		return nil, "", fmt.Errorf("download %s: larger than %d bytes", u, maxTokenizerJSON)
 	}
 	return data, resp.Header.Get("X-Repo-Commit"), nil
 }
