@@ -22,8 +22,12 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
-// instructionPlan is the samples each side runs under valgrind: about a minute a run here.
-var instructionPlan = costPlan{warmup: 200, n: 5000}
+// instructionWarmup and instructionSamples are the samples each side runs under valgrind:
+// about a minute a run here.
+const (
+	instructionWarmup  = 200
+	instructionSamples = 5000
+)
 
 // runInstructions counts the instructions that comparison 2's client alone and worker execute
 // per sample, with valgrind's cachegrind. Unlike CPU time, a count does not move with what
@@ -57,7 +61,7 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 				return t, fmt.Errorf("%s: %w", side, err)
 			}
 		}
-		samples := float64(instructionPlan.warmup + instructionPlan.n)
+		samples := float64(instructionWarmup + instructionSamples)
 		per[side] = map[string]float64{}
 		for _, pkg := range keysOf(counts[0], counts[1]) { // a package may be in one run only
 			per[side][pkg] = (float64(counts[0][pkg]) - float64(counts[1][pkg])) / samples
@@ -87,7 +91,7 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 	}
 	t.add(row{Case: "Go runtime (not comparable under valgrind)", Measured: kilo(total(worker, true)),
 		Baseline: kilo(total(client, true)), Ratio: math.NaN(), Verdict: verdictInfo})
-	t.note("measured: comparison 2's worker variant (NATS server in a child process); baseline: its client alone; %d warm-up + %d samples each", instructionPlan.warmup, instructionPlan.n)
+	t.note("measured: comparison 2's worker variant (NATS server in a child process); baseline: its client alone; %d warm-up + %d samples each", instructionWarmup, instructionSamples)
 	t.note("per sample: (run with the samples - run set up only) / samples, by the package of each instruction's function (inlined code counts to its caller)")
 	t.note("valgrind --tool=cachegrind --cache-sim=no, GODEBUG=asyncpreemptoff=1; the simulator and the NATS server run natively in child processes")
 	return t, nil
@@ -236,8 +240,7 @@ func runCostSide(ctx context.Context, side string, setupOnly bool) error {
 	defer func() { _ = sim.stop() }()
 	target := simTarget{url: sim.first, pid: sim.cmd.Process.Pid}
 	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
-	plan := instructionPlan
-	plan.setupOnly = setupOnly
+	plan := costPlan{warmup: instructionWarmup, n: instructionSamples, setupOnly: setupOnly}
 	switch side {
 	case "client":
 		_, err := clientCost(ctx, target, tokens, plan)
