@@ -62,7 +62,7 @@ func runFleet(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			mode = "local"
 		}
 		// One worker's rows are medians of oneWorkerWindows runs. A run's count moves with where
-		// the window falls among the worker's pauses (5 to 64 calls alone, 7 to 33 as a fleet
+		// the window falls among the worker's pauses (5 to 64 calls alone, 2 to 33 as a fleet
 		// of one, in quick runs), so single runs of two like rows judged a fleet of one by a
 		// coin toss. More workers send fewer calls each, and single runs judge them well.
 		runs := 1
