@@ -44,8 +44,9 @@ type usage struct {
 	cpu      time.Duration
 	bytes    uint64
 	allocs   uint64
-	syscalls uint64 // read and write system calls (/proc/self/io), sockets included
-	switches uint64 // context switches of the process's threads, voluntary and involuntary
+	syscalls uint64        // read and write system calls (/proc/self/io), sockets included
+	switches uint64        // context switches of the process's threads, voluntary and involuntary
+	sys      time.Duration // the part of cpu spent in the kernel
 }
 
 func snapshot() usage {
@@ -55,6 +56,7 @@ func snapshot() usage {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		u.switches = uint64(ru.Nvcsw + ru.Nivcsw)
+		u.sys = time.Duration(ru.Stime.Nano())
 	}
 	return u
 }
@@ -87,6 +89,7 @@ type perSample struct {
 	// switches is context switches per sample: a thread that parks for want of work (a
 	// goroutine hand-off to a sleeping thread, a wait on the network) switches out.
 	switches float64
+	sys      time.Duration // the part of cpu spent in the kernel
 	n        int64
 	simCPU   time.Duration // the simulator child's CPU per sample (not in cpu)
 	// calls is HTTP requests the simulator answered per sample, by endpoint.
@@ -103,6 +106,7 @@ func (p perSample) cheaper(q perSample) perSample {
 		allocs:   min(p.allocs, q.allocs),
 		syscalls: min(p.syscalls, q.syscalls),
 		switches: min(p.switches, q.switches),
+		sys:      min(p.sys, q.sys),
 		n:        p.n + q.n,
 		simCPU:   min(p.simCPU, q.simCPU),
 		calls:    p.calls, // the same in every round: one asample and one poll per sample
@@ -118,6 +122,7 @@ func (a usage) per(b usage, n int64) perSample {
 		allocs:   float64(b.allocs-a.allocs) / float64(n),
 		syscalls: float64(b.syscalls-a.syscalls) / float64(n),
 		switches: float64(b.switches-a.switches) / float64(n),
+		sys:      (b.sys - a.sys) / time.Duration(n),
 		n:        n,
 	}
 }
@@ -228,6 +233,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 			if err != nil {
 				return t, fmt.Errorf("%s: %w", v.name, err)
 			}
+			fmt.Fprintf(log, "bench:   round %d: %s: %.0f µs CPU (%.0f in the kernel), %.0f allocations per sample\n", k+1, v.name, us(p.cpu), us(p.sys), p.allocs)
 			rounds[i] = append(rounds[i], p)
 		}
 	}
@@ -269,6 +275,9 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.0f", c), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: "CPU ratio in each round (worker process / the client alone just before it)", Measured: strings.Join(eachText, " "),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
+	r, w, c, _ = paired(rounds[vClient], rounds[vWorker], func(p perSample) float64 { return float64(p.sys) })
+	t.add(row{Case: "CPU per sample in the kernel (getrusage sys), worker process", Measured: fmt.Sprintf("%.0f µs", w/1e3),
+		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: "CPU per sample, cheapest round of each side, worker process", Measured: fmt.Sprintf("%.0f µs", us(alone.cpu)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(alone.cpu), float64(base.cpu)), Verdict: verdictInfo})
 	t.add(row{Case: "CPU per sample, worker + embedded NATS server in one process (submit --local)", Measured: fmt.Sprintf("%.0f µs", us(meas.cpu)),
@@ -310,6 +319,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("%s rows: a simulator whose samples take %s, so that jobs finish one by one as against a real service (the worker's lingers then form its groups); idle cores make every hand-off between goroutines cost a wake-up, on both sides", costLatency, costLatency)
 	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4)")
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
+	t.note("CPU in the kernel: Linux splits a process's CPU time into user and sys by scheduler ticks, so that row is coarse (tens of ticks a round)")
 	t.note("%d alternated rounds; aim rows: the median over the rounds of the worker's figure / the client's in the same round (the medians of each side are shown); other rows: each variant's cheapest round", max(s.CostRounds, 1))
 	return t, nil
 }
