@@ -146,11 +146,11 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		cfg.TinkerBaseURL, cfg.TinkerAPIKey = url, tinker.APIKey(key)
 		cfg.HTTPClient = &http.Client{}
 	} else {
-		key, err := tinker.APIKeyFromEnv()
+		key, credentialCmd, err := tinker.CredentialsFrom(env.getenv)
 		if err != nil {
 			return fmt.Errorf("the local worker needs a Tinker key (or --simulate): %w", err)
 		}
-		cfg.TinkerAPIKey = key
+		cfg.TinkerAPIKey, cfg.TinkerCredentialCmd = key, credentialCmd
 	}
 	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
 	w, err := worker.Open(ctx, cfg)

@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 	log := newLogger(stderr, o.logLevel, o.logJSON)
-	key, err := tinker.APIKeyFrom(getenv)
+	key, credentialCmd, err := tinker.CredentialsFrom(getenv)
 	if err != nil {
 		return err
 	}
@@ -158,17 +158,18 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
 	tokOpts.Dir = o.tokenizerDir
 	w, err := worker.Open(ctx, worker.Config{
-		Queue:         q,
-		TinkerBaseURL: o.baseURL,
-		TinkerAPIKey:  key,
-		LocalBackoff:  o.localBackoff,
-		PausedBackoff: o.pausedBackoff,
-		CapacityTTL:   o.capacityTTL,
-		Tokenizers:    tokenizer.NewRegistry(tokOpts),
-		Concurrency:   o.concurrency,
-		ShutdownGrace: o.shutdownGrace,
-		Registerer:    reg,
-		Logger:        log,
+		Queue:               q,
+		TinkerBaseURL:       o.baseURL,
+		TinkerAPIKey:        key,
+		TinkerCredentialCmd: credentialCmd,
+		LocalBackoff:        o.localBackoff,
+		PausedBackoff:       o.pausedBackoff,
+		CapacityTTL:         o.capacityTTL,
+		Tokenizers:          tokenizer.NewRegistry(tokOpts),
+		Concurrency:         o.concurrency,
+		ShutdownGrace:       o.shutdownGrace,
+		Registerer:          reg,
+		Logger:              log,
 	})
 	if err != nil {
 		return err

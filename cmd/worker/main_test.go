@@ -129,3 +129,45 @@ func TestRunWorksABatch(t *testing.T) {
 		t.Errorf("no clean stop in the log:\n%s", logs.String())
 	}
 }
+
+// TestRunWithCredentialCmd: with no API key but TINKER_CREDENTIAL_CMD, against a service that
+// exchanges credentials for JWTs (§2.2), the worker authenticates with what the command prints
+// and works its jobs; neither the command nor the credential is logged.
+func TestRunWithCredentialCmd(t *testing.T) {
+	emb := fleettest.NATS(t)
+	sim, simURL := fleettest.Sim(t, tinkersim.Config{JWTAuth: true})
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	const batch, total = "cmd-worker-credential-cmd", 3
+	var js []jobs.Job
+	for i := range total {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("c%d", i), Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1})
+	}
+	fleettest.Publish(t, q, batch, js)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	cmd := "printf '%s' " + fleettest.APIKey
+	go func() {
+		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
+			env(map[string]string{"TINKER_CREDENTIAL_CMD": cmd, "HF_HUB_OFFLINE": "1"}), logs)
+	}()
+	results, _ := fleettest.Results(t, q, batch, total, time.Minute)
+	for _, j := range js {
+		if r := results[j.CustomID]; r.Status != jobs.StatusOK {
+			t.Errorf("%s: result %+v, want ok", j.CustomID, r)
+		}
+	}
+	if st := sim.Stats(); st.TokensMinted == 0 || st.JWTRejections != 0 {
+		t.Errorf("%d JWTs minted, %d requests refused: want the command's key exchanged", st.TokensMinted, st.JWTRejections)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run after cancel: %v", err)
+	}
+	if strings.Contains(logs.String(), fleettest.APIKey) || strings.Contains(logs.String(), "printf") {
+		t.Errorf("the log shows the credential or the command:\n%s", logs.String())
+	}
+}

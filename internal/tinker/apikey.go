@@ -64,6 +64,9 @@ func (k APIKey) Validate() error {
 	return nil
 }
 
+// errNoAPIKey says that neither TINKER_API_KEY nor TINKER_API_KEY_FILE is set.
+var errNoAPIKey = errors.New("tinker: no API key: set TINKER_API_KEY or TINKER_API_KEY_FILE")
+
 // APIKeyFromEnv reads the credential from TINKER_API_KEY or, when that is unset or
 // empty, from the file named by TINKER_API_KEY_FILE (surrounding white space is
 // trimmed). The key is validated with [APIKey.Validate].
@@ -78,7 +81,7 @@ func APIKeyFrom(getenv func(string) string) (APIKey, error) {
 	if k == "" {
 		path := getenv("TINKER_API_KEY_FILE")
 		if path == "" {
-			return "", errors.New("tinker: no API key: set TINKER_API_KEY or TINKER_API_KEY_FILE")
+			return "", errNoAPIKey
 		}
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -91,4 +94,23 @@ func APIKeyFrom(getenv func(string) string) (APIKey, error) {
 		return "", err
 	}
 	return k, nil
+}
+
+// CredentialsFrom reads how to authenticate from the environment, through getenv: the API key
+// of [APIKeyFrom], and the credential command TINKER_CREDENTIAL_CMD (§2.1), a shell command
+// whose trimmed output is the credential. Either may be missing, not both. The command alone
+// serves only a server that exchanges credentials for JWTs (§2.2); Dial says so otherwise.
+func CredentialsFrom(getenv func(string) string) (key APIKey, cmd string, err error) {
+	cmd = strings.TrimSpace(getenv("TINKER_CREDENTIAL_CMD"))
+	key, err = APIKeyFrom(getenv)
+	switch {
+	case err == nil:
+		return key, cmd, nil
+	case errors.Is(err, errNoAPIKey) && cmd != "":
+		return "", cmd, nil
+	case errors.Is(err, errNoAPIKey):
+		return "", "", errors.New("tinker: no credentials: set TINKER_API_KEY, TINKER_API_KEY_FILE or TINKER_CREDENTIAL_CMD")
+	default:
+		return "", "", err
+	}
 }

@@ -20,9 +20,11 @@ import (
 // Client is a Tinker session: server flags, a session id and its heartbeat. It
 // is safe for concurrent use. Create it with [Dial] and stop it with Close.
 type Client struct {
-	base      string   // base URL with a trailing slash (§1.1)
-	key       *APIKey  // a pointer, so that printing the struct shows an address
-	jwt       *jwtAuth // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
+	base      string         // base URL with a trailing slash (§1.1)
+	key       *APIKey        // a pointer, so that printing the struct shows an address; "" with cmd alone
+	cmd       *credentialCmd // TINKER_CREDENTIAL_CMD (§2.1); nil when not set
+	viaCmd    bool           // the JWT exchange sends the command's credential, not the key (§2.2)
+	jwt       *jwtAuth       // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
 	hc        *http.Client
 	ownHC     bool
 	log       *slog.Logger
@@ -81,13 +83,15 @@ func newClient(cfg Config) (*Client, error) {
 	if !strings.HasSuffix(base, "/") {
 		base += "/" // §1.1: force a trailing slash, then append the relative path
 	}
-	key := cfg.APIKey
-	if key == "" {
-		if key, err = APIKeyFromEnv(); err != nil {
+	key, cmd := cfg.APIKey, strings.TrimSpace(cfg.CredentialCmd)
+	if key == "" && cmd == "" {
+		if key, cmd, err = CredentialsFrom(os.Getenv); err != nil {
 			return nil, err
 		}
-	} else if err := key.Validate(); err != nil {
-		return nil, err
+	} else if key != "" {
+		if err := key.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	c := &Client{
 		base:      base,
@@ -101,6 +105,9 @@ func newClient(cfg Config) (*Client, error) {
 		flags:     DefaultFlags(),
 	}
 	c.clock = c.t.Clock
+	if cmd != "" {
+		c.cmd = &credentialCmd{cmd: cmd}
+	}
 	if c.hc == nil {
 		c.hc, c.ownHC = defaultHTTPClient(cfg.RootCAs), true
 	}

@@ -20,8 +20,16 @@ type Config struct {
 	// BaseURL is the service root; a path prefix is kept (§1.1). "" means
 	// TINKER_BASE_URL, or DefaultBaseURL when that is unset or empty.
 	BaseURL string
-	// APIKey is the credential; "" means [APIKeyFromEnv].
+	// APIKey is the credential. When it and CredentialCmd are both "", both come from the
+	// environment ([CredentialsFrom]).
 	APIKey APIKey
+	// CredentialCmd is a shell command whose trimmed standard output is the credential
+	// (TINKER_CREDENTIAL_CMD, §2.1). It runs for every token fetch: for client/config when
+	// APIKey is "", and for each JWT exchange (§2.2) when APIKey is "" or the server's
+	// credential_default_source is "credential_cmd". Without an API key it serves only a
+	// server that exchanges credentials for JWTs. Neither the command nor what it prints
+	// appears in a log line or an error.
+	CredentialCmd string
 	// HTTPClient is used for every request; nil means a client with a pooled
 	// transport (HTTP/2 when offered) and a 5 s connect timeout (§1.3). Its
 	// Timeout should be 0: per-request timeouts come from Timing.
@@ -181,7 +189,7 @@ func (t Timing) withDefaults() Timing {
 // refresh interval from client/dynamic_config.
 type Flags struct {
 	PJWTAuthEnabled                    bool          // pjwt_auth_enabled: exchange the API key for a JWT (§2.2)
-	CredentialDefaultSource            string        // credential_default_source; "credential_cmd" is not supported (§2.1)
+	CredentialDefaultSource            string        // credential_default_source: what the JWT exchange sends, "api_key" or "credential_cmd" (§2.2)
 	SampleDispatchBytesSemaphoreSize   int64         // sample_dispatch_bytes_semaphore_size, 10 MiB (§5.2)
 	InflightResponseBytesSemaphoreSize int64         // inflight_response_bytes_semaphore_size, 50 MiB (§4.4)
 	BillingExceptionMaxPauseDuration   time.Duration // billing_exception_max_pause_duration_sec, 3600 s (§2.3)

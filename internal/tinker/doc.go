@@ -14,9 +14,11 @@
 // [Timing].JWTRefreshBeforeExpiry (300 s) before expiry, retrying every
 // JWTRefreshRetry (60 s) after a failure, and a request that finds no more than
 // JWTRefreshOnDemand (60 s) left refreshes it first. A credential that is itself a JWT
-// ("eyJ…") is used directly (§2.1). TINKER_CREDENTIAL_CMD is not supported: when
-// credential_default_source says "credential_cmd" a warning is logged and the API key is
-// used.
+// ("eyJ…") is used directly (§2.1). A credential command (TINKER_CREDENTIAL_CMD,
+// [Config].CredentialCmd) is a shell command whose trimmed output is the credential: it runs
+// for every token fetch, for client/config when there is no API key and for each exchange
+// whose source it is (no API key, or credential_default_source "credential_cmd"); without an
+// API key it serves only a server that exchanges JWTs, as in the SDK.
 //
 // [Client.NewSampler] creates a sampling session (§3.5) for a base model or a
 // tinker:// model path. [Sampler.Sample] runs one sample the way §5.1 and §6.3
@@ -40,8 +42,8 @@
 // [*ConnectionError], [*ProtocolError] and [ErrProgressTimeout]; [IsRetryable]
 // tells whether the sample-level layer would retry an error. The API key is an
 // [APIKey], whose String, GoString, Format, LogValue and MarshalText methods all
-// print a redacted form; the key and the JWTs only ever leave the process in the
-// X-API-Key header, and error bodies are scrubbed of both.
+// print a redacted form; the key, the credential command's output and the JWTs only ever
+// leave the process in the X-API-Key header, and error bodies are scrubbed of them.
 //
 // Every call takes a context.Context and returns promptly when it is cancelled.
 package tinker

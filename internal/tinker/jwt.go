@@ -15,7 +15,8 @@ import (
 )
 
 // This file is the JWT exchange of §2.2. When client/config says pjwt_auth_enabled, Dial
-// trades the API key for a server-minted JWT at POST auth/token (§3.2), and every later request
+// trades the API key (or the credential command's output) for a server-minted JWT at POST
+// auth/token (§3.2), and every later request
 // sends the JWT as X-API-Key. The JWT is refreshed in the background
 // Timing.JWTRefreshBeforeExpiry (300 s) before its exp, by a goroutine owned by the Client and
 // stopped by Close, and on demand inside a request when no more than Timing.JWTRefreshOnDemand
@@ -48,16 +49,28 @@ type jwtAuth struct {
 
 // startAuth applies the credential rules of §2.1 and §2.2 once client/config is known: a
 // credential that is itself a JWT (it starts "eyJ") is used as is; otherwise, when the server
-// sets pjwt_auth_enabled, the API key is exchanged for a JWT and the background refresh starts.
-// TINKER_CREDENTIAL_CMD is not supported: when credential_default_source asks for it, one
-// warning is logged and the API key is used.
+// sets pjwt_auth_enabled, a credential is exchanged for a JWT and the background refresh
+// starts. The exchange sends the credential command's output when the server's
+// credential_default_source is "credential_cmd" or there is no API key, the API key otherwise.
+// Without the exchange only an API key will do: the command alone is an error, as in the SDK.
 func (c *Client) startAuth(ctx context.Context) error {
-	isJWT := strings.HasPrefix(string(*c.key), "eyJ")
-	if c.flags.CredentialDefaultSource == "credential_cmd" && !isJWT {
-		c.log.Warn(`tinker: the server asks for credentials from TINKER_CREDENTIAL_CMD (credential_default_source "credential_cmd"), which this client does not support; using the API key`)
+	key := *c.key
+	if strings.HasPrefix(string(key), "eyJ") {
+		return nil // §2.1: a JWT credential is used directly, without exchange
 	}
-	if !c.flags.PJWTAuthEnabled || isJWT {
-		return nil // §2.1: plain API key, or a JWT credential used directly without exchange
+	if !c.flags.PJWTAuthEnabled {
+		if key == "" {
+			return errors.New("tinker: the server does not exchange credentials for JWTs (pjwt_auth_enabled is off), so TINKER_CREDENTIAL_CMD alone is not enough: set TINKER_API_KEY or TINKER_API_KEY_FILE (§2.1)")
+		}
+		return nil // §2.1: the plain API key
+	}
+	switch {
+	case key == "":
+		c.viaCmd = true
+	case c.flags.CredentialDefaultSource == "credential_cmd" && c.cmd != nil:
+		c.viaCmd = true
+	case c.flags.CredentialDefaultSource == "credential_cmd":
+		c.log.Warn(`tinker: the server asks for credentials from TINKER_CREDENTIAL_CMD (credential_default_source "credential_cmd"), which is not set; exchanging the API key`)
 	}
 	tok, exp, err := c.exchangeJWT(ctx)
 	if err != nil {
@@ -71,7 +84,8 @@ func (c *Client) startAuth(ctx context.Context) error {
 	return nil
 }
 
-// exchangeJWT is POST auth/token (§2.2, §3.2): body {}, the API key in X-API-Key, the HTTP
+// exchangeJWT is POST auth/token (§2.2, §3.2): body {}, the API key (or the credential
+// command's output, see startAuth) in X-API-Key, the HTTP
 // retries of §6.1 (10, as the table of §3 says for this call), reply {"jwt": …}. It returns
 // the JWT and its exp. No error carries the JWT.
 func (c *Client) exchangeJWT(ctx context.Context) (APIKey, time.Time, error) {
@@ -130,12 +144,16 @@ func jwtExpiry(tok string) (time.Time, error) {
 
 // credential is the X-API-Key value of one HTTP request of cl (§1.2): the JWT while the
 // exchange is on (§2.2; refreshed first if it is about to expire), except for calls that must
-// carry the API key (auth/token itself); otherwise the configured credential.
-func (c *Client) credential(ctx context.Context, cl *call) APIKey {
-	if c.jwt == nil || cl.useAPIKey {
-		return *c.key
+// carry the credential itself (auth/token); otherwise the API key, or what the credential
+// command prints where that is the credential (§2.1; it runs for each such request).
+func (c *Client) credential(ctx context.Context, cl *call) (APIKey, error) {
+	if c.jwt != nil && !cl.useAPIKey {
+		return c.jwt.token(ctx), nil
 	}
-	return c.jwt.token(ctx)
+	if c.cmd != nil && (*c.key == "" || cl.useAPIKey && c.viaCmd) {
+		return c.cmd.fetch(ctx)
+	}
+	return *c.key, nil
 }
 
 // current returns the JWT in use and its exp.
@@ -265,6 +283,10 @@ func (a *jwtAuth) stop() {
 // (§2.2) and anything shaped like a JWT.
 func (c *Client) redact(s string) string {
 	secrets := []APIKey{*c.key}
+	if c.cmd != nil {
+		printed := c.cmd.secrets()
+		secrets = append(secrets, printed[:]...)
+	}
 	if c.jwt != nil {
 		tok, old := c.jwt.secrets()
 		secrets = append(secrets, tok, old)

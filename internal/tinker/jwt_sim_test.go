@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -184,5 +186,48 @@ func TestSimJWTNeverLeaks(t *testing.T) {
 		if strings.Contains(all.String(), seg) {
 			t.Fatalf("a JWT segment leaked: %s", all.String())
 		}
+	}
+}
+
+// TestSimCredentialCmd: with no API key, a credential command (TINKER_CREDENTIAL_CMD, §2.1)
+// authenticates client/config and every JWT exchange, the background refresh included, and
+// runs again for each of them (the SDK never caches what it prints); the simulator accepts
+// the plain credential nowhere else, so a client that sent it past the exchange would see
+// 401s.
+func TestSimCredentialCmd(t *testing.T) {
+	t.Parallel()
+	runs := t.TempDir() + "/runs"
+	e := newSimEnv(t, tinkersim.Config{JWTAuth: true, JWTLifetime: 2 * time.Second}, func(c *tinker.Config) {
+		c.APIKey = ""
+		c.CredentialCmd = fmt.Sprintf("echo run >> %s; printf '  %%s\\n' %s", runs, simKey)
+		c.Timing.JWTRefreshBeforeExpiry = 1500 * time.Millisecond
+		c.Timing.JWTRefreshOnDemand = time.Second
+	})
+	s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if _, err := s.Sample(e.ctx, simRequest(3)); err != nil {
+		t.Fatalf("sample with the credential command's key: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for e.sim.Stats().TokensMinted < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never refreshed its JWT in the background")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := s.Sample(e.ctx, simRequest(4)); err != nil {
+		t.Fatalf("sample after the refresh: %v", err)
+	}
+	e.no401(t)
+	data, err := os.ReadFile(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// client/config once, then one run per exchange: Dial's and the refresh's at least.
+	minted := e.sim.Stats().TokensMinted
+	if n := int64(strings.Count(string(data), "run")); n != 1+minted || minted < 2 {
+		t.Fatalf("the command ran %d times for %d JWTs minted, want one per exchange and one for client/config", n, minted)
+	}
+	if got := e.credentials(); !slices.Contains(got, simKey) || len(e.jwtCreds()) < 2 {
+		t.Fatalf("credentials on the wire: %d, want the command's key and two JWTs", len(got))
 	}
 }

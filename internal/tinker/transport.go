@@ -56,7 +56,10 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		return nil, fmt.Errorf("tinker: %s: %w", cl.name, err)
 	}
 	// Before the per-request timeout starts: this may refresh the JWT first (§2.2).
-	cred := c.credential(ctx, cl)
+	cred, err := c.credential(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("tinker: %s: %w", cl.name, err)
+	}
 	timeout := cl.timeout
 	if timeout == 0 {
 		timeout = c.t.RequestTimeout

@@ -23,7 +23,8 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
-// Config is what a worker is opened with. Queue and the Tinker key are required.
+// Config is what a worker is opened with. Queue and the Tinker key (or a credential command)
+// are required.
 type Config struct {
 	// Queue is the set-up deployment to pull jobs from and publish results to.
 	Queue *queue.Queue
@@ -31,6 +32,10 @@ type Config struct {
 	TinkerBaseURL string
 	// TinkerAPIKey authenticates to Tinker. It is sent in X-API-Key and nowhere else.
 	TinkerAPIKey tinker.APIKey
+	// TinkerCredentialCmd is a shell command whose output is the credential
+	// (TINKER_CREDENTIAL_CMD; see tinker.Config.CredentialCmd). It may stand in for
+	// TinkerAPIKey where the service exchanges credentials for JWTs.
+	TinkerCredentialCmd string
 	// HTTPClient carries the Tinker requests; nil means the client's default.
 	HTTPClient *http.Client
 	// TinkerRootCAs replaces the system roots in the TLS check of the Tinker service when
@@ -80,8 +85,10 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	if cfg.Queue == nil {
 		return nil, errors.New("worker: a queue is required")
 	}
-	if err := cfg.TinkerAPIKey.Validate(); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+	if cfg.TinkerAPIKey != "" || cfg.TinkerCredentialCmd == "" {
+		if err := cfg.TinkerAPIKey.Validate(); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 400
@@ -133,7 +140,10 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		w.backoff = backoff.NewLocal(nil)
 	} else {
 		baseURL := cmp.Or(cfg.TinkerBaseURL, os.Getenv("TINKER_BASE_URL"), tinker.DefaultBaseURL)
-		bucket, account := cfg.Queue.Names.BackoffBucket(), backoff.AccountKey(baseURL, string(cfg.TinkerAPIKey))
+		// With a credential command alone, the command stands for the account: what it prints
+		// may change from one run to the next.
+		credential := cmp.Or(string(cfg.TinkerAPIKey), "credential-cmd:"+cfg.TinkerCredentialCmd)
+		bucket, account := cfg.Queue.Names.BackoffBucket(), backoff.AccountKey(baseURL, credential)
 		fleet, err := backoff.Open(ctx, cfg.Queue.JS, backoff.Config{
 			Bucket:   bucket,
 			Account:  account,
@@ -179,14 +189,15 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.metrics, gate.capacity = w.metrics, learned
 	w.gate = gate
 	client, err := tinker.Dial(ctx, tinker.Config{
-		BaseURL:    cfg.TinkerBaseURL,
-		APIKey:     cfg.TinkerAPIKey,
-		HTTPClient: cfg.HTTPClient,
-		RootCAs:    cfg.TinkerRootCAs,
-		Logger:     cfg.Logger,
-		Dispatcher: gate,
-		OnEvent:    w.onEvent(observer),
-		Timing:     cfg.TinkerTiming,
+		BaseURL:       cfg.TinkerBaseURL,
+		APIKey:        cfg.TinkerAPIKey,
+		CredentialCmd: cfg.TinkerCredentialCmd,
+		HTTPClient:    cfg.HTTPClient,
+		RootCAs:       cfg.TinkerRootCAs,
+		Logger:        cfg.Logger,
+		Dispatcher:    gate,
+		OnEvent:       w.onEvent(observer),
+		Timing:        cfg.TinkerTiming,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("worker: tinker session: %w", err)
