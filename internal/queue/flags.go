@@ -29,6 +29,6 @@ func (c *Config) RegisterFlags(s *envflag.Set) {
 	s.Int(&c.MaxDeliver, "max-deliver", "TINKERFLEET_MAX_DELIVER", 10, "deliveries of a job before it is dead-lettered")
 	s.Duration(&c.AckWait, "ack-wait", "TINKERFLEET_ACK_WAIT", 30*time.Second, "redelivery timeout of a job not heard from")
 	s.Duration(&c.DuplicateWindow, "duplicate-window", "TINKERFLEET_DUPLICATE_WINDOW", 2*time.Hour,
-		"how long job and result ids are remembered, so that a re-run submit publishes nothing twice (about 135 bytes of server memory per id)")
+		"how long job ids are remembered, so that a re-run submit publishes nothing twice (about 135 bytes of server memory per id)")
 	s.Duration(&c.ResultsMaxAge, "results-max-age", "TINKERFLEET_RESULTS_MAX_AGE", 7*24*time.Hour, "how long results are kept")
 }

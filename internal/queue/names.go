@@ -76,8 +76,9 @@ func (n Names) BatchFromJobSubject(subject string) string {
 	return rest
 }
 
-// MsgID is the Nats-Msg-Id of a job or a result: batch and custom id, so that publishing the
-// same job or result twice is dropped by the stream's duplicate window.
+// MsgID is the Nats-Msg-Id of a job: batch and custom id, so that publishing the same job
+// twice is dropped by the jobs stream's duplicate window. (A result needs none: its stream
+// keeps the first result on each job's subject and refuses any other.)
 func MsgID(batch, customID string) string { return batch + "/" + customID }
 
 // ValidateBatchID reports whether id can serve as a batch id: it becomes a subject token.

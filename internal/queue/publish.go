@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,7 +106,8 @@ func (c *Codec) Close() {
 
 // ResultMsg fills msg with the message that stores the result of customID in batch and
 // returns it: data compressed when over the codec's threshold, status and custom id in
-// headers, and batch/custom id as the de-duplication id. A nil msg means a new one; a msg
+// headers, on the job's own result subject, where the stream keeps the first result stored
+// and refuses any other (see ResultStored). A nil msg means a new one; a msg
 // given back keeps its header map, so a worker can reuse one message for job after job once
 // the stream has acked it. It returns ErrTooLarge when the message does not fit maxPayload
 // (0: no limit). The message holds data itself, not a copy.
@@ -119,7 +121,6 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 	codec.encode(msg, q.Names.ResultSubject(batch, customID), data)
 	setHeader(msg.Header, HeaderStatus, status)
 	setHeader(msg.Header, HeaderCustomID, customID)
-	setHeader(msg.Header, jetstream.MsgIDHeader, MsgID(batch, customID))
 	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
 		return nil, fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
 	}
@@ -132,10 +133,23 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) error {
 	ctx, cancel := context.WithTimeout(ctx, ResultAckTimeout)
 	defer cancel()
-	if _, err := q.JS.PublishMsg(ctx, msg); err != nil {
-		return fmt.Errorf("publish result of %s: %w", msg.Header.Get(jetstream.MsgIDHeader), err)
+	if _, err := q.JS.PublishMsg(ctx, msg); err != nil && !ResultStored(err) {
+		return fmt.Errorf("publish result of %s: %w", msg.Header.Get(HeaderCustomID), err)
 	}
 	return nil
+}
+
+// errCodeStoreFailed is the JetStream API error code of a message the stream did not store
+// (JSStreamStoreFailedF); its description says why.
+const errCodeStoreFailed = 10077
+
+// ResultStored reports whether err is the results stream refusing a result because the job
+// already has one (a worker that raced another on the same job, a dead letter for a job
+// whose result came in): the result that counts is stored, and the job may be settled.
+func ResultStored(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed &&
+		strings.Contains(apiErr.Description, "maximum messages per subject exceeded")
 }
 
 // ResultAckTimeout is how long PublishResult and a ResultPublisher wait for the results

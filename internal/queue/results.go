@@ -74,8 +74,8 @@ const maxGroupAcks = 1024
 
 // Publish stores the result messages msgs (made by ResultMsg) and waits until the stream has
 // acked each of them, for at most ResultAckTimeout in all; errs[i] is then nil when msgs[i] is
-// stored. A repeated result is dropped by the duplicate window, and in any case replaces the
-// earlier one (one per subject). errs must be as long as msgs, at most 1,024.
+// stored, or when the stream refused it because the job's result is stored already (the
+// first result stored is final; see ResultStored). errs must be as long as msgs, at most 1,024.
 //
 // The messages go out together, so a group costs about one write to the server and one wait
 // for the acks, not one each. Publish sets their Reply; they may be reused once it returns.
@@ -137,7 +137,7 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 			errs[i] = late
 		}
 		if errs[i] != nil {
-			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(jetstream.MsgIDHeader), errs[i])
+			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(HeaderCustomID), errs[i])
 		}
 	}
 	if late != nil {
@@ -182,6 +182,9 @@ func ackError(ack *nats.Msg) error {
 		return fmt.Errorf("answer from the stream: %w", err)
 	}
 	if reply.Error != nil {
+		if ResultStored(reply.Error) {
+			return nil // the job's result is stored already, and that one counts
+		}
 		return reply.Error
 	}
 	if reply.Stream == "" {

@@ -138,3 +138,75 @@ func TestResultPublisherAfterClose(t *testing.T) {
 		t.Fatal("a closed publisher stored a result")
 	}
 }
+
+// TestFirstResultIsFinal: a second result for a job, by either way of publishing, counts as
+// stored and leaves the first in place; results carry no de-duplication id, so the server
+// keeps none in memory for them; a refusal for another reason is not taken for stored.
+func TestFirstResultIsFinal(t *testing.T) {
+	t.Parallel()
+	b, codec, p := publisherBed(t)
+	ctx := context.Background()
+	first := resultGroup(t, b.q, codec, "b1", 2)
+	errs := make([]error, 2)
+	p.Publish(ctx, first, errs)
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	second := func(id string) *nats.Msg {
+		msg, err := b.q.ResultMsg(nil, codec, "b1", id, "error", []byte(`{"second":true}`), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msg
+	}
+	p.Publish(ctx, []*nats.Msg{second("id-0")}, errs[:1])
+	if errs[0] != nil {
+		t.Errorf("second result through the publisher: %v, want stored", errs[0])
+	}
+	if err := b.q.PublishResult(ctx, second("id-1")); err != nil {
+		t.Errorf("second result through PublishResult: %v, want stored", err)
+	}
+	for _, id := range []string{"id-0", "id-1"} {
+		m, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Data) != `{"custom_id":"`+id+`"}` || m.Header.Get(HeaderStatus) != "ok" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+			t.Errorf("%s: stored %s %v, want the first result and no Nats-Msg-Id", id, m.Data, m.Header)
+		}
+	}
+	info, err := b.q.Results.Info(ctx)
+	if err != nil || info.State.Msgs != 2 {
+		t.Fatalf("results stream: %v, %+v", err, info)
+	}
+
+	refused := second("id-9")
+	refuse(refused)
+	if err := b.q.PublishResult(ctx, refused); err == nil || ResultStored(err) {
+		t.Errorf("a result refused for its expected sequence: %v, want an error that is not 'stored'", err)
+	}
+}
+
+// TestSetupMakesTheFirstResultFinal: Setup turns a results stream made by an older version
+// (which replaced a job's result with a later one) into one that keeps the first.
+func TestSetupMakesTheFirstResultFinal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	cfg := b.q.Results.CachedInfo().Config
+	cfg.Discard, cfg.DiscardNewPerSubject = jetstream.DiscardOld, false
+	if _, err := b.q.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	q, err := Setup(ctx, b.q.JS, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := info.Config; c.Discard != jetstream.DiscardNew || !c.DiscardNewPerSubject || c.MaxMsgsPerSubject != 1 {
+		t.Fatalf("results stream after Setup: discard %v, per subject %v, max per subject %d", c.Discard, c.DiscardNewPerSubject, c.MaxMsgsPerSubject)
+	}
+}

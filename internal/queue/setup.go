@@ -23,8 +23,8 @@ type Config struct {
 	// MaxAckPending caps the jobs in flight across the whole fleet; default 1000. Size it to
 	// workers × per-worker concurrency (deploy/README.md).
 	MaxAckPending int
-	// DuplicateWindow is how long job and result ids are remembered; default 2h, so re-running
-	// a submit within it publishes nothing twice.
+	// DuplicateWindow is how long job ids are remembered; default 2h, so re-running a submit
+	// within it publishes nothing twice. (Results carry no id: one per job subject is kept.)
 	DuplicateWindow time.Duration
 	// ResultsMaxAge is how long results are kept; default 7 days.
 	ResultsMaxAge time.Duration
@@ -105,15 +105,21 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		return nil, err
 	}
 	q.Results, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
-		Name:              names.ResultsStream(),
-		Description:       "tinkerfleet results, one per job",
-		Subjects:          []string{names.Prefix + ".results.*.*"},
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		Replicas:          cfg.Replicas,
-		MaxAge:            cfg.ResultsMaxAge,
-		MaxMsgsPerSubject: 1,
-		Duplicates:        min(cfg.DuplicateWindow, cfg.ResultsMaxAge),
+		Name:        names.ResultsStream(),
+		Description: "tinkerfleet results, one per job",
+		Subjects:    []string{names.Prefix + ".results.*.*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.ResultsMaxAge,
+		// One result per job subject, and the first one stored is final: a second is refused
+		// (ResultStored reads the refusal), whenever it comes. Results carry no Nats-Msg-Id:
+		// the duplicate window would keep an id per result in the server's memory for hours,
+		// to do what the subject limit does for as long as the result is kept.
+		MaxMsgsPerSubject:    1,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		Duplicates:           min(cfg.DuplicateWindow, cfg.ResultsMaxAge),
 	})
 	if err != nil {
 		return nil, err
