@@ -16,11 +16,11 @@ import (
 
 // This file is the JWT exchange of §2.2. When client/config says pjwt_auth_enabled, Dial
 // trades the API key (or the credential command's output) for a server-minted JWT at POST
-// auth/token (§3.2), and every later request
-// sends the JWT as X-API-Key. The JWT is refreshed in the background
-// Timing.JWTRefreshBeforeExpiry (300 s) before its exp, by a goroutine owned by the Client and
-// stopped by Close, and on demand inside a request when no more than Timing.JWTRefreshOnDemand
-// (60 s) remains. A failed background refresh is retried after Timing.JWTRefreshRetry (60 s).
+// auth/token (§3.2), and every later request sends the JWT as X-API-Key. The JWT is refreshed
+// in the background Timing.JWTRefreshBeforeExpiry (300 s) before its exp, by a goroutine owned
+// by the Client and stopped by Close, and on demand inside a request when no more than
+// Timing.JWTRefreshOnDemand (60 s) remains. A failed background refresh is retried after
+// Timing.JWTRefreshRetry (60 s).
 //
 // exp is the server's wall-clock time, so the schedule runs on real time (like the heartbeat),
 // not on Timing.Clock: a virtual clock whose Sleep returns at once would make the refresh loop
@@ -85,9 +85,9 @@ func (c *Client) startAuth(ctx context.Context) error {
 }
 
 // exchangeJWT is POST auth/token (§2.2, §3.2): body {}, the API key (or the credential
-// command's output, see startAuth) in X-API-Key, the HTTP
-// retries of §6.1 (10, as the table of §3 says for this call), reply {"jwt": …}. It returns
-// the JWT and its exp. No error carries the JWT.
+// command's output, see startAuth) in X-API-Key, the HTTP retries of §6.1 (10, as the table
+// of §3 says for this call), reply {"jwt": …}. It returns the JWT and its exp. No error
+// carries the JWT.
 func (c *Client) exchangeJWT(ctx context.Context) (APIKey, time.Time, error) {
 	var out struct {
 		JWT *string `json:"jwt"`
