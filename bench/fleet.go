@@ -18,9 +18,16 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
-// windowLatency and windowConcurrency size the workers of the 429-window runs.
+// The workers of the 429-window runs: windowConcurrency job slots each, against samples that
+// take windowBaseLatency plus windowTokenLatency per generated token (1 to benchMaxTokens,
+// uniformly): 112-300 ms. With one fixed latency the samples moved in lockstep waves, and a
+// run's count hung on how many were at a wave's crest when the window opened (8 to 32 calls
+// within its first few milliseconds, under either backoff), not on the backoff.
 const (
-	windowLatency     = 200 * time.Millisecond
+	windowBaseLatency  = 100 * time.Millisecond
+	windowTokenLatency = 12500 * time.Microsecond
+	// windowLatency is the mean sample latency (about 206 ms), which sizes a run's jobs.
+	windowLatency     = windowBaseLatency + windowTokenLatency*(benchMaxTokens+1)/2
 	windowConcurrency = 32
 	windowWarmup      = 500 * time.Millisecond
 	// oneWorkerWindows is how many runs the rows of one worker (alone, the baseline, and as a
@@ -61,10 +68,11 @@ func runFleet(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		if c.local {
 			mode = "local"
 		}
-		// One worker's rows are medians of oneWorkerWindows runs. A run's count moves with where
-		// the window falls among the worker's pauses (5 to 64 calls alone, 2 to 33 as a fleet
-		// of one, in quick runs), so single runs of two like rows judged a fleet of one by a
-		// coin toss. More workers send fewer calls each, and single runs judge them well.
+		// One worker's rows are medians of oneWorkerWindows runs. With one fixed latency a run's
+		// count moved with where the window fell among the samples' waves (5 to 64 calls alone,
+		// 2 to 33 as a fleet of one, in quick runs), and two like rows were a coin toss. Varied
+		// latencies took the waves away; the counts are steadier but small (3 to 14 alone in
+		// quick runs), so the baseline and its like stay medians.
 		runs := 1
 		if c.n == 1 {
 			runs = oneWorkerWindows
@@ -101,8 +109,9 @@ func runFleet(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	}
 	t.note("propagation: N backoff.Fleet on separate connections to one embedded server; time from Signal's call to the last other fleet's OnChange with the new deadline; %d signals", s.PropagationTrials)
 	t.note("raw NATS fan-out: one core publish to N-1 subscribers on separate connections, time until the last received it (the floor)")
-	t.note("429 window: %s injected on asample after %s of steady state; workers x %d slots, simulator latency %s; calls counted by the simulator inside the window",
-		s.Window, windowWarmup, windowConcurrency, windowLatency)
+	t.note("429 window: %s injected on asample after %s of steady state; workers x %d slots, simulator latency %s + %s per token (%s-%s); calls counted by the simulator inside the window",
+		s.Window, windowWarmup, windowConcurrency, windowBaseLatency, windowTokenLatency,
+		windowBaseLatency+windowTokenLatency, windowBaseLatency+windowTokenLatency*benchMaxTokens)
 	t.note("aim: the fleet sends no more than one worker alone would (ratio <= 1, with 10 %% allowed for noise)")
 	return t, nil
 }
@@ -233,7 +242,7 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 // the asample calls the simulator saw inside it.
 func windowCalls(ctx context.Context, n int, local bool, window time.Duration, tokens *tokenizer.Registry) (int64, error) {
 	r, err := newRig(ctx, rigConfig{
-		Sim:    &tinkersim.Config{Capacity: 100_000, BaseLatency: windowLatency},
+		Sim:    &tinkersim.Config{Capacity: 100_000, BaseLatency: windowBaseLatency, PerTokenLatency: windowTokenLatency},
 		Queue:  queue.Config{MaxAckPending: n*windowConcurrency + 1000},
 		Tokens: tokens,
 	})
