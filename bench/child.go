@@ -242,7 +242,7 @@ func procCPU(pid int) (time.Duration, error) {
 
 // startTLSSim starts a simulator child serving HTTPS on a fresh self-signed certificate
 // (written to dir for it) and returns it with the roots that trust it.
-func startTLSSim(ctx context.Context, profile, dir string) (*child, *x509.CertPool, error) {
+func startTLSSim(ctx context.Context, profile, dir string, args ...string) (*child, *x509.CertPool, error) {
 	cert, err := tinkersim.SelfSignedCert()
 	if err != nil {
 		return nil, nil, err
@@ -258,7 +258,7 @@ func startTLSSim(ctx context.Context, profile, dir string) (*child, *x509.CertPo
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
 		return nil, nil, fmt.Errorf("tls sim: %w", err)
 	}
-	c, err := startChild(ctx, profile, "-role", "sim", "-tls-cert", certFile, "-tls-key", keyFile)
+	c, err := startChild(ctx, profile, append([]string{"-role", "sim", "-tls-cert", certFile, "-tls-key", keyFile}, args...)...)
 	if err != nil {
 		return nil, nil, err
 	}
