@@ -277,7 +277,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.add(row{Case: "CPU ratio in each round (worker process / the client alone just before it)", Measured: strings.Join(eachText, " "),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
 	r, w, c, _ = paired(rounds[vClient], rounds[vWorker], func(p perSample) float64 { return float64(p.sys) })
-	t.add(row{Case: "CPU per sample in the kernel (getrusage sys), worker process", Measured: fmt.Sprintf("%.0f µs", w/1e3),
+	t.add(row{Case: "CPU per sample in the kernel (getrusage sys), worker process, median ratio", Measured: fmt.Sprintf("%.0f µs", w/1e3),
 		Baseline: fmt.Sprintf("%.0f µs", c/1e3), Ratio: r, Verdict: verdictInfo})
 	t.add(row{Case: "CPU per sample, cheapest round of each side, worker process", Measured: fmt.Sprintf("%.0f µs", us(alone.cpu)),
 		Baseline: fmt.Sprintf("%.0f µs", us(base.cpu)), Ratio: ratio(float64(alone.cpu), float64(base.cpu)), Verdict: verdictInfo})
@@ -322,7 +322,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 	t.note("HTTPS rows: the simulator on a self-signed certificate (tinker.Config.RootCAs), HTTP/2 negotiated as with the real service (§1.4), samples of %s (zero-latency HTTPS rows until session 9 read 1.19-1.47)", costLatency)
 	t.note("%d samples measured after %d warm-up samples, per side; simulator CPU from /proc/<pid>/stat (10 ms ticks)", s.CostSamples, s.CostWarmup)
 	t.note("CPU in the kernel: Linux splits a process's CPU time into user and sys by scheduler ticks, so that row is coarse (tens of ticks a round)")
-	t.note("%d alternated rounds; aim rows: the median over the rounds of the worker's figure / the client's in the same round (the medians of each side are shown); other rows: each variant's cheapest round", max(s.CostRounds, 1))
+	t.note("%d alternated rounds; aim rows and those that say median ratio: the median over the rounds of the worker's figure / the client's in the same round (the medians of each side are shown); other rows: each variant's cheapest round", max(s.CostRounds, 1))
 	return t, nil
 }
 
