@@ -107,10 +107,10 @@ func (c *Codec) Close() {
 // ResultMsg fills msg with the message that stores the result of customID in batch and
 // returns it: data compressed when over the codec's threshold, status and custom id in
 // headers, on the job's own result subject, where the stream keeps the first result stored
-// and refuses any other (see ResultStored). A nil msg means a new one; a msg
-// given back keeps its header map, so a worker can reuse one message for job after job once
-// the stream has acked it. It returns ErrTooLarge when the message does not fit maxPayload
-// (0: no limit). The message holds data itself, not a copy.
+// and refuses any other (see ResultStored). A nil msg means a new one; a msg given back keeps
+// its header map, so a worker can reuse one message for job after job once the stream has
+// acked it. It returns ErrTooLarge when the message does not fit maxPayload (0: no limit).
+// The message holds data itself, not a copy.
 func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) (*nats.Msg, error) {
 	if msg == nil {
 		msg = &nats.Msg{}
