@@ -218,13 +218,16 @@ func TestSimCredentialCmd(t *testing.T) {
 		t.Fatalf("sample after the refresh: %v", err)
 	}
 	e.no401(t)
+	// Stopped, the client runs the command no more; a refresh that Close cut short may have
+	// run it without a JWT minted for it.
+	_ = e.client.Close()
 	data, err := os.ReadFile(runs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// client/config once, then one run per exchange: Dial's and the refresh's at least.
 	minted := e.sim.Stats().TokensMinted
-	if n := int64(strings.Count(string(data), "run")); n != 1+minted || minted < 2 {
+	if n := int64(strings.Count(string(data), "run")); n < 1+minted || n > 2+minted || minted < 2 {
 		t.Fatalf("the command ran %d times for %d JWTs minted, want one per exchange and one for client/config", n, minted)
 	}
 	if got := e.credentials(); !slices.Contains(got, simKey) || len(e.jwtCreds()) < 2 {
