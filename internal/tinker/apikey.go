@@ -67,15 +67,10 @@ func (k APIKey) Validate() error {
 // errNoAPIKey says that neither TINKER_API_KEY nor TINKER_API_KEY_FILE is set.
 var errNoAPIKey = errors.New("tinker: no API key: set TINKER_API_KEY or TINKER_API_KEY_FILE")
 
-// APIKeyFromEnv reads the credential from TINKER_API_KEY or, when that is unset or
-// empty, from the file named by TINKER_API_KEY_FILE (surrounding white space is
-// trimmed). The key is validated with [APIKey.Validate].
-func APIKeyFromEnv() (APIKey, error) {
-	return APIKeyFrom(os.Getenv)
-}
-
-// APIKeyFrom is APIKeyFromEnv with the environment read through getenv (a program's injected
-// environment, tests).
+// APIKeyFrom reads the credential from TINKER_API_KEY or, when that is unset or empty, from
+// the file named by TINKER_API_KEY_FILE (surrounding white space is trimmed), through getenv
+// (os.Getenv, a program's injected environment, tests). The key is validated with
+// [APIKey.Validate].
 func APIKeyFrom(getenv func(string) string) (APIKey, error) {
 	k := APIKey(strings.TrimSpace(getenv("TINKER_API_KEY")))
 	if k == "" {

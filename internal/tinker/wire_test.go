@@ -292,7 +292,7 @@ func TestAPIKeyRedaction(t *testing.T) {
 	}
 }
 
-func TestAPIKeyFromEnv(t *testing.T) {
+func TestAPIKeyFrom(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "key")
 	if err := os.WriteFile(file, []byte("  tml-FROMFILE\n"), 0o600); err != nil {
@@ -316,7 +316,8 @@ func TestAPIKeyFromEnv(t *testing.T) {
 	}
 	t.Setenv("TINKER_API_KEY", "eyJhbGciOi.x.y")
 	t.Setenv("TINKER_API_KEY_FILE", "")
-	if k, err := APIKeyFromEnv(); err != nil || k != "eyJhbGciOi.x.y" {
-		t.Fatalf("APIKeyFromEnv: %v", err)
+	t.Setenv("TINKER_CREDENTIAL_CMD", "")
+	if k, cmd, err := CredentialsFrom(os.Getenv); err != nil || k != "eyJhbGciOi.x.y" || cmd != "" {
+		t.Fatalf("CredentialsFrom(os.Getenv): %q %v", cmd, err)
 	}
 }
