@@ -21,8 +21,8 @@ import (
 // The workers of the 429-window runs: windowConcurrency job slots each, against samples that
 // take windowBaseLatency plus windowTokenLatency per generated token (1 to benchMaxTokens,
 // uniformly): 112-300 ms. With one fixed latency the samples moved in lockstep waves, and a
-// run's count hung on how many were at a wave's crest when the window opened (8 to 32 calls
-// within its first few milliseconds, under either backoff), not on the backoff.
+// run's count hung on the size of the first wave after the window opened (8 to 32 calls
+// together, about 125 ms in, under either backoff), not on the backoff.
 const (
 	windowBaseLatency  = 100 * time.Millisecond
 	windowTokenLatency = 12500 * time.Microsecond
@@ -71,7 +71,7 @@ func runFleet(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		// One worker's rows are medians of oneWorkerWindows runs. With one fixed latency a run's
 		// count moved with where the window fell among the samples' waves (5 to 64 calls alone,
 		// 2 to 33 as a fleet of one, in quick runs), and two like rows were a coin toss. Varied
-		// latencies took the waves away; the counts are steadier but small (3 to 14 alone in
+		// latencies took the waves away; the counts are steadier but small (2 to 14 alone in
 		// quick runs), so the baseline and its like stay medians.
 		runs := 1
 		if c.n == 1 {

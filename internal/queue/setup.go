@@ -119,7 +119,8 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		MaxMsgsPerSubject:    1,
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
-		Duplicates:           min(cfg.DuplicateWindow, cfg.ResultsMaxAge),
+		// For workers of earlier versions, which still send an id with each result.
+		Duplicates: min(cfg.DuplicateWindow, cfg.ResultsMaxAge),
 	})
 	if err != nil {
 		return nil, err
