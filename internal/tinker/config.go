@@ -26,7 +26,8 @@ type Config struct {
 	// CredentialCmd is a shell command whose trimmed standard output is the credential
 	// (TINKER_CREDENTIAL_CMD, §2.1). It runs for every token fetch: for client/config when
 	// APIKey is "", and for each JWT exchange (§2.2) when APIKey is "" or the server's
-	// credential_default_source is "credential_cmd". Without an API key it serves only a
+	// credential_default_source is "credential_cmd" (unless APIKey is a JWT, which is
+	// exchanged itself, as in the SDK). Without an API key it serves only a
 	// server that exchanges credentials for JWTs. Neither the command nor what it prints
 	// appears in a log line or an error.
 	CredentialCmd string

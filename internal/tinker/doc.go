@@ -13,12 +13,14 @@
 // exp is read (no signature check); a goroutine owned by the client re-mints it
 // [Timing].JWTRefreshBeforeExpiry (300 s) before expiry, retrying every
 // JWTRefreshRetry (60 s) after a failure, and a request that finds no more than
-// JWTRefreshOnDemand (60 s) left refreshes it first. A credential that is itself a JWT
-// ("eyJ…") is used directly (§2.1). A credential command (TINKER_CREDENTIAL_CMD,
-// [Config].CredentialCmd) is a shell command whose trimmed output is the credential: it runs
-// for every token fetch, for client/config when there is no API key and for each exchange
-// whose source it is (no API key, or credential_default_source "credential_cmd"); without an
-// API key it serves only a server that exchanges JWTs, as in the SDK.
+// JWTRefreshOnDemand (60 s) left refreshes it first. An API key that is itself a JWT
+// ("eyJ…") is sent as it is where the server does not exchange, and exchanged like a key
+// where it does (as the SDK's code does; §2.1 reads "used directly"). A credential command
+// (TINKER_CREDENTIAL_CMD, [Config].CredentialCmd) is a shell command whose trimmed output is
+// the credential: it runs for every token fetch, for client/config when there is no API key
+// and for each exchange whose source it is (no API key, or credential_default_source
+// "credential_cmd" and an API key that is not a JWT; that flag without a command fails Dial,
+// as in the SDK); without an API key it serves only a server that exchanges JWTs.
 //
 // [Client.NewSampler] creates a sampling session (§3.5) for a base model or a
 // tinker:// model path. [Sampler.Sample] runs one sample the way §5.1 and §6.3

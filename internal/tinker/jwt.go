@@ -47,30 +47,31 @@ type jwtAuth struct {
 	done   chan struct{}      // closed when it has stopped
 }
 
-// startAuth applies the credential rules of §2.1 and §2.2 once client/config is known: a
-// credential that is itself a JWT (it starts "eyJ") is used as is; otherwise, when the server
-// sets pjwt_auth_enabled, a credential is exchanged for a JWT and the background refresh
-// starts. The exchange sends the credential command's output when the server's
-// credential_default_source is "credential_cmd" or there is no API key, the API key otherwise.
-// Without the exchange only an API key will do: the command alone is an error, as in the SDK.
+// startAuth applies the credential rules of §2.1 and §2.2 once client/config is known. Without
+// pjwt_auth_enabled the API key (or a JWT given as the key) is sent as it is, and the
+// credential command alone is an error, as in the SDK. With it, a credential is exchanged for
+// a JWT and the background refresh starts: the API key when it is a JWT ("eyJ…", which the SDK
+// exchanges too, never running the command for it), else the command's output when the
+// server's credential_default_source is "credential_cmd" or there is no API key, else the API
+// key. A server that asks for the command's credential when none is set is an error, as in
+// the SDK (resolve_auth_provider).
 func (c *Client) startAuth(ctx context.Context) error {
 	key := *c.key
-	if strings.HasPrefix(string(key), "eyJ") {
-		return nil // §2.1: a JWT credential is used directly, without exchange
-	}
 	if !c.flags.PJWTAuthEnabled {
 		if key == "" {
 			return errors.New("tinker: the server does not exchange credentials for JWTs (pjwt_auth_enabled is off), so TINKER_CREDENTIAL_CMD alone is not enough: set TINKER_API_KEY or TINKER_API_KEY_FILE (§2.1)")
 		}
 		return nil // §2.1: the plain API key
 	}
+	isJWT := strings.HasPrefix(string(key), "eyJ")
 	switch {
 	case key == "":
 		c.viaCmd = true
+	case isJWT: // exchanged as it is, whatever the server's default source
 	case c.flags.CredentialDefaultSource == "credential_cmd" && c.cmd != nil:
 		c.viaCmd = true
 	case c.flags.CredentialDefaultSource == "credential_cmd":
-		c.log.Warn(`tinker: the server asks for credentials from TINKER_CREDENTIAL_CMD (credential_default_source "credential_cmd"), which is not set; exchanging the API key`)
+		return errors.New(`tinker: the server requires credentials from a command (credential_default_source "credential_cmd"): set TINKER_CREDENTIAL_CMD to a command that prints a valid credential (§2.2)`)
 	}
 	tok, exp, err := c.exchangeJWT(ctx)
 	if err != nil {

@@ -1,6 +1,7 @@
 package tinker_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,6 +107,44 @@ func TestSimJWTAuth(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `"detail"`) {
 		t.Fatalf("create_session with the API key: %d %s, want 401 with a detail", resp.StatusCode, body)
 	}
+}
+
+// TestSimJWTCredential: a JWT given as the API key is exchanged like a key when the server
+// exchanges (the SDK's internal_client_holder does so), and sampling works on the result.
+func TestSimJWTCredential(t *testing.T) {
+	t.Parallel()
+	e := newSimEnv(t, tinkersim.Config{JWTAuth: true}, nil)
+	req, _ := http.NewRequestWithContext(e.ctx, "POST", e.base+"/api/v1/auth/token", strings.NewReader(`{}`))
+	req.Header.Set("X-API-Key", simKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var minted struct{ JWT string }
+	err = json.NewDecoder(resp.Body).Decode(&minted)
+	resp.Body.Close()
+	if err != nil || !strings.HasPrefix(minted.JWT, "eyJ") {
+		t.Fatalf("auth/token: %v %q", err, minted.JWT)
+	}
+	before := e.sim.Stats().TokensMinted
+
+	c, err := tinker.Dial(e.ctx, tinker.Config{BaseURL: e.base, APIKey: tinker.APIKey(minted.JWT)})
+	if err != nil {
+		t.Fatalf("Dial with a JWT credential: %v", err)
+	}
+	defer c.Close()
+	s, err := c.NewSampler(e.ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sample(e.ctx, simRequest(2)); err != nil {
+		t.Fatalf("sample: %v", err)
+	}
+	if got := e.sim.Stats().TokensMinted - before; got != 1 {
+		t.Fatalf("%d JWTs minted for the client with a JWT credential, want its one exchange", got)
+	}
+	e.no401(t)
 }
 
 // TestSimJWTRefreshBeforeExpiry: with 2 s JWTs and the refresh moved to 1.5 s before expiry

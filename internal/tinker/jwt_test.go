@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -227,38 +229,58 @@ func TestJWTBackgroundRefresh(t *testing.T) {
 	}
 }
 
-// §2.1: a credential that is itself a JWT is used directly, without exchange.
-// credential_default_source "credential_cmd" without a credential command gives one warning
-// and the API key is exchanged; without the exchange the flag means nothing (§2.2: only plain
-// API keys are sent). The command's own rules are in credcmd_test.go.
+// §2.1, §2.2 as the SDK's code has them (internal_client_holder, resolve_auth_provider): a
+// JWT given as the API key is sent as it is without the exchange, and exchanged like any key
+// with it, never replaced by the credential command. credential_default_source
+// "credential_cmd" without a credential command fails Dial; without the exchange the flag
+// means nothing (only plain API keys are sent). The command's own rules are in credcmd_test.go.
 func TestJWTCredentialRules(t *testing.T) {
 	const cmdConfig = `{"pjwt_auth_enabled": true, "credential_default_source": "credential_cmd"}`
-	t.Run("JWT credential", func(t *testing.T) {
+	direct := APIKey(testJWT(expIn(time.Hour), 7))
+	t.Run("JWT credential, no JWT exchange", func(t *testing.T) {
 		f := newFake(t)
-		f.set("client/config", jsonReply(200, cmdConfig))
-		direct := APIKey(testJWT(expIn(time.Hour), 7))
 		f.setAccept(func(_, cred string) bool { return cred == string(direct) })
-		logs := &fleettest.Buffer{}
-		c, _, _ := dial(t, f, func(cfg *Config) { cfg.APIKey = direct; cfg.Logger = debugLogger(logs) })
+		c, _, _ := dial(t, f, func(cfg *Config) { cfg.APIKey = direct })
 		sampler(t, c)
 		if n := len(f.requests("auth/token")); n != 0 || c.jwt != nil {
-			t.Fatalf("a JWT credential was exchanged (%d auth/token requests)", n)
+			t.Fatalf("a JWT credential was exchanged (%d auth/token requests) by a server that does not exchange", n)
 		}
-		if len(f.requests("create_sampling_session")) != 1 || strings.Contains(logs.String(), "TINKER_CREDENTIAL_CMD") {
-			t.Fatalf("requests %d, logs %s", len(f.requests("")), logs.String())
+		if len(f.requests("create_sampling_session")) != 1 {
+			t.Fatalf("requests %d", len(f.requests("")))
 		}
 	})
-	t.Run("credential_cmd with JWT exchange", func(t *testing.T) {
+	t.Run("JWT credential, JWT exchange, credential_cmd", func(t *testing.T) {
 		f, m := jwtFake(t, hourLife)
 		f.set("client/config", jsonReply(200, cmdConfig))
-		logs := &fleettest.Buffer{}
-		c, _, _ := dial(t, f, func(cfg *Config) { cfg.Logger = debugLogger(logs) })
+		f.setAccept(func(ep, cred string) bool {
+			switch ep {
+			case "client/config", "auth/token":
+				return cred == string(direct)
+			}
+			return len(m.minted()) > 0 && cred == m.minted()[len(m.minted())-1]
+		})
+		ran := filepath.Join(t.TempDir(), "ran")
+		c, _, _ := dial(t, f, func(cfg *Config) {
+			cfg.APIKey = direct
+			cfg.CredentialCmd = "touch " + ran + "; echo " + cmdKey
+		})
 		sampler(t, c)
-		if n := strings.Count(logs.String(), "TINKER_CREDENTIAL_CMD"); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
-			t.Fatalf("%d credential_cmd warnings, want 1: %s", n, logs.String())
+		if len(m.minted()) != 1 || len(f.requests("auth/token")) != 1 {
+			t.Fatalf("%d JWTs minted in %d exchanges, want the JWT credential exchanged once", len(m.minted()), len(f.requests("auth/token")))
 		}
-		if len(m.minted()) != 1 || f.requests("auth/token")[0].Header.Get("X-Api-Key") != string(testKey) {
-			t.Fatal("the API key was not exchanged")
+		if _, err := os.Stat(ran); err == nil {
+			t.Fatal("the credential command ran although the API key is a JWT")
+		}
+	})
+	t.Run("credential_cmd with JWT exchange, no command", func(t *testing.T) {
+		f, m := jwtFake(t, hourLife)
+		f.set("client/config", jsonReply(200, cmdConfig))
+		err := dialErr(t, f, func(cfg *Config) { cfg.APIKey = testKey })
+		if err == nil || !strings.Contains(err.Error(), "set TINKER_CREDENTIAL_CMD") || strings.Contains(err.Error(), string(testKey)) {
+			t.Fatalf("Dial: %v, want an error that asks for TINKER_CREDENTIAL_CMD", err)
+		}
+		if len(m.minted()) != 0 || len(f.requests("create_session")) != 0 {
+			t.Fatalf("%d JWTs minted, %d sessions after the error", len(m.minted()), len(f.requests("create_session")))
 		}
 	})
 	t.Run("credential_cmd without JWT exchange", func(t *testing.T) {

@@ -53,15 +53,14 @@ func (s *Server) jwtSubject(apiKey string) string {
 	return "tinkersim-user-" + hex.EncodeToString(mac.Sum(nil)[:8])
 }
 
-// mintJWT returns a JWT for the holder of apiKey issued at now (§2.2). exp is rounded up to a
-// whole second, so the token is valid for at least Config.JWTLifetime.
-func (s *Server) mintJWT(apiKey string, now time.Time) string {
+// mintJWT returns a JWT for the user sub issued at now (§2.2). exp is rounded up to a whole
+// second, so the token is valid for at least Config.JWTLifetime.
+func (s *Server) mintJWT(sub string, now time.Time) string {
 	exp := now.Add(s.cfg.JWTLifetime)
 	expSec := exp.Unix()
 	if exp.Nanosecond() > 0 {
 		expSec++
 	}
-	sub := s.jwtSubject(apiKey)
 	// A struct of strings and integers always marshals.
 	payload, _ := json.Marshal(jwtClaims{Sub: sub, Email: sub + "@tinkersim.invalid", Iat: now.Unix(), Exp: expSec})
 	signed := jwtHeaderB64 + "." + base64.RawURLEncoding.EncodeToString(payload)
@@ -79,15 +78,21 @@ func jwtSign(key *jwtSecret, signed string) []byte {
 // key) that has not expired at now, and otherwise the detail of the 401 reply. The token is
 // never part of the detail.
 func (s *Server) checkJWT(tok string, now time.Time) string {
+	_, detail := s.jwtOf(tok, now)
+	return detail
+}
+
+// jwtOf returns the claims of tok when checkJWT accepts it, and otherwise checkJWT's detail.
+func (s *Server) jwtOf(tok string, now time.Time) (jwtClaims, string) {
 	if tok == "" {
-		return "missing X-API-Key: JWT auth is on, exchange the API key at POST /api/v1/auth/token (§2.2)"
+		return jwtClaims{}, "missing X-API-Key: JWT auth is on, exchange the API key at POST /api/v1/auth/token (§2.2)"
 	}
 	if strings.HasPrefix(tok, "tml-") {
-		return "an API key is not accepted here: JWT auth is on, exchange it at POST /api/v1/auth/token (§2.2)"
+		return jwtClaims{}, "an API key is not accepted here: JWT auth is on, exchange it at POST /api/v1/auth/token (§2.2)"
 	}
 	parts := strings.Split(tok, ".")
 	if len(parts) != 3 {
-		return "Invalid JWT"
+		return jwtClaims{}, "Invalid JWT"
 	}
 	var hdr struct {
 		Alg string `json:"alg"`
@@ -95,37 +100,38 @@ func (s *Server) checkJWT(tok string, now time.Time) string {
 	}
 	hb, err := base64.RawURLEncoding.DecodeString(parts[0])
 	if err != nil || json.Unmarshal(hb, &hdr) != nil || hdr.Alg != "HS256" {
-		return "Invalid JWT"
+		return jwtClaims{}, "Invalid JWT"
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
 	if err != nil || !hmac.Equal(sig, jwtSign(s.jwtKey.Load(), parts[0]+"."+parts[1])) {
-		return "Invalid JWT"
+		return jwtClaims{}, "Invalid JWT"
 	}
 	var claims jwtClaims
 	pb, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil || json.Unmarshal(pb, &claims) != nil || claims.Exp == 0 {
-		return "Invalid JWT"
+		return jwtClaims{}, "Invalid JWT"
 	}
 	if !now.Before(time.Unix(claims.Exp, 0)) {
-		return "JWT expired: exchange the API key again at POST /api/v1/auth/token (§2.2)"
+		return jwtClaims{}, "JWT expired: exchange the API key again at POST /api/v1/auth/token (§2.2)"
 	}
-	return ""
+	return claims, ""
 }
 
 // authenticate checks X-API-Key (§1.2, §12) for endpoint and answers 401 with a JSON detail
 // when it fails. Without Config.JWTAuth every endpoint takes an accepted API key. With it
-// (§2.2): auth/token takes an accepted API key, client/config an API key or a JWT of this
-// server (the SDK fetches the flags before it knows about the exchange, and uses a JWT
-// credential directly, §2.1), and every other endpoint only a valid, unexpired JWT of this
-// server; those refusals are counted in Stats.JWTRejections.
+// (§2.2): client/config and auth/token take an accepted API key or a JWT of this server (the
+// SDK fetches the flags before it knows about the exchange, and exchanges a JWT given as its
+// credential like an API key: internal_client_holder of 0.25.0), and every other endpoint
+// only a valid, unexpired JWT of this server; those refusals are counted in
+// Stats.JWTRejections.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, endpoint string, now time.Time) bool {
 	cred := r.Header.Get("X-API-Key")
 	switch {
-	case !s.cfg.JWTAuth || endpoint == epAuthToken:
+	case !s.cfg.JWTAuth:
 		if s.authorized(r) {
 			return true
 		}
-	case endpoint == epClientConfig:
+	case endpoint == epClientConfig || endpoint == epAuthToken:
 		if s.authorized(r) || s.checkJWT(cred, now) == "" {
 			return true
 		}
@@ -144,9 +150,10 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, endpoint s
 	return false
 }
 
-// handleAuthToken implements POST /api/v1/auth/token (§3.2): body {}, an accepted API key in
-// X-API-Key (checked by authenticate), reply {"jwt": …}. Without Config.JWTAuth it answers 404,
-// as a service with pjwt_auth_enabled false need not serve it (§12).
+// handleAuthToken implements POST /api/v1/auth/token (§3.2): body {}, an accepted API key or a
+// JWT of this server in X-API-Key (checked by authenticate), reply {"jwt": …} for the same
+// user. Without Config.JWTAuth it answers 404, as a service with pjwt_auth_enabled false need
+// not serve it (§12).
 func (s *Server) handleAuthToken(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.JWTAuth {
 		writeJSONError(w, http.StatusNotFound, "JWT exchange is off (pjwt_auth_enabled is false)")
@@ -156,7 +163,13 @@ func (s *Server) handleAuthToken(w http.ResponseWriter, r *http.Request) {
 	if !s.decodePost(w, r, &req) {
 		return
 	}
-	tok := s.mintJWT(r.Header.Get("X-API-Key"), time.Now())
+	now := time.Now()
+	cred := r.Header.Get("X-API-Key")
+	sub := s.jwtSubject(cred)
+	if claims, detail := s.jwtOf(cred, now); detail == "" {
+		sub = claims.Sub // a JWT given as the credential: the same user, a fresh token
+	}
+	tok := s.mintJWT(sub, now)
 	s.mu.Lock()
 	s.st.tokensMinted++
 	s.mu.Unlock()

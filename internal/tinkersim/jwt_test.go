@@ -96,9 +96,15 @@ func TestJWTAuthExchange(t *testing.T) {
 		}
 		mustStatus(t, h.do(ep.method, ep.path, body, "X-API-Key", tok), 200)
 	}
-	// client/config takes either; auth/token only the API key; a wrong key gets nothing.
+	// client/config and auth/token take either (a JWT credential is exchanged for a fresh one
+	// of the same user, as the SDK exchanges a JWT given as its key); a wrong key gets nothing.
 	mustStatus(t, h.do("POST", "/api/v1/client/config", `{"sdk_version":"0.25.0"}`, "X-API-Key", tok), 200)
-	mustJSONError(t, h.do("POST", "/api/v1/auth/token", "{}", "X-API-Key", tok), http.StatusUnauthorized)
+	again := h.do("POST", "/api/v1/auth/token", "{}", "X-API-Key", tok)
+	mustStatus(t, again, 200)
+	tok2, _ := again.json(t)["jwt"].(string)
+	if parts2 := strings.Split(tok2, "."); len(parts2) != 3 || decodeSegment(t, parts2[1])["sub"] != sub {
+		t.Fatalf("the JWT of %q exchanged for %q", sub, tok2)
+	}
 	mustJSONError(t, h.do("POST", "/api/v1/auth/token", "{}", "X-API-Key", "tml-wrong"), http.StatusUnauthorized)
 	mustJSONError(t, h.do("POST", "/api/v1/client/config", `{"sdk_version":"0.25.0"}`, "X-API-Key", "tml-wrong"), http.StatusUnauthorized)
 	// auth/token validates like every endpoint: body {} only, POST only.
@@ -127,11 +133,11 @@ func TestJWTAuthExchange(t *testing.T) {
 	// Admin endpoints keep taking the API key.
 	mustStatus(t, h.do("GET", "/admin/stats", nil), 200)
 	st := h.srv.Stats()
-	if st.TokensMinted != 2 || st.JWTRejections != 4 || st.SamplesCompleted != 1 {
-		t.Fatalf("stats: %d minted, %d JWT rejections, %d completed; want 2, 4, 1",
+	if st.TokensMinted != 3 || st.JWTRejections != 4 || st.SamplesCompleted != 1 {
+		t.Fatalf("stats: %d minted, %d JWT rejections, %d completed; want 3, 4, 1",
 			st.TokensMinted, st.JWTRejections, st.SamplesCompleted)
 	}
-	if st.Requests["auth/token"][200] != 2 || st.Requests["create_session"][401] != 1 {
+	if st.Requests["auth/token"][200] != 3 || st.Requests["create_session"][401] != 1 {
 		t.Fatalf("requests %v", st.Requests)
 	}
 }
@@ -148,7 +154,7 @@ func TestJWTAuthRefusesBadTokens(t *testing.T) {
 	claims["exp"] = claims["exp"].(float64) + 3600
 	longer, _ := json.Marshal(claims)
 	none := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`))
-	expired := h.srv.mintJWT(testKey, time.Now().Add(-2*time.Hour))
+	expired := h.srv.mintJWT(h.srv.jwtSubject(testKey), time.Now().Add(-2*time.Hour))
 	bad := map[string]string{
 		"tampered payload":    parts[0] + "." + base64.RawURLEncoding.EncodeToString(longer) + "." + parts[2],
 		"tampered signature":  parts[0] + "." + parts[1] + "." + strings.Repeat("A", len(parts[2])),
@@ -193,7 +199,7 @@ func TestJWTAuthOffAndLifetime(t *testing.T) {
 		t.Fatal("pjwt_auth_enabled is not false by default")
 	}
 	mustJSONError(t, h.do("POST", "/api/v1/auth/token", "{}"), http.StatusNotFound)
-	jwt := h.srv.mintJWT(testKey, time.Now())
+	jwt := h.srv.mintJWT(h.srv.jwtSubject(testKey), time.Now())
 	mustJSONError(t, h.do("GET", "/api/v1/healthz", nil, "X-API-Key", jwt), http.StatusUnauthorized)
 	if st := h.srv.Stats(); st.TokensMinted != 0 || st.JWTRejections != 0 {
 		t.Fatalf("stats without JWT auth: %+v", st)
@@ -215,7 +221,7 @@ func TestJWTAuthOffAndLifetime(t *testing.T) {
 	// valid now and refused 2 s later (checkJWT takes the time as an argument).
 	s := newHarness(t, Config{JWTAuth: true, JWTLifetime: time.Second}).srv
 	now := time.Now()
-	tok := s.mintJWT(testKey, now)
+	tok := s.mintJWT(s.jwtSubject(testKey), now)
 	if msg := s.checkJWT(tok, now); msg != "" {
 		t.Fatalf("fresh token refused: %s", msg)
 	}
