@@ -76,10 +76,11 @@ type Config struct {
 	// DisableDynamicConfig makes client/dynamic_config answer 404 (the SDK then uses defaults).
 	DisableDynamicConfig bool
 	// JWTAuth turns on the JWT exchange (§2.2): client/config answers pjwt_auth_enabled true,
-	// POST auth/token exchanges an accepted API key for a JWT (HS256 under a per-server random
-	// secret, claims sub, email, iat, exp), and every API endpoint except client/config and
-	// auth/token then requires such a JWT, unexpired, in X-API-Key (401 otherwise, a plain API
-	// key included). Admin endpoints keep taking X-Admin-Token or an API key.
+	// POST auth/token exchanges an accepted API key (or a JWT of its own) for a JWT (HS256
+	// under a per-server random secret, claims sub, email, iat, exp), and every API endpoint
+	// except client/config and auth/token then requires such a JWT, unexpired, in X-API-Key
+	// (401 otherwise, a plain API key included). Admin endpoints keep taking X-Admin-Token or
+	// an API key.
 	JWTAuth bool
 	// JWTLifetime is how long a minted JWT is valid; exp is rounded up to a whole second, so a
 	// token lives at least this long. Default 1 h.

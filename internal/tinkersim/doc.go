@@ -42,11 +42,13 @@
 //   - Authentication: X-API-Key must be one of Config.APIKeys (any "tml-…" key when none are
 //     configured); otherwise 401 with a JSON body.
 //   - JWT exchange (§2.2, §3.2), with Config.JWTAuth (cmd: -jwt-auth): client/config answers
-//     pjwt_auth_enabled true; POST auth/token with body {} and an accepted API key returns
+//     pjwt_auth_enabled true; POST auth/token with body {} and an accepted API key (or a JWT
+//     of this server, exchanged for a fresh one of the same sub, as the SDK exchanges a JWT
+//     credential) returns
 //     {"jwt": …}, a JWT with header {"alg":"HS256","typ":"JWT"} and claims sub, email, iat and
 //     exp (at least Config.JWTLifetime, default 1 h, after iat), signed with HMAC-SHA256 under a
-//     random secret of this server. Every other API endpoint except client/config (which takes
-//     an API key or such a JWT) then requires a valid, unexpired JWT of this server in
+//     random secret of this server. Every other API endpoint except client/config and
+//     auth/token (which take an API key or such a JWT) then requires a valid, unexpired JWT of this server in
 //     X-API-Key: a plain API key, a tampered, foreign or expired JWT get 401 with a JSON detail
 //     (counted in Stats.JWTRejections). Server.RevokeJWTs invalidates every JWT minted so far.
 //     Admin endpoints keep their own authentication.
