@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -525,7 +526,7 @@ func counterSum(reg *prometheus.Registry, name string) float64 {
 }
 
 // floorCost is the least a JetStream worker can spend per job with nats.go, settling as the
-// worker does: jobs fetched in batches of up to 64, each batch's typical results stored as one
+// worker does: jobs pulled in batches of up to 64 (queue.JobPuller), each batch's typical results stored as one
 // group (queue.ResultPublisher) and its jobs acked after that. No decoding, no sampling, nothing
 // of the worker's own.
 func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSample, error) {
@@ -542,10 +543,11 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	if err := publishJobs(ctx, q, batch, 0, warmup+n); err != nil {
 		return perSample{}, err
 	}
-	cons, err := q.Consumer(ctx)
+	puller, err := q.NewJobPuller(ctx)
 	if err != nil {
 		return perSample{}, err
 	}
+	defer func() { _ = puller.Close() }()
 	codec, err := queue.NewCodec(0)
 	if err != nil {
 		return perSample{}, err
@@ -575,19 +577,20 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	)
 	total, from := warmup+n, 0 // from: jobs settled when the measure began
 	for settled < total && ctx.Err() == nil {
-		b, err := cons.Fetch(fetchMax, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return perSample{}, fmt.Errorf("fetch: %w", err)
-		}
 		jobMsgs, group = jobMsgs[:0], group[:0]
-		for msg := range b.Messages() {
+		var encodeErr error
+		_, err := puller.Pull(ctx, fetchMax, time.Second, func(msg jetstream.Msg) {
 			id := msg.Headers().Get(queue.HeaderCustomID)
 			out, err := q.ResultMsg(outs[len(group)], codec, batch, id, string(jobs.StatusOK), data, 0)
 			if err != nil {
-				return perSample{}, err
+				encodeErr = err
+				return
 			}
 			outs[len(group)] = out
 			jobMsgs, group = append(jobMsgs, msg), append(group, out)
+		})
+		if err = cmp.Or(err, encodeErr); err != nil {
+			return perSample{}, fmt.Errorf("pull: %w", err)
 		}
 		results.Publish(ctx, group, errs[:len(group)])
 		for i, msg := range jobMsgs {

@@ -49,7 +49,7 @@ type Worker struct {
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
 // ShutdownGrace to finish, naks the rest and returns. It returns nil after a clean stop.
 func (w *Worker) Run(ctx context.Context) error {
-	cons, err := w.cfg.Queue.Consumer(ctx)
+	puller, err := w.cfg.Queue.NewJobPuller(ctx)
 	if err != nil {
 		return err
 	}
@@ -89,7 +89,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	deliveries := make(chan delivery)
 	spawned := 0
 	w.pullDone = make(chan struct{})
-	err = w.pull(ctx, cons, func(d delivery) {
+	err = w.pull(ctx, puller, func(d delivery) {
 		if spawned < cap(w.slots) {
 			select {
 			case deliveries <- d: // an idle handler took it
@@ -102,9 +102,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		deliveries <- d // d holds a slot, so a handler is finishing and will take it
 	})
+	if cerr := puller.Close(); cerr != nil {
+		w.log.Debug("close job puller", "err", cerr)
+	}
 	close(deliveries)
 	// The server keeps the last pull request open until it expires; a nak before then would
-	// redeliver the job into that request, which nobody reads, and strand it until AckWait.
+	// redeliver the job into that request, which nobody reads once the puller is closed, and
+	// strand it until AckWait.
 	w.pullExpired = time.Now().Add(fetchExpiry + 250*time.Millisecond)
 	close(w.pullDone)
 
@@ -163,7 +167,7 @@ const (
 
 // pull fetches jobs while ctx lasts, never more than it has free job slots and reserved
 // dispatch count permits for.
-func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(delivery)) error {
+func (w *Worker) pull(ctx context.Context, puller *queue.JobPuller, start func(delivery)) error {
 	const maxBatch = 64
 	var held []*dispatch.Reservation
 	defer func() {
@@ -206,42 +210,27 @@ func (w *Worker) pull(ctx context.Context, cons jetstream.Consumer, start func(d
 			held = append(held, &r)
 		}
 	fetch:
-		fetchCtx, cancel := context.WithTimeout(ctx, fetchExpiry)
-		batch, err := cons.Fetch(len(held), jetstream.FetchContext(fetchCtx))
-		if err != nil {
-			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it
-			cancel()
-			switch {
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case expired:
-				continue // a loaded machine let the second pass before the request left
-			}
+		got, err := puller.Pull(ctx, len(held), fetchExpiry, func(msg jetstream.Msg) {
+			r := held[len(held)-1]
+			held = held[:len(held)-1]
+			w.metrics.pulled()
+			start(delivery{msg: msg, r: r})
+		})
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
 			w.metrics.fetched("error")
 			if now := time.Now(); now.Sub(lastWarn) >= 10*time.Second { // one line per outage second is noise
 				w.log.Warn("fetch jobs", "err", err)
 				lastWarn = now
 			}
 			w.sleep(ctx, 250*time.Millisecond)
-			continue
-		}
-		got := 0
-		for msg := range batch.Messages() {
-			got++
-			r := held[len(held)-1]
-			held = held[:len(held)-1]
-			w.metrics.pulled()
-			start(delivery{msg: msg, r: r})
-		}
-		if got > 0 {
+		case got > 0:
 			w.metrics.fetched("jobs")
-		} else {
+		default:
 			w.metrics.fetched("empty")
 		}
-		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
-			w.log.Debug("fetch batch ended", "err", err)
-		}
-		cancel()
 	}
 }
 

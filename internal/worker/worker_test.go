@@ -513,3 +513,27 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 	}
 	return 0
 }
+
+// TestPullBacksOffWhileTheConsumerIsGone: with its consumer deleted, a worker's pull requests
+// fail; it says so and waits between them rather than asking again at once, and when the
+// consumer is back (Setup again, as an operator would) it works the jobs.
+func TestPullBacksOffWhileTheConsumerIsGone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
+	run(t, w)
+	ctx := context.Background()
+	time.Sleep(100 * time.Millisecond) // the first pull request is out
+	if err := b.results.JS.DeleteConsumer(ctx, b.results.Names.JobsStream(), queue.ConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	failed := counterValue(t, reg, "tinkerfleet_fetches_total", "error")
+	if failed < 1 || failed > 8 {
+		t.Fatalf("%v failed pull requests in the second after the consumer went, want 1 to 8 (one every 250 ms)", failed)
+	}
+	b.connect(t) // Setup makes the consumer again
+	publishJobs(t, b.results, "back", []jobs.Job{{CustomID: "j", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+	waitResults(t, b.results, "back", 1, 30*time.Second)
+}

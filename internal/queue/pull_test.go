@@ -1,0 +1,206 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func newPuller(t *testing.T, b *testBundle) *JobPuller {
+	t.Helper()
+	p, err := b.q.NewJobPuller(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// pullInto sends a pull request of the test's own for the puller's inbox, as one that Pull
+// gave up on would have been.
+func pullInto(t *testing.T, b *testBundle, p *JobPuller, batch int, expires time.Duration) {
+	t.Helper()
+	body := `{"batch":` + strconv.Itoa(batch) + `,"expires":` + strconv.FormatInt(int64(expires), 10) + `}`
+	if err := b.nc.PublishRequest(p.subject, p.inbox+".0", []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func jobsInStream(t *testing.T, b *testBundle) uint64 {
+	t.Helper()
+	info, err := b.q.Jobs.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestJobPullerDeliversAtMostWhatItAskedFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	for i := range 5 {
+		publishJob(t, b.q, "b1", "job-"+strconv.Itoa(i))
+	}
+	var msgs []jetstream.Msg
+	collect := func(m jetstream.Msg) { msgs = append(msgs, m) }
+	if got, err := p.Pull(ctx, 2, time.Second, collect); err != nil || got != 2 || len(msgs) != 2 {
+		t.Fatalf("first pull: %d delivered (%d seen), err %v; want 2", got, len(msgs), err)
+	}
+	// Three are left: the request for five ends when it expires, with the three.
+	if got, err := p.Pull(ctx, 5, 200*time.Millisecond, collect); err != nil || got != 3 || len(msgs) != 5 {
+		t.Fatalf("second pull: %d delivered (%d seen in all), err %v; want 3", got, len(msgs), err)
+	}
+	for i, m := range msgs {
+		if want := "job-" + strconv.Itoa(i); m.Headers().Get(HeaderCustomID) != want || string(m.Data()) != `{"custom_id":"`+want+`"}` {
+			t.Fatalf("job %d: custom id %q, data %s", i, m.Headers().Get(HeaderCustomID), m.Data())
+		}
+		if batch := b.q.Names.BatchFromJobSubject(m.Subject()); batch != "b1" {
+			t.Fatalf("job %d: subject %q, batch %q", i, m.Subject(), batch)
+		}
+		meta, err := m.Metadata()
+		if err != nil || meta.NumDelivered != 1 || meta.Stream != b.q.Names.JobsStream() || meta.Consumer != ConsumerName {
+			t.Fatalf("job %d: metadata %+v, err %v", i, meta, err)
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the acked jobs to leave the work queue", func() bool { return jobsInStream(t, b) == 0 })
+	if got, err := p.Pull(ctx, 1, 100*time.Millisecond, collect); err != nil || got != 0 {
+		t.Fatalf("pull of an empty queue: %d delivered, err %v", got, err)
+	}
+}
+
+func TestJobPullerKeepsTheJobsOfARequestItGaveUpOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	// An earlier request brings two jobs after it was given up on, and another one's end
+	// (a 408) comes late too.
+	pullInto(t, b, p, 2, 5*time.Second)
+	publishJob(t, b.q, "b1", "late-1")
+	publishJob(t, b.q, "b1", "late-2")
+	waitFor(t, "the late jobs in the inbox", func() bool { return len(p.msgs) == 2 })
+	pullInto(t, b, p, 1, 50*time.Millisecond)
+	waitFor(t, "the late request's end", func() bool { return len(p.msgs) == 3 })
+	publishJob(t, b.q, "b1", "now")
+
+	var ids []string
+	got, err := p.Pull(ctx, 3, 2*time.Second, func(m jetstream.Msg) {
+		ids = append(ids, m.Headers().Get(HeaderCustomID))
+		_ = m.Ack()
+	})
+	if err != nil || got != 3 {
+		t.Fatalf("pull: %d delivered (%v), err %v; want the two late jobs and the new one", got, ids, err)
+	}
+	if ids[0] != "late-1" || ids[1] != "late-2" || ids[2] != "now" {
+		t.Fatalf("delivered %v", ids)
+	}
+}
+
+func TestJobPullerCloseHandsBackLateJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{}) // AckWait 30 s
+	p, err := b.q.NewJobPuller(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullInto(t, b, p, 1, 5*time.Second)
+	publishJob(t, b.q, "b1", "late")
+	waitFor(t, "the late job in the inbox", func() bool { return len(p.msgs) == 1 })
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := b.q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Handed back, it is delivered again at once, not after AckWait.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered []uint64
+	for m := range batch.Messages() {
+		delivered = append(delivered, NumDelivered(m))
+		_ = m.Ack()
+	}
+	if len(delivered) != 1 || delivered[0] != 2 {
+		t.Fatalf("deliveries after Close: %v, want one, the job's second", delivered)
+	}
+}
+
+func TestJobPullerReportsADeletedConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Pull(ctx, 1, 10*time.Second, func(jetstream.Msg) {})
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the request reach the server
+	if err := b.q.JS.DeleteConsumer(ctx, b.q.Names.JobsStream(), ConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, jetstream.ErrConsumerDeleted) {
+			t.Fatalf("pull from a deleted consumer: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pull went on waiting after the consumer was deleted")
+	}
+}
+
+func TestJobMsgSettlesAsJetStreamsMessagesDo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	for _, id := range []string{"later", "failed", "done"} {
+		publishJob(t, b.q, "b1", id)
+	}
+	msgs := map[string]jetstream.Msg{}
+	if got, err := p.Pull(ctx, 3, time.Second, func(m jetstream.Msg) { msgs[m.Headers().Get(HeaderCustomID)] = m }); err != nil || got != 3 {
+		t.Fatalf("pull: %d, %v", got, err)
+	}
+	if err := msgs["later"].InProgress(); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgs["later"].NakWithDelay(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgs["later"].Ack(); !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		t.Fatalf("ack after nak: %v, want ErrMsgAlreadyAckd", err)
+	}
+	if err := msgs["failed"].TermWithReason("bad job"); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgs["done"].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Termed and acked jobs leave the work queue; the delayed one stays, not delivered yet.
+	waitFor(t, "the settled jobs to leave", func() bool { return jobsInStream(t, b) == 1 })
+	if got, err := p.Pull(ctx, 1, 300*time.Millisecond, func(jetstream.Msg) {}); err != nil || got != 0 {
+		t.Fatalf("pull while the only job waits out its nak delay: %d, %v", got, err)
+	}
+}
