@@ -20,9 +20,9 @@ import (
 // caller. The jobs go from the connection's read loop straight to the channel Pull reads.
 //
 // It also tells the server's answers apart, where Fetch's caller sees only an ended batch: a
-// request the server cannot serve (the consumer is gone, JetStream does not answer) is an
-// error, so that the worker waits before the next; with Fetch a worker whose consumer was
-// deleted sent about 12,000 requests a second.
+// request the server cannot serve (a 409: the consumer is gone, the batch is above its limits;
+// JetStream does not answer) is an error, so that the worker waits before the next; with Fetch
+// a worker whose consumer was deleted sent about 12,000 requests a second.
 //
 // The inbox outlives a request, so a job that comes after its request was given up on (the
 // server answered late, say across a reconnect) is not lost: the next Pull delivers it, or
@@ -134,10 +134,12 @@ func statusOf(m *nats.Msg) (string, bool) {
 	return code, code != ""
 }
 
-// requestEnd says what a status message for the current request means: nil for the normal
-// ends of a request (408 expired, 404 nothing there, and the 409s of a request the server let
-// go: leadership change, too many waiting, server shutdown) and for a 100 (a heartbeat, which
-// does not end it), an error for a request that cannot be served.
+// requestEnd says what a status message for the current request means: nil for a heartbeat
+// (100, which does not end it) and for the normal ends of a request (408 expired, 404 nothing
+// there), an error for the rest. A 409 is an error too, though some pass (a leadership change,
+// a server shutting down): others do not (the consumer deleted, a batch or expiry above the
+// consumer's limits, too many requests waiting), and asking again at once would repeat them
+// as fast as the server answers.
 func requestEnd(code string, m *nats.Msg) error {
 	descr := m.Header.Get("Description")
 	switch code {
@@ -147,7 +149,6 @@ func requestEnd(code string, m *nats.Msg) error {
 		if strings.Contains(strings.ToLower(descr), "consumer deleted") {
 			return fmt.Errorf("queue: pull request: %w", jetstream.ErrConsumerDeleted)
 		}
-		return nil
 	case "503":
 		return fmt.Errorf("queue: pull request: %w", nats.ErrNoResponders)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,5 +203,27 @@ func TestJobMsgSettlesAsJetStreamsMessagesDo(t *testing.T) {
 	waitFor(t, "the settled jobs to leave", func() bool { return jobsInStream(t, b) == 1 })
 	if got, err := p.Pull(ctx, 1, 300*time.Millisecond, func(jetstream.Msg) {}); err != nil || got != 0 {
 		t.Fatalf("pull while the only job waits out its nak delay: %d, %v", got, err)
+	}
+}
+
+// TestJobPullerReportsARequestAboveTheConsumersLimits: a 409 the next request would meet again
+// (here a batch above the consumer's MaxRequestBatch) is an error, not an empty pull.
+func TestJobPullerReportsARequestAboveTheConsumersLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	cons, err := b.q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	cfg.MaxRequestBatch = 2
+	if _, err := b.q.JS.UpdateConsumer(ctx, b.q.Names.JobsStream(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	p := newPuller(t, b)
+	got, err := p.Pull(ctx, 5, 5*time.Second, func(jetstream.Msg) {})
+	if err == nil || !strings.Contains(err.Error(), "MaxRequestBatch") || got != 0 {
+		t.Fatalf("pull of 5 from a consumer that allows 2: %d, %v", got, err)
 	}
 }
