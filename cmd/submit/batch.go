@@ -44,11 +44,12 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 // batchStatus is what `submit status` prints (as JSON with --json).
 type batchStatus struct {
 	queue.Manifest
-	Results   int `json:"results"`
-	OK        int `json:"ok"`
-	Failed    int `json:"error"`
-	Cancelled int `json:"cancelled"`
-	Waiting   int `json:"waiting"` // jobs still in the jobs stream (not yet acked)
+	Results   int  `json:"results"`
+	OK        int  `json:"ok"`
+	Failed    int  `json:"error"`
+	Cancelled int  `json:"cancelled"`
+	Waiting   int  `json:"waiting"` // jobs still in the jobs stream (not yet acked)
+	Done      bool `json:"done"`    // every job of the batch has its result
 }
 
 func runStatus(ctx context.Context, args []string, env *environment) error {
@@ -73,7 +74,14 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "batch\t%s\n", st.BatchID)
-	fmt.Fprintf(tw, "status\t%s\n", st.Status)
+	switch {
+	case st.Done:
+		fmt.Fprintf(tw, "status\t%s: done, every job has its result\n", st.Status)
+	case st.Status == queue.BatchPublishing:
+		fmt.Fprintf(tw, "status\t%s: its submit is publishing the jobs (if it was interrupted, run it again to finish)\n", st.Status)
+	default:
+		fmt.Fprintf(tw, "status\t%s: %d jobs without a result yet\n", st.Status, st.Jobs-st.Results)
+	}
 	fmt.Fprintf(tw, "created\t%s\n", st.CreatedAt.Local().Format(time.DateTime))
 	fmt.Fprintf(tw, "jobs\t%d (%d lines rejected)\n", st.Jobs, st.Rejected)
 	fmt.Fprintf(tw, "results\t%d of %d: ok %d, error %d, cancelled %d\n", st.Results, st.Jobs, st.OK, st.Failed, st.Cancelled)
@@ -93,6 +101,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 		return st, err
 	}
 	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
+	st.Done = m.Status != queue.BatchPublishing && st.Results >= m.Jobs
 	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(q.Names.JobSubject(batch)))
 	if err != nil {
 		return st, fmt.Errorf("jobs stream: %w", err)

@@ -323,6 +323,9 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	if _, _, err := f.submit(ctx, "cancel", "to-cancel"); err != nil {
 		t.Fatal(err)
 	}
+	if stdout, _, err := f.submit(ctx, "status", "to-cancel"); err != nil || !strings.Contains(stdout, "cancelled: 30 jobs without a result yet") {
+		t.Fatalf("status before any worker: %v\n%s", err, stdout)
+	}
 	f.startWorker(8)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out, "--wait"); err != nil {
@@ -356,8 +359,11 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Status != queue.BatchCancelled || st.Cancelled != 30 || st.Results != 30 || st.Waiting != 0 {
+	if st.Status != queue.BatchCancelled || st.Cancelled != 30 || st.Results != 30 || st.Waiting != 0 || !st.Done {
 		t.Fatalf("status = %+v", st)
+	}
+	if stdout, _, err := f.submit(ctx, "status", "to-cancel"); err != nil || !strings.Contains(stdout, "cancelled: done, every job has its result") {
+		t.Fatalf("status at the end: %v\n%s", err, stdout)
 	}
 	list, _, err := f.submit(ctx, "list")
 	if err != nil || !strings.Contains(list, "to-cancel") {
