@@ -105,3 +105,15 @@ func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	}
 	return b.String()
 }
+
+// clearLine writes each write (a log line) at the start of a cleared terminal line, so that a
+// line logged while the progress bar is shown does not run on from the bar; the bar is drawn
+// again below it at its next update.
+type clearLine struct{ w io.Writer }
+
+func (c clearLine) Write(p []byte) (int, error) {
+	if _, err := c.w.Write(append([]byte("\r\033[K"), p...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -73,10 +74,17 @@ func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
 
 // open connects to NATS (starting the embedded server in local mode) and sets up the queue.
 func open(ctx context.Context, o connOptions, env *environment) (*session, error) {
-	s := &session{log: slog.New(slog.DiscardHandler)}
+	// Warnings always show (a Tinker service that cannot be reached, a billing pause, a
+	// message from the service); -v adds what the embedded worker does.
+	level := slog.LevelWarn
 	if o.verbose {
-		s.log = slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		level = slog.LevelInfo
 	}
+	var logOut io.Writer = env.stderr
+	if isTerminal(env) {
+		logOut = clearLine{env.stderr}
+	}
+	s := &session{log: slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))}
 	ok := false
 	defer func() {
 		if !ok {

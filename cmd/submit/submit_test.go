@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -446,10 +447,14 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	// The README's main job: embedded NATS, an in-process worker and the simulator.
 	dir := t.TempDir()
 	out := filepath.Join(dir, "results.jsonl")
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	var stderr bytes.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
 	args := []string{"--local", "--simulate", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
 	if err := run(context.Background(), args, env); err != nil {
 		t.Fatal(err)
+	}
+	if strings.Contains(stderr.String(), "level=") {
+		t.Fatalf("a clean run logged:\n%s", stderr.String())
 	}
 	res := readResults(t, out)
 	if len(res) != 21 {
@@ -459,6 +464,44 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 		if lineStatus(t, r) != "ok" {
 			t.Fatalf("%s: %v", id, r)
 		}
+	}
+}
+
+// TestLocalWarnsWhileTinkerCannotBeReached: the local worker's Dial retries for minutes when
+// the service cannot be reached; the user sees why at once (above the progress bar, on a line
+// of its own), without -v, and without the key.
+func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	const key = "tml-local-warning-test-key"
+	dir := t.TempDir()
+	var stderr bytes.Buffer
+	env := &environment{getenv: func(k string) string {
+		switch k {
+		case "TINKER_API_KEY":
+			return key
+		case "TINKER_BASE_URL":
+			return closed
+		}
+		return ""
+	}, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, tty: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "../../examples/prompts.jsonl", "-o", filepath.Join(dir, "out.jsonl")}
+	if err := run(ctx, args, env); err == nil {
+		t.Fatal("a run against a closed port succeeded")
+	}
+	out := stderr.String()
+	if !strings.Contains(out, "\r\033[Ktime=") || !strings.Contains(out, `level=WARN msg="tinker: request failed; retrying" endpoint=client/config`) {
+		t.Fatalf("no warning on a line of its own:\n%q", out)
+	}
+	if strings.Contains(out, key) {
+		t.Fatal("the warning shows the key")
 	}
 }
 

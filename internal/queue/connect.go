@@ -48,6 +48,9 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // Close: nats.go reports its own close as a disconnect without an error
+			}
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {

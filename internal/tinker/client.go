@@ -36,9 +36,10 @@ type Client struct {
 	flags     Flags
 	sessionID string
 
-	samplerSeq atomic.Int64 // sampling_session_seq_id counter (§3.5)
-	bare400    atomic.Int64 // remaining bare-400 conversions (§1.4)
-	inflight   *byteSemaphore
+	samplerSeq  atomic.Int64 // sampling_session_seq_id counter (§3.5)
+	retryLogged atomic.Int64 // clock time (unix nanos) of the last retry warning (logRetry)
+	bare400     atomic.Int64 // remaining bare-400 conversions (§1.4)
+	inflight    *byteSemaphore
 
 	billingMu     sync.Mutex
 	billingFirst  time.Time

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 )
 
 // §2: client/config, client/dynamic_config (404 → defaults), create_session,
@@ -354,5 +357,41 @@ func TestListingPagesLazily(t *testing.T) {
 	cps, err := c.RunCheckpoints(ctx, "r1")
 	if err != nil || len(cps) != 1 || cps[0].CheckpointType != "sampler" {
 		t.Fatalf("run checkpoints %+v %v", cps, err)
+	}
+}
+
+// TestDialWarnsWhileItCannotReachTheService: Dial against a port nobody listens on retries
+// client/config for the 300 s of §6.2 (here on a fake clock), and says so: a warning at the
+// first retry, then at most one every 30 s, naming the endpoint and the error but never the
+// key. Sampling calls are not warned about (their events count them).
+func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close()
+	logs := &fleettest.Buffer{}
+	_, err = Dial(testCtx(t), Config{BaseURL: url, APIKey: testKey, Logger: debugLogger(logs),
+		Timing: Timing{Clock: newFakeClock()}})
+	var ce *ConnectionError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Dial to a closed port: %v", err)
+	}
+	out := logs.String()
+	n := strings.Count(out, "tinker: request failed; retrying")
+	if n < 2 || n > 11 || !strings.Contains(out, "endpoint=client/config") || !strings.Contains(out, "connection refused") {
+		t.Fatalf("%d retry warnings over 300 s, want 2 to 11 (one at once, then one every 30 s at most):\n%s", n, out)
+	}
+	if strings.Contains(out, string(testKey)) {
+		t.Fatal("a warning shows the API key")
+	}
+
+	var c Client
+	c.log, c.clock = debugLogger(logs), newFakeClock()
+	before := logs.String()
+	c.emit(Event{Kind: EventRetry, Endpoint: "asample", SamplerID: "s-1", Err: errors.New("boom")})
+	if logs.String() != before {
+		t.Fatal("a sampling call's retry was warned about")
 	}
 }

@@ -361,7 +361,30 @@ func (c *Client) billingPause(endpoint, samplerID string) bool {
 }
 
 func (c *Client) emit(e Event) {
+	if e.Kind == EventRetry {
+		c.logRetry(e)
+	}
 	if c.onEvent != nil {
 		c.onEvent(e)
 	}
+}
+
+// retryLogInterval is the least time between two retry warnings of a client.
+const retryLogInterval = 30 * time.Second
+
+// logRetry warns that a call outside sampling is failing and retried, at most every
+// retryLogInterval. Dial against a service it cannot reach retries client/config for five
+// minutes (§6.1, §6.2), which would otherwise pass without a word. Sampling calls are left to
+// the events (metrics): in an outage every sample in flight retries, a line each.
+func (c *Client) logRetry(e Event) {
+	if e.SamplerID != "" {
+		return
+	}
+	now := c.clock.Now().UnixNano()
+	last := c.retryLogged.Load()
+	if last != 0 && now-last < int64(retryLogInterval) || !c.retryLogged.CompareAndSwap(last, now) {
+		return
+	}
+	c.log.Warn("tinker: request failed; retrying", "endpoint", e.Endpoint, "attempt", e.Attempt+1,
+		"in", e.Delay.Round(time.Millisecond), "err", e.Err)
 }
