@@ -129,14 +129,19 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 
 // PublishResult stores one result message (made by ResultMsg) and waits for the stream's ack,
 // so the caller may ack the job afterwards (invariant 2). A worker stores its results in
-// groups with a ResultPublisher; this is for the odd one outside them.
-func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) error {
+// groups with a ResultPublisher; this is for the odd one outside them. first is false when
+// the job had a result already, which stays (ResultStored): then err is nil too, and the
+// caller should not count the job as ended by it.
+func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) (first bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, ResultAckTimeout)
 	defer cancel()
-	if _, err := q.JS.PublishMsg(ctx, msg); err != nil && !ResultStored(err) {
-		return fmt.Errorf("publish result of %s: %w", msg.Header.Get(HeaderCustomID), err)
+	if _, err := q.JS.PublishMsg(ctx, msg); err != nil {
+		if ResultStored(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("publish result of %s: %w", msg.Header.Get(HeaderCustomID), err)
 	}
-	return nil
+	return true, nil
 }
 
 // errCodeStoreFailed is the JetStream API error code of a message the stream did not store

@@ -118,7 +118,8 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return msg, b.q.PublishResult(ctx, msg)
+		_, err = b.q.PublishResult(ctx, msg)
+		return msg, err
 	}
 
 	if has, err := b.q.HasResult(ctx, "b1", "a.b c"); err != nil || has {

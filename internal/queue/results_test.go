@@ -163,8 +163,11 @@ func TestFirstResultIsFinal(t *testing.T) {
 	if errs[0] != nil {
 		t.Errorf("second result through the publisher: %v, want stored", errs[0])
 	}
-	if err := b.q.PublishResult(ctx, second("id-1")); err != nil {
-		t.Errorf("second result through PublishResult: %v, want stored", err)
+	if first, err := b.q.PublishResult(ctx, second("id-1")); err != nil || first {
+		t.Errorf("second result through PublishResult: first %v, %v; want stored, not first", first, err)
+	}
+	if first, err := b.q.PublishResult(ctx, second("id-2")); err != nil || !first {
+		t.Errorf("first result through PublishResult: first %v, %v", first, err)
 	}
 	for _, id := range []string{"id-0", "id-1"} {
 		m, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", id))
@@ -176,13 +179,13 @@ func TestFirstResultIsFinal(t *testing.T) {
 		}
 	}
 	info, err := b.q.Results.Info(ctx)
-	if err != nil || info.State.Msgs != 2 {
+	if err != nil || info.State.Msgs != 3 {
 		t.Fatalf("results stream: %v, %+v", err, info)
 	}
 
 	refused := second("id-9")
 	refuse(refused)
-	if err := b.q.PublishResult(ctx, refused); err == nil || ResultStored(err) {
+	if _, err := b.q.PublishResult(ctx, refused); err == nil || ResultStored(err) {
 		t.Errorf("a result refused for its expected sequence: %v, want an error that is not 'stored'", err)
 	}
 }

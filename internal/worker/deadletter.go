@@ -85,11 +85,14 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 		if err := q.PublishDead(ctx, batch, customID, "max deliveries", raw.Data); err != nil {
 			return err
 		}
-		if err := w.publish(ctx, batch, &res); err != nil {
+		first, err := w.publish(ctx, batch, &res)
+		if err != nil {
 			return err
 		}
-		w.metrics.deadLetter()
-		w.metrics.finished(&res, 0)
+		if first { // another worker handling the same advisory may have stored it first
+			w.metrics.deadLetter()
+			w.metrics.finished(&res, 0)
+		}
 	}
 	if err := q.Jobs.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("delete dead job %d: %w", adv.StreamSeq, err)

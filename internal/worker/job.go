@@ -392,11 +392,11 @@ func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) err
 }
 
 // publish stores one result outside the settler's groups (the dead-letter advisory path)
-// and waits for the stream's ack.
-func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) error {
+// and waits for the stream's ack. first is false when the job had a result already.
+func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) (first bool, err error) {
 	var s settlement
 	if err := w.encodeResult(batch, res, &s); err != nil {
-		return err
+		return false, err
 	}
 	return w.cfg.Queue.PublishResult(ctx, s.result)
 }

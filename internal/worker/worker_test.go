@@ -289,7 +289,8 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 		}
 	}
 	// A worker started now never gets the job again; it hears the max-deliveries advisory.
-	run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+	reg := prometheus.NewRegistry()
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
 	r := waitResults(t, b.results, "crash", 1, 30*time.Second)["orphan"]
 	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
 		t.Fatalf("result = %+v", r)
@@ -310,6 +311,10 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 			t.Fatalf("%d messages left in the work queue after dead-lettering", info.State.Msgs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The job is deleted after its dead letter is counted.
+	if n := counterValue(t, reg, "tinkerfleet_dead_letters_total", ""); n != 1 {
+		t.Fatalf("%v dead letters counted, want 1", n)
 	}
 }
 
