@@ -85,6 +85,11 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 	if n < 1 || n > MaxPull {
 		return 0, fmt.Errorf("queue: pull of %d jobs: between 1 and %d", n, MaxPull)
 	}
+	if !p.nc.IsConnected() {
+		// nats.go would buffer the request and send it on reconnect, where the server would
+		// serve it long after it was given up on, and one more for every pull meanwhile.
+		return 0, fmt.Errorf("queue: pull request: %w", nats.ErrConnectionReconnecting)
+	}
 	p.seq++
 	reply := p.inbox + "." + strconv.FormatUint(p.seq, 10)
 	b := append(p.body[:0], `{"batch":`...)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -225,5 +226,24 @@ func TestJobPullerReportsARequestAboveTheConsumersLimits(t *testing.T) {
 	got, err := p.Pull(ctx, 5, 5*time.Second, func(jetstream.Msg) {})
 	if err == nil || !strings.Contains(err.Error(), "MaxRequestBatch") || got != 0 {
 		t.Fatalf("pull of 5 from a consumer that allows 2: %d, %v", got, err)
+	}
+}
+
+// TestJobPullerAsksNothingWhileDisconnected: without a connection Pull fails at once rather
+// than leave a request in nats.go's reconnect buffer, which the server would serve after the
+// reconnect, long after Pull gave up on it.
+func TestJobPullerAsksNothingWhileDisconnected(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	b.emb.Shutdown()
+	waitFor(t, "the connection to notice", func() bool { return !b.nc.IsConnected() })
+	before := b.nc.Stats().OutMsgs
+	got, err := p.Pull(context.Background(), 5, 5*time.Second, func(jetstream.Msg) {})
+	if !errors.Is(err, nats.ErrConnectionReconnecting) || got != 0 {
+		t.Fatalf("pull while disconnected: %d, %v", got, err)
+	}
+	if after := b.nc.Stats().OutMsgs; after != before {
+		t.Fatalf("%d messages buffered for the reconnect", after-before)
 	}
 }
