@@ -79,8 +79,9 @@ func (q *Queue) NewJobPuller(ctx context.Context) (*JobPuller, error) {
 // Pull asks for up to n jobs (at most MaxPull) and calls deliver for each job that comes,
 // never more than n times, until n came, the server ended the request (none left before it
 // expired), expires and a second passed without an answer, or ctx is done. It returns how
-// many it delivered. An error means the request failed or the server refused it (the
-// consumer is gone, JetStream is unavailable); the caller should wait before the next.
+// many it delivered. An error means the request was not sent (the connection is down) or the
+// server cannot serve it (a 409: the consumer is gone or limits the request; JetStream does
+// not answer); the caller should wait before the next.
 func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deliver func(jetstream.Msg)) (int, error) {
 	if n < 1 || n > MaxPull {
 		return 0, fmt.Errorf("queue: pull of %d jobs: between 1 and %d", n, MaxPull)
