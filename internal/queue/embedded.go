@@ -30,8 +30,22 @@ const DefaultMaxPayload = 8 << 20
 
 // Embedded is a running in-process nats-server with JetStream on disk.
 type Embedded struct {
-	srv *server.Server
+	srv    *server.Server
+	unlock func() // releases the data directory
 }
+
+// ErrDataDirInUse is what StartEmbedded's error wraps when another embedded server (another
+// submit --local or worker --embedded-nats) is using the data directory.
+var ErrDataDirInUse = errors.New("data directory in use")
+
+// dataDirInUseError says whose the data directory is.
+type dataDirInUseError struct{ dir, holder string }
+
+func (e *dataDirInUseError) Error() string {
+	return fmt.Sprintf("embedded nats: %s is in use by %s: wait for it to end, or give this one a data directory of its own", e.dir, e.holder)
+}
+
+func (e *dataDirInUseError) Unwrap() error { return ErrDataDirInUse }
 
 // StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits until it accepts
 // connections.
@@ -46,6 +60,19 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
 	}
+	unlock, err := lockDataDir(dir)
+	if err != nil {
+		if errors.Is(err, ErrDataDirInUse) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unlock()
+		}
+	}()
 	opts := &server.Options{
 		ServerName:         "tinkerfleet-embedded",
 		Host:               cfg.Host,
@@ -75,7 +102,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("embedded nats: not ready after 30s (data dir %s)", dir)
 	}
-	return &Embedded{srv: srv}, nil
+	ok = true
+	return &Embedded{srv: srv, unlock: unlock}, nil
 }
 
 // ClientURL is the URL clients connect to.
@@ -84,8 +112,9 @@ func (e *Embedded) ClientURL() string { return e.srv.ClientURL() }
 // Server exposes the running server, for tests that need to stop or inspect it.
 func (e *Embedded) Server() *server.Server { return e.srv }
 
-// Shutdown stops the server and waits until it has stopped.
+// Shutdown stops the server, waits until it has stopped and releases the data directory.
 func (e *Embedded) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+	e.unlock()
 }

@@ -1,0 +1,39 @@
+//go:build unix
+
+package queue
+
+import (
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestEmbeddedServersDoNotShareADataDirectory: nats-server does not lock its store, so a
+// second embedded server on the same directory (a second submit --local in the same folder)
+// would write the first one's block files. It is refused, saying by whom; once the first is
+// down the directory is free again.
+func TestEmbeddedServersDoNotShareADataDirectory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	first, err := StartEmbedded(EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := StartEmbedded(EmbeddedConfig{DataDir: dir, Port: -1})
+	if err == nil {
+		second.Shutdown()
+		first.Shutdown()
+		t.Fatal("a second embedded server started on the same data directory")
+	}
+	if !errors.Is(err, ErrDataDirInUse) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("second server: %v", err)
+	}
+	first.Shutdown()
+	again, err := StartEmbedded(EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatalf("after the first stopped: %v", err)
+	}
+	again.Shutdown()
+}
