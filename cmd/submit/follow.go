@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -106,7 +107,7 @@ func (s *summary) add(status string) {
 func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
 	seen := map[string]bool{}
 	var sum summary
-	out, err := openOutput(path, seen, &sum)
+	out, err := openOutput(path, m.BatchID, seen, &sum)
 	if err != nil {
 		return sum, err
 	}
@@ -214,9 +215,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 
 // openOutput opens the output file for appending, after reading the custom ids it already
 // holds, so that an interrupted run resumes without writing any result twice. Lines may be
-// tinkerfleet result lines or OpenAI Batch output lines (see outputStatus). A last line cut
-// short by the interruption is dropped.
-func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, error) {
+// tinkerfleet result lines or OpenAI Batch output lines (see outputStatus), and must be
+// results of batch: a file that holds another batch's results (the same prompts file once
+// edited is another batch) is refused, or its stale lines would pass for this batch's. A last
+// line cut short by the interruption is dropped.
+func openOutput(path, batch string, seen map[string]bool, sum *summary) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("output: %w", err)
@@ -241,6 +244,10 @@ func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, erro
 			f.Close()
 			return nil, fmt.Errorf("%s holds a line that is not a result (line ending at byte %d); give another -o file", path, keep+int64(len(line)))
 		}
+		if err := r.ofBatch(path, batch); err != nil {
+			f.Close()
+			return nil, err
+		}
 		token := queue.JobToken(r.CustomID)
 		if !seen[token] {
 			seen[token] = true
@@ -264,6 +271,7 @@ func openOutput(path string, seen map[string]bool, sum *summary) (*os.File, erro
 type outputLine struct {
 	ID       string `json:"id"`
 	CustomID string `json:"custom_id"`
+	BatchID  string `json:"batch_id"`
 	Status   string `json:"status"`
 	Response *struct {
 		StatusCode int `json:"status_code"`
@@ -271,6 +279,52 @@ type outputLine struct {
 	Error *struct {
 		Code string `json:"code"`
 	} `json:"error"`
+}
+
+// ofBatch returns an error unless the line is a result of batch: a tinkerfleet line by its
+// batch_id, an OpenAI line by its id (jobs.OpenAIRequestID).
+func (l *outputLine) ofBatch(path, batch string) error {
+	switch {
+	case l.Status != "" && l.BatchID == batch:
+		return nil
+	case l.Status == "" && l.ID == jobs.OpenAIRequestID(batch, l.CustomID):
+		return nil
+	}
+	other := "another batch"
+	if l.BatchID != "" {
+		other = "batch " + l.BatchID
+	}
+	return fmt.Errorf("%s holds results of %s (custom_id %q), not of batch %s: give this batch another -o file, or move that one away: %w",
+		path, other, l.CustomID, batch, errOtherBatch)
+}
+
+// errOtherBatch is the error of an output file that holds another batch's results.
+var errOtherBatch = errors.New("the output file belongs to another batch")
+
+// checkOutput returns errOtherBatch when the output file at path starts with a result of
+// another batch: submit checks it before publishing, so that no job is sent for results that
+// could not be written. A missing or empty file passes; openOutput checks every line later.
+func checkOutput(path, batch string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("output: %w", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReaderSize(f, 64<<10).ReadBytes('\n')
+	if err != nil {
+		return nil // empty, or one line cut short: openOutput drops it
+	}
+	var r outputLine
+	if json.Unmarshal(line, &r) != nil {
+		return nil // openOutput says what is wrong with it
+	}
+	if _, ok := r.status(); !ok {
+		return nil
+	}
+	return r.ofBatch(path, batch)
 }
 
 // status is the line's result status; ok is false when the line is no result. An OpenAI line

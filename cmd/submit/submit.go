@@ -142,6 +142,11 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if scan.accepted == 0 {
 		return fmt.Errorf("no valid lines to publish: %w", errInvalidInput)
 	}
+	if o.output != "" {
+		if err := checkOutput(o.output, o.batchID); err != nil {
+			return err
+		}
+	}
 
 	sess, err := open(ctx, o.conn, env)
 	if err != nil {

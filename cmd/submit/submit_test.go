@@ -467,6 +467,48 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	}
 }
 
+// TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
+// run with the -o file of the first, it would have found every custom_id there and reported
+// the stale results as its own. It is refused before anything is published, and the file is
+// left as it was.
+func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "results.jsonl")
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	local := []string{"--local", "--simulate", "--data-dir", filepath.Join(dir, "data"), "--progress", "none"}
+	if err := run(context.Background(), append(local, "../../examples/prompts.jsonl", "-o", out), env); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts, err := os.ReadFile("../../examples/prompts.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := filepath.Join(dir, "edited.jsonl")
+	if err := os.WriteFile(edited, bytes.Replace(prompts, []byte("Explain the difference"), []byte("Explain the gap"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), append(local, edited, "-o", out), env)
+	if !errors.Is(err, errOtherBatch) {
+		t.Fatalf("the edited prompts with the first batch's -o file: %v", err)
+	}
+	if after, _ := os.ReadFile(out); !bytes.Equal(after, before) {
+		t.Fatal("the first batch's results file was changed")
+	}
+	var list bytes.Buffer
+	listEnv := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &list, stderr: io.Discard}
+	if err := run(context.Background(), []string{"list", "--local", "--data-dir", filepath.Join(dir, "data")}, listEnv); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(list.String(), "\nb-"); n != 1 {
+		t.Fatalf("%d batches after the refused run, want the first only:\n%s", n, list.String())
+	}
+}
+
 // TestLocalWarnsWhileTinkerCannotBeReached: the local worker's Dial retries for minutes when
 // the service cannot be reached; the user sees why at once (above the progress bar, on a line
 // of its own), without -v, and without the key.
@@ -767,9 +809,27 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	if err := os.WriteFile(path, append(file, `{"id":"batch_req_cut`...), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Another batch's file is refused, whatever format its lines are in, and left alone.
+	if _, err := openOutput(path, "other", map[string]bool{}, &summary{}); !errors.Is(err, errOtherBatch) || !strings.Contains(err.Error(), "batch b ") {
+		t.Fatalf("a file of batch b opened for batch other: %v", err)
+	}
+	openAIOnly := filepath.Join(t.TempDir(), "openai.jsonl")
+	firstOpenAI := file[bytes.Index(file, []byte(`{"id":"batch_req_`)):]
+	if err := os.WriteFile(openAIOnly, firstOpenAI, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openOutput(openAIOnly, "other", map[string]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
+		t.Fatalf("OpenAI lines of batch b opened for batch other: %v", err)
+	}
+	if err := checkOutput(openAIOnly, "other"); !errors.Is(err, errOtherBatch) {
+		t.Fatalf("checkOutput of OpenAI lines of batch b for batch other: %v", err)
+	}
+	if err := checkOutput(openAIOnly, "b"); err != nil {
+		t.Fatalf("checkOutput for its own batch: %v", err)
+	}
 	seen := map[string]bool{}
 	var sum summary
-	out, err := openOutput(path, seen, &sum)
+	out, err := openOutput(path, "b", seen, &sum)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,7 +850,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := openOutput(path, map[string]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
+		if _, err := openOutput(path, "b", map[string]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
 			t.Errorf("%s: err = %v", line, err)
 		}
 		if data, _ := os.ReadFile(path); string(data) != line+"\n" {

@@ -177,6 +177,14 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 	return append(b, "}}}"...)
 }
 
+// OpenAIRequestID is the id of the OpenAI Batch output line that AppendOpenAI writes for the
+// job customID of batch ("batch_req_" and 24 hex digits): it tells which batch a line of an
+// output file belongs to, which the line does not say otherwise.
+func OpenAIRequestID(batch, customID string) string {
+	h := openAIHash(batch, customID)
+	return "batch_req_" + string(h[:])
+}
+
 // openAIHash is the hex of the first 12 bytes of sha256(batch + "/" + customID), the stable
 // part of the ids AppendOpenAI writes.
 func openAIHash(batch, customID string) [24]byte {
