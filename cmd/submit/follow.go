@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -301,14 +300,12 @@ func (l *outputLine) ofBatch(path, batch string) error {
 // errOtherBatch is the error of an output file that holds another batch's results.
 var errOtherBatch = errors.New("the output file belongs to another batch")
 
-// checkOutput returns errOtherBatch when the output file at path starts with a result of
-// another batch: submit checks it before publishing, so that no job is sent for results that
-// could not be written. A missing or empty file passes; openOutput checks every line later.
+// checkOutput returns an error when the output file at path cannot be written, or starts with
+// a result of another batch (errOtherBatch): submit checks it before publishing, so that no
+// job is sent for results that could not be written. It creates a missing file. openOutput
+// checks every line later.
 func checkOutput(path, batch string) error {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("output: %w", err)
 	}

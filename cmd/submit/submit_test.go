@@ -507,6 +507,17 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	if n := strings.Count(list.String(), "\nb-"); n != 1 {
 		t.Fatalf("%d batches after the refused run, want the first only:\n%s", n, list.String())
 	}
+	// An output that cannot be written (here a directory) is refused before publishing too.
+	if err := run(context.Background(), append(local, edited, "-o", dir), env); err == nil || !strings.Contains(err.Error(), "output") {
+		t.Fatalf("a directory as the output: %v", err)
+	}
+	list.Reset()
+	if err := run(context.Background(), []string{"list", "--local", "--data-dir", filepath.Join(dir, "data")}, listEnv); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(list.String(), "\nb-"); n != 1 {
+		t.Fatalf("%d batches after the run with an unwritable output, want the first only:\n%s", n, list.String())
+	}
 }
 
 // TestLocalWarnsWhileTinkerCannotBeReached: the local worker's Dial retries for minutes when
