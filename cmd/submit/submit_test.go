@@ -531,13 +531,12 @@ func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
 	}
 	closed := "http://" + ln.Addr().String()
 	ln.Close()
-	const key = "tml-local-warning-test-key"
 	dir := t.TempDir()
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(k string) string {
 		switch k {
 		case "TINKER_API_KEY":
-			return key
+			return fleettest.APIKey
 		case "TINKER_BASE_URL":
 			return closed
 		}
@@ -553,7 +552,7 @@ func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
 	if !strings.Contains(out, "\r\033[Ktime=") || !strings.Contains(out, `level=WARN msg="tinker: request failed; retrying" endpoint=client/config`) {
 		t.Fatalf("no warning on a line of its own:\n%q", out)
 	}
-	if strings.Contains(out, key) {
+	if strings.Contains(out, fleettest.APIKey) {
 		t.Fatal("the warning shows the key")
 	}
 }
