@@ -55,6 +55,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Results are stored and their jobs acked in groups, until every handler has returned.
 	if w.settler, err = newSettler(w.cfg.Queue, cap(w.slots), settleLinger, w.settled); err != nil {
+		_ = puller.Close()
 		return err
 	}
 	w.settlements = make(chan *settlement, cap(w.slots))
