@@ -34,19 +34,6 @@ type Embedded struct {
 	unlock func() // releases the data directory
 }
 
-// ErrDataDirInUse is what StartEmbedded's error wraps when another embedded server (another
-// submit --local or worker --embedded-nats) is using the data directory.
-var ErrDataDirInUse = errors.New("data directory in use")
-
-// dataDirInUseError says whose the data directory is.
-type dataDirInUseError struct{ dir, holder string }
-
-func (e *dataDirInUseError) Error() string {
-	return fmt.Sprintf("embedded nats: %s is in use by %s: wait for it to end, or give this one a data directory of its own", e.dir, e.holder)
-}
-
-func (e *dataDirInUseError) Unwrap() error { return ErrDataDirInUse }
-
 // StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits until it accepts
 // connections.
 func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
@@ -62,10 +49,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	unlock, err := lockDataDir(dir)
 	if err != nil {
-		if errors.Is(err, ErrDataDirInUse) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
+		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	ok := false
 	defer func() {

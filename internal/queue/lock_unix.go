@@ -35,7 +35,7 @@ func lockDataDir(dir string) (release func(), err error) {
 		if pid := strings.TrimSpace(string(holder)); pid != "" {
 			who += " (pid " + pid + ")"
 		}
-		return nil, &dataDirInUseError{dir: dir, holder: who}
+		return nil, fmt.Errorf("%s is in use by %s: wait for it to end, or give this one a data directory of its own", dir, who)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
