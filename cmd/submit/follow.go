@@ -214,7 +214,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 
 // openOutput opens the output file for appending, after reading the custom ids it already
 // holds, so that an interrupted run resumes without writing any result twice. Lines may be
-// tinkerfleet result lines or OpenAI Batch output lines (see outputStatus), and must be
+// tinkerfleet result lines or OpenAI Batch output lines (see outputLine.status), and must be
 // results of batch: a file that holds another batch's results (the same prompts file once
 // edited is another batch) is refused, or its stale lines would pass for this batch's. A last
 // line cut short by the interruption is dropped.
@@ -234,11 +234,7 @@ func openOutput(path, batch string, seen map[string]bool, sum *summary) (*os.Fil
 			f.Close()
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
-		var r outputLine
-		status, ok := "", false
-		if json.Unmarshal(line, &r) == nil {
-			status, ok = r.status()
-		}
+		r, status, ok := parseOutputLine(line)
 		if !ok {
 			f.Close()
 			return nil, fmt.Errorf("%s holds a line that is not a result (line ending at byte %d); give another -o file", path, keep+int64(len(line)))
@@ -314,14 +310,21 @@ func checkOutput(path, batch string) error {
 	if err != nil {
 		return nil // empty, or one line cut short: openOutput drops it
 	}
-	var r outputLine
-	if json.Unmarshal(line, &r) != nil {
-		return nil // openOutput says what is wrong with it
-	}
-	if _, ok := r.status(); !ok {
-		return nil
+	r, _, ok := parseOutputLine(line)
+	if !ok {
+		return nil // not a result: openOutput says so
 	}
 	return r.ofBatch(path, batch)
+}
+
+// parseOutputLine reads a line of an output file and its result status; ok is false when the
+// line is not a result.
+func parseOutputLine(line []byte) (r outputLine, status string, ok bool) {
+	if json.Unmarshal(line, &r) != nil {
+		return r, "", false
+	}
+	status, ok = r.status()
+	return r, status, ok
 }
 
 // status is the line's result status; ok is false when the line is no result. An OpenAI line
