@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -525,12 +524,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 // of its own), without -v, and without the key.
 func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + ln.Addr().String()
-	ln.Close()
+	closed := fleettest.ClosedURL(t)
 	dir := t.TempDir()
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(k string) string {

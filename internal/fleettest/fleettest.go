@@ -3,6 +3,7 @@ package fleettest
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -28,6 +29,19 @@ func NATS(t testing.TB) *queue.Embedded {
 	}
 	t.Cleanup(emb.Shutdown)
 	return emb
+}
+
+// ClosedURL returns an http:// URL of a loopback port that nobody listens on (it was free a
+// moment ago): a service that cannot be reached.
+func ClosedURL(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close()
+	return url
 }
 
 // Sim serves a simulator over loopback HTTP and returns it with its base URL. It accepts

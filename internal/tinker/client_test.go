@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -365,14 +364,8 @@ func TestListingPagesLazily(t *testing.T) {
 // first retry, then at most one every 30 s, naming the endpoint and the error but never the
 // key. Sampling calls are not warned about (their events count them).
 func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + ln.Addr().String()
-	ln.Close()
 	logs := &fleettest.Buffer{}
-	_, err = Dial(testCtx(t), Config{BaseURL: url, APIKey: testKey, Logger: debugLogger(logs),
+	_, err := Dial(testCtx(t), Config{BaseURL: fleettest.ClosedURL(t), APIKey: testKey, Logger: debugLogger(logs),
 		Timing: Timing{Clock: newFakeClock()}})
 	var ce *ConnectionError
 	if !errors.As(err, &ce) {
