@@ -163,7 +163,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
 	w, err := worker.Open(ctx, cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("local worker: %w", err)
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stopRun = stop

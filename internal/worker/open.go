@@ -87,7 +87,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	if cfg.TinkerAPIKey != "" || cfg.TinkerCredentialCmd == "" {
 		if err := cfg.TinkerAPIKey.Validate(); err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
+			return nil, err
 		}
 	}
 	if cfg.Concurrency <= 0 {
@@ -127,7 +127,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 
 	codec, err := queue.NewCodec(cfg.CompressAbove)
 	if err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+		return nil, fmt.Errorf("result codec: %w", err)
 	}
 	w.codec = codec
 	w.closers = append(w.closers, codec.Close)
@@ -157,14 +157,14 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 			},
 		})
 		if err != nil {
-			return nil, fmt.Errorf("worker: fleet backoff: %w", err)
+			return nil, fmt.Errorf("fleet backoff: %w", err)
 		}
 		w.backoff = fleet
 		w.closers = append(w.closers, func() { _ = fleet.Close() })
 		if cfg.CapacityTTL > 0 {
 			board, err := share.Open(ctx, cfg.Queue.JS, bucket, account, share.Config{})
 			if err != nil {
-				return nil, fmt.Errorf("worker: %w", err)
+				return nil, fmt.Errorf("capacity share board: %w", err)
 			}
 			w.board, learned.settled = board, make(chan measure, 1)
 			w.closers = append(w.closers, func() {
@@ -200,7 +200,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		Timing:        cfg.TinkerTiming,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("worker: tinker session: %w", err)
+		return nil, fmt.Errorf("tinker session: %w", err)
 	}
 	w.client = client
 	w.closers = append(w.closers, func() { _ = client.Close() })
