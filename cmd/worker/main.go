@@ -135,8 +135,13 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	}
 	o.conn.Name = "tinkerfleet-worker"
 	o.conn.Logger = log
-	nc, err := queue.Connect(o.conn)
+	// A worker may start before its NATS servers (compose, Kubernetes): it waits for them.
+	nc, err := queue.ConnectWait(ctx, o.conn)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("worker stopped before NATS could be reached")
+			return nil
+		}
 		return err
 	}
 	defer nc.Close()

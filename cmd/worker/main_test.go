@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +171,67 @@ func TestRunWithCredentialCmd(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), fleettest.APIKey) || strings.Contains(logs.String(), "printf") {
 		t.Errorf("the log shows the credential or the command:\n%s", logs.String())
+	}
+}
+
+// TestRunWaitsForNATS: a worker started before its NATS server (as compose or Kubernetes may
+// start them) warns, waits, and works jobs once the server is up.
+func TestRunWaitsForNATS(t *testing.T) {
+	u, err := url.Parse(fleettest.ClosedURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	_, simURL := fleettest.Sim(t, tinkersim.Config{})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", "nats://" + u.Host, "--tinker-base-url", simURL,
+			"--metrics-addr", "", "--concurrency", "2", "--shutdown-grace", "2s"},
+			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "waiting for a NATS server") {
+		select {
+		case err := <-done:
+			t.Fatalf("run returned %v before NATS was up; log:\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning while NATS is down; log:\n%s", logs.String())
+		}
+	}
+
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	mt := 4
+	fleettest.Publish(t, q, "late-nats", []jobs.Job{{CustomID: "only", Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1, Params: jobs.SamplingParams{MaxTokens: &mt}}})
+	results, _ := fleettest.Results(t, q, "late-nats", 1, time.Minute)
+	if r := results["only"]; r.Status != jobs.StatusOK {
+		t.Errorf("result %+v, want ok", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run after cancel: %v, want nil", err)
+	}
+}
+
+// TestRunStoppedWhileWaitingForNATS: a worker told to stop while it waits for NATS stops
+// cleanly.
+func TestRunStoppedWhileWaitingForNATS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	err := run(ctx, []string{"--nats-url", "nats://" + strings.TrimPrefix(fleettest.ClosedURL(t), "http://"), "--metrics-addr", ""},
+		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
+	if err != nil || !strings.Contains(logs.String(), "worker stopped before NATS could be reached") {
+		t.Errorf("run = %v, want nil and a line saying why it stopped; log:\n%s", err, logs.String())
 	}
 }

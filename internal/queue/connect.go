@@ -1,9 +1,12 @@
 package queue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,15 +36,13 @@ type ConnectConfig struct {
 }
 
 // Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
-// worker outlives server restarts). extra options are applied last.
+// worker outlives server restarts). extra options are applied last. It fails at once when no
+// server answers; ConnectWait waits for one.
 func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("nats: no server URL")
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := logger(cfg)
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -93,7 +94,65 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	opts = append(opts, extra...)
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("nats: connect: %w", err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// ConnectWait is Connect for a process that starts beside its NATS servers, as a worker does
+// under compose or Kubernetes: while no server answers, it tries again (after 250 ms, doubling
+// to 5 s) until ctx is done, warning at once and then at most every 30 s. Any other failure
+// (credentials, TLS, a bad URL) is returned at once: waiting would not mend it.
+func ConnectWait(ctx context.Context, cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
+	const (
+		firstWait = 250 * time.Millisecond
+		maxWait   = 5 * time.Second
+		warnEvery = 30 * time.Second
+	)
+	wait := firstWait
+	var warned time.Time
+	for {
+		nc, err := Connect(cfg, extra...)
+		if err == nil || !errors.Is(err, nats.ErrNoServers) {
+			return nc, err
+		}
+		if now := time.Now(); now.Sub(warned) >= warnEvery {
+			logger(cfg).Warn("waiting for a NATS server", "url", redactURLs(cfg.URL), "err", err)
+			warned = now
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+		wait = min(2*wait, maxWait)
+	}
+}
+
+// redactURLs returns a comma-separated list of server URLs for a log line, with any user
+// information (a password, or a token given as the user name) replaced.
+func redactURLs(list string) string {
+	urls := strings.Split(list, ",")
+	for i, raw := range urls {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		switch {
+		case err != nil:
+			urls[i] = "(unparsable URL)"
+		case u.User != nil:
+			u.User = url.User("redacted")
+			urls[i] = u.String()
+		default:
+			urls[i] = u.String()
+		}
+	}
+	return strings.Join(urls, ",")
+}
+
+func logger(cfg ConnectConfig) *slog.Logger {
+	if cfg.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return cfg.Logger
 }

@@ -1,6 +1,8 @@
 package queue
 
 import (
+	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,14 +10,20 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -162,3 +170,103 @@ func writePEM(t *testing.T, path, kind string, der []byte) {
 		t.Fatal(err)
 	}
 }
+
+func TestConnectWaitWaitsForTheServer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+
+	var logs testLog
+	started := make(chan *server.Server, 1)
+	go func() {
+		time.Sleep(600 * time.Millisecond)
+		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true, Username: "fleet", Password: "s3cret"})
+		if err != nil {
+			t.Error(err)
+			started <- nil
+			return
+		}
+		go s.Start()
+		started <- s
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	begin := time.Now()
+	nc, err := ConnectWait(ctx, ConnectConfig{URL: fmt.Sprintf("nats://fleet:s3cret@127.0.0.1:%d", port), Logger: logs.logger()})
+	if s := <-started; s != nil {
+		t.Cleanup(s.Shutdown)
+	}
+	if err != nil {
+		t.Fatalf("ConnectWait: %v", err)
+	}
+	defer nc.Close()
+	if waited := time.Since(begin); waited < 500*time.Millisecond {
+		t.Errorf("connected after %v, before the server started", waited)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "waiting for a NATS server") {
+		t.Errorf("no warning while waiting; log:\n%s", out)
+	}
+	if strings.Contains(out, "s3cret") || !strings.Contains(out, "redacted@127.0.0.1") {
+		t.Errorf("the warning must name the server without its password; log:\n%s", out)
+	}
+}
+
+func TestConnectWaitGivesUpWithItsContext(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://fleet:s3cret@" + ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+	defer cancel()
+	_, err = ConnectWait(ctx, ConnectConfig{URL: url})
+	if !errors.Is(err, nats.ErrNoServers) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want no servers and the context's deadline", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "s3cret") || !strings.Contains(msg, ln.Addr().String()) {
+		t.Errorf("err = %q, want the server's address without its password", msg)
+	}
+}
+
+func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &server.Options{Username: "fleet", Password: "s3cret"})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	begin := time.Now()
+	_, err := ConnectWait(ctx, ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: "wrong"})
+	if err == nil || errors.Is(err, nats.ErrNoServers) {
+		t.Fatalf("err = %v, want the server's refusal", err)
+	}
+	if took := time.Since(begin); took > 10*time.Second {
+		t.Errorf("a refused login took %v: it was retried", took)
+	}
+}
+
+// testLog collects a test's log lines from any goroutine (fleettest.Buffer, but fleettest
+// imports this package).
+type testLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *testLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *testLog) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
