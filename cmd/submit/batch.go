@@ -101,7 +101,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 		return st, err
 	}
 	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
-	st.Done = m.Status != queue.BatchPublishing && st.Results >= m.Jobs
+	st.Done = batchDone(m, st.Results)
 	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(q.Names.JobSubject(batch)))
 	if err != nil {
 		return st, fmt.Errorf("jobs stream: %w", err)
@@ -203,19 +203,44 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	batches := make([]listedBatch, len(ms))
+	for i, m := range ms {
+		n, err := sess.q.ResultsStored(ctx, m.BatchID)
+		if err != nil {
+			return err
+		}
+		batches[i] = listedBatch{Manifest: m, Results: n, Done: batchDone(m, n)}
+	}
 	if asJSON {
 		enc := json.NewEncoder(env.stdout)
-		for _, m := range ms {
-			if err := enc.Encode(m); err != nil {
+		for _, b := range batches {
+			if err := enc.Encode(b); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BATCH\tSTATUS\tJOBS\tREJECTED\tCREATED")
-	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", m.BatchID, m.Status, m.Jobs, m.Rejected, m.CreatedAt.Local().Format(time.DateTime))
+	fmt.Fprintln(tw, "BATCH\tSTATUS\tJOBS\tRESULTS\tDONE\tREJECTED\tCREATED")
+	for _, b := range batches {
+		done := "no"
+		if b.Done {
+			done = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\n", b.BatchID, b.Status, b.Jobs, b.Results, done, b.Rejected, b.CreatedAt.Local().Format(time.DateTime))
 	}
 	return tw.Flush()
+}
+
+// listedBatch is one line of `submit list` (as JSON with --json).
+type listedBatch struct {
+	queue.Manifest
+	Results int  `json:"results"` // jobs with a result stored
+	Done    bool `json:"done"`    // every job of the batch has its result
+}
+
+// batchDone says whether a batch whose manifest is m, with results stored, is done: every
+// job has its result and no submit is still publishing.
+func batchDone(m queue.Manifest, results int) bool {
+	return m.Status != queue.BatchPublishing && results >= m.Jobs
 }

@@ -4,7 +4,7 @@
 //	submit status BATCH            progress of a batch
 //	submit results BATCH -o FILE   write the results stored so far (--wait: all of them)
 //	submit cancel BATCH            end a batch's remaining jobs as cancelled
-//	submit list                    every batch
+//	submit list                    every batch, its results so far and whether it is done
 //	submit tokenize ...            tokenize text to size a batch
 //
 // Without a NATS URL (or with --local) it runs everything in this process: an embedded

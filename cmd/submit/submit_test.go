@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -326,6 +327,9 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	if stdout, _, err := f.submit(ctx, "status", "to-cancel"); err != nil || !strings.Contains(stdout, "cancelled: 30 jobs without a result yet") {
 		t.Fatalf("status before any worker: %v\n%s", err, stdout)
 	}
+	if list, _, err := f.submit(ctx, "list"); err != nil || !regexp.MustCompile(`(?m)^to-cancel +cancelled +30 +0 +no `).MatchString(list) {
+		t.Fatalf("list before any worker: %v, want to-cancel without results, not done:\n%s", err, list)
+	}
 	f.startWorker(8)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out, "--wait"); err != nil {
@@ -366,8 +370,16 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 		t.Fatalf("status at the end: %v\n%s", err, stdout)
 	}
 	list, _, err := f.submit(ctx, "list")
-	if err != nil || !strings.Contains(list, "to-cancel") {
-		t.Fatalf("list: %q %v", list, err)
+	if err != nil || !regexp.MustCompile(`(?m)^to-cancel +cancelled +30 +30 +yes +0 `).MatchString(list) {
+		t.Fatalf("list: %v, want to-cancel with its 30 results, done:\n%s", err, list)
+	}
+	list, _, err = f.submit(ctx, "list", "--json")
+	var listed listedBatch
+	if err == nil {
+		err = json.Unmarshal([]byte(list), &listed)
+	}
+	if err != nil || listed.BatchID != "to-cancel" || listed.Results != 30 || !listed.Done {
+		t.Fatalf("list --json: %v, %+v", err, listed)
 	}
 }
 

@@ -214,6 +214,9 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if _, err := sub.Manifests(ctx); err != nil {
 		t.Errorf("submit: list: %v", err)
 	}
+	if n, err := sub.ResultsStored(ctx, batch); err != nil || n != total {
+		t.Errorf("submit: list's result count = %d, %v; want %d", n, err, total)
+	}
 	if _, err := sub.UpdateManifest(ctx, batch, func(m *queue.Manifest) error { m.Status = queue.BatchCancelled; return nil }); err != nil {
 		t.Errorf("submit: cancel: %v", err)
 	}

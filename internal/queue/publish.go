@@ -176,6 +176,26 @@ func (q *Queue) HasResult(ctx context.Context, batch, customID string) (bool, er
 	}
 }
 
+// ResultsStored counts the results stored for batch (one per job that has one). The server
+// counts them, as the pending messages of a short-lived consumer on the batch's result
+// subjects: no result is read, so it costs the same for ten results as for a million.
+func (q *Queue) ResultsStored(ctx context.Context, batch string) (int, error) {
+	cons, err := q.Results.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     q.Names.ResultsFilter(batch),
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		InactiveThreshold: time.Minute, // removed by the server if the delete below is lost
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count results of %s: %w", batch, err)
+	}
+	info := cons.CachedInfo()
+	if err := q.Results.DeleteConsumer(ctx, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, fmt.Errorf("count results of %s: remove counting consumer: %w", batch, err)
+	}
+	return int(info.NumPending), nil
+}
+
 // PublishJobAsync publishes one job without waiting for its ack; the returned future settles
 // when the stream has stored it or found it a duplicate. republished says the batch was
 // published before (a resumed submit), so the job may already have a result.

@@ -185,6 +185,40 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 	}
 }
 
+func TestResultsStoredCountsOneBatchAndLeavesNoConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	for batch, ids := range map[string][]string{"b1": {"x", "y", "z", "y"}, "b10": {"x"}} {
+		for _, id := range ids { // y twice: a job's second result is refused, not counted
+			msg, err := b.q.ResultMsg(nil, codec, batch, id, "ok", []byte(`{}`), 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.q.PublishResult(ctx, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for batch, want := range map[string]int{"b1": 3, "b10": 1, "b2": 0} {
+		if n, err := b.q.ResultsStored(ctx, batch); err != nil || n != want {
+			t.Errorf("ResultsStored(%s) = %d, %v; want %d", batch, n, err, want)
+		}
+	}
+	info, err := b.q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Errorf("%d consumers left on the results stream, want none", info.State.Consumers)
+	}
+}
+
 func TestManifestCompareAndSwap(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
