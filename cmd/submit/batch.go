@@ -165,15 +165,26 @@ func runCancel(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	defer sess.close()
+	results, err := sess.q.ResultsStored(ctx, batch)
+	if err != nil {
+		return err
+	}
 	m, err := sess.q.UpdateManifest(ctx, batch, func(m *queue.Manifest) error {
-		if m.Status == queue.BatchCancelled {
+		switch {
+		case m.Status == queue.BatchCancelled:
 			return errAlreadyCancelled
+		case batchDone(*m, results):
+			return errAlreadyDone // marking it cancelled would only mislabel its results
 		}
 		m.Status, m.CancelledAt = queue.BatchCancelled, time.Now().UTC()
 		return nil
 	})
-	if errors.Is(err, errAlreadyCancelled) {
+	switch {
+	case errors.Is(err, errAlreadyCancelled):
 		fmt.Fprintf(env.stderr, "batch %s was already cancelled\n", batch)
+		return nil
+	case errors.Is(err, errAlreadyDone):
+		fmt.Fprintf(env.stderr, "batch %s is done (every job has its result): nothing to cancel\n", batch)
 		return nil
 	}
 	if err != nil {
@@ -183,7 +194,10 @@ func runCancel(ctx context.Context, args []string, env *environment) error {
 	return nil
 }
 
-var errAlreadyCancelled = errors.New("already cancelled")
+var (
+	errAlreadyCancelled = errors.New("already cancelled")
+	errAlreadyDone      = errors.New("already done")
+)
 
 func runList(ctx context.Context, args []string, env *environment) error {
 	var o connOptions

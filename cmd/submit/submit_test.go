@@ -444,6 +444,26 @@ func jobsIn(t *testing.T, q *queue.Queue) uint64 {
 	return info.State.Msgs
 }
 
+// TestCancellingADoneBatchChangesNothing: a batch whose jobs all have results is left as it
+// is (cancelling it would label its results' batch cancelled for nothing).
+func TestCancellingADoneBatchChangesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	f.startWorker(4)
+	ctx := context.Background()
+	in := writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2)})
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "finished", "-o", filepath.Join(t.TempDir(), "out.jsonl")); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	_, stderr, err := f.submit(ctx, "cancel", "finished")
+	if err != nil || !strings.Contains(stderr, "batch finished is done (every job has its result): nothing to cancel") {
+		t.Fatalf("cancel: %v: %s", err, stderr)
+	}
+	if stdout, _, err := f.submit(ctx, "status", "finished"); err != nil || !strings.Contains(stdout, "submitted: done") {
+		t.Fatalf("status after cancelling a done batch: %v\n%s", err, stdout)
+	}
+}
+
 func TestSubcommandAfterFlagsGetsAHint(t *testing.T) {
 	t.Parallel()
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
