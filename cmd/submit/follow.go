@@ -155,7 +155,14 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			return sum, nil
 		}
 		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
-		batch, err := cons.Fetch(1024, jetstream.FetchContext(fetchCtx))
+		var batch jetstream.MessageBatch
+		if wait {
+			batch, err = cons.Fetch(1024, jetstream.FetchContext(fetchCtx))
+		} else {
+			// What is stored now: the server answers at once with what it has, where a
+			// request that waits for 1024 would wait out its second at the end.
+			batch, err = cons.FetchNoWait(1024)
+		}
 		if err != nil {
 			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it
 			cancel()
@@ -194,6 +201,9 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 					cancel()
 					return sum, fmt.Errorf("write results: %w", err)
 				}
+			}
+			if wait && sum.total() >= m.Jobs {
+				break // the last result: do not wait out the request
 			}
 		}
 		cancel()
