@@ -136,7 +136,11 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, extra ...nats.Option) (
 func redactURLs(list string) string {
 	urls := strings.Split(list, ",")
 	for i, raw := range urls {
-		u, err := url.Parse(strings.TrimSpace(raw))
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // as nats.go reads "host:port"
+		}
+		u, err := url.Parse(raw)
 		switch {
 		case err != nil:
 			urls[i] = "(unparsable URL)"

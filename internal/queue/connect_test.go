@@ -173,12 +173,8 @@ func writePEM(t *testing.T, path, kind string, der []byte) {
 
 func TestConnectWaitWaitsForTheServer(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	addr := freeAddr(t)
+	port := addr.Port
 
 	var logs testLog
 	started := make(chan *server.Server, 1)
@@ -218,19 +214,14 @@ func TestConnectWaitWaitsForTheServer(t *testing.T) {
 
 func TestConnectWaitGivesUpWithItsContext(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "nats://fleet:s3cret@" + ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
 	defer cancel()
-	_, err = ConnectWait(ctx, ConnectConfig{URL: url})
+	_, err := ConnectWait(ctx, ConnectConfig{URL: "nats://fleet:s3cret@" + addr.String()})
 	if !errors.Is(err, nats.ErrNoServers) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want no servers and the context's deadline", err)
 	}
-	if msg := err.Error(); strings.Contains(msg, "s3cret") || !strings.Contains(msg, ln.Addr().String()) {
+	if msg := err.Error(); strings.Contains(msg, "s3cret") || !strings.Contains(msg, addr.String()) {
 		t.Errorf("err = %q, want the server's address without its password", msg)
 	}
 }
@@ -248,6 +239,30 @@ func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
 	if took := time.Since(begin); took > 10*time.Second {
 		t.Errorf("a refused login took %v: it was retried", took)
 	}
+}
+
+func TestRedactURLs(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://n1:4222": "nats://n1:4222",
+		"nats://fleet:s3cret@n1:4222, tls://tok@n2": "nats://redacted@n1:4222,tls://redacted@n2",
+		"127.0.0.1:4222":                  "nats://127.0.0.1:4222",
+		"nats://fleet:s3cret@n1:4222/%zz": "(unparsable URL)",
+	} {
+		if got := redactURLs(in); got != want {
+			t.Errorf("redactURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// freeAddr returns a loopback address nobody listens on (it was free a moment ago).
+func freeAddr(t *testing.T) *net.TCPAddr {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr)
 }
 
 // testLog collects a test's log lines from any goroutine (fleettest.Buffer, but fleettest
