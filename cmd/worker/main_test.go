@@ -229,9 +229,27 @@ func TestRunStoppedWhileWaitingForNATS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	logs := &fleettest.Buffer{}
-	err := run(ctx, []string{"--nats-url", "nats://" + strings.TrimPrefix(fleettest.ClosedURL(t), "http://"), "--metrics-addr", ""},
+	u, err := url.Parse(fleettest.ClosedURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run(ctx, []string{"--nats-url", "nats://" + u.Host, "--metrics-addr", ""},
 		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
 	if err != nil || !strings.Contains(logs.String(), "worker stopped before NATS could be reached") {
 		t.Errorf("run = %v, want nil and a line saying why it stopped; log:\n%s", err, logs.String())
+	}
+}
+
+// TestRunSaysWhatFailedOnce: a session the service refuses ends the program with an error
+// that names it, without the package prefix that main adds ("worker: worker: …").
+func TestRunSaysWhatFailedOnce(t *testing.T) {
+	emb := fleettest.NATS(t)
+	_, simURL := fleettest.Sim(t, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL, "--metrics-addr", ""},
+		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey + ".refused"}), io.Discard)
+	if err == nil || !strings.HasPrefix(err.Error(), "tinker session: ") {
+		t.Fatalf("run = %v, want an error starting with the session that failed", err)
 	}
 }
