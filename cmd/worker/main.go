@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -133,6 +134,24 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		}
 		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
 	}
+	// /healthz answers from now on, /readyz once the worker runs: a worker waiting for NATS
+	// is alive (an orchestrator's probes must not restart it), not ready.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var running atomic.Pointer[runningWorker]
+	if o.metricsAddr != "" {
+		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutCtx)
+		}()
+		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
+	}
+
 	o.conn.Name = "tinkerfleet-worker"
 	o.conn.Logger = log
 	// A worker may start before its NATS servers (compose, Kubernetes): it waits for them.
@@ -158,8 +177,6 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
 	tokOpts.Dir = o.tokenizerDir
 	w, err := worker.Open(ctx, worker.Config{
@@ -180,40 +197,40 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 	defer w.Close()
-
-	if o.metricsAddr != "" {
-		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, nc, w)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutCtx)
-		}()
-		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
-	}
+	running.Store(&runningWorker{nc: nc, w: w})
+	defer running.Store(nil)
 	log.Info("worker started", "concurrency", o.concurrency, "prefix", q.Names.Prefix, "session", w.Client().SessionID())
 	err = w.Run(ctx)
 	log.Info("worker stopped")
 	return err
 }
 
-// serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (NATS is
-// connected and the Tinker session is alive) on addr, and returns the address it listens on
-// (port 0 picks one).
-func serveHealth(addr string, reg *prometheus.Registry, nc *nats.Conn, w *worker.Worker) (*http.Server, string, error) {
+// runningWorker is what /readyz checks once the worker is open.
+type runningWorker struct {
+	nc *nats.Conn
+	w  *worker.Worker
+}
+
+// serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
+// is open, NATS is connected and the Tinker session is alive) on addr, and returns the
+// address it listens on (port 0 picks one). running returns nil until the worker is open.
+func serveHealth(addr string, reg *prometheus.Registry, running func() *runningWorker) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		if !nc.IsConnected() {
-			http.Error(rw, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)
+		r := running()
+		if r == nil {
+			http.Error(rw, "starting: connecting to NATS and opening the Tinker session", http.StatusServiceUnavailable)
 			return
 		}
-		if err := w.SessionHealthy(); err != nil {
+		if !r.nc.IsConnected() {
+			http.Error(rw, "nats: "+r.nc.Status().String(), http.StatusServiceUnavailable)
+			return
+		}
+		if err := r.w.SessionHealthy(); err != nil {
 			http.Error(rw, "tinker: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

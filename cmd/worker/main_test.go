@@ -91,19 +91,8 @@ func TestRunWorksABatch(t *testing.T) {
 		t.Errorf("simulator completed %d samples, want %d", got, total)
 	}
 
-	m := regexp.MustCompile(`msg="serving /metrics, /healthz and /readyz" addr=(\S+)`).FindStringSubmatch(logs.String())
-	if m == nil {
-		t.Fatalf("no metrics address in the log:\n%s", logs.String())
-	}
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + m[1] + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	addr := metricsAddr(t, logs)
+	get := func(path string) (int, string) { return httpGet(t, addr, path) }
 	for _, path := range []string{"/healthz", "/readyz"} {
 		if code, body := get(path); code != http.StatusOK {
 			t.Errorf("GET %s: %d %q", path, code, body)
@@ -174,8 +163,31 @@ func TestRunWithCredentialCmd(t *testing.T) {
 	}
 }
 
+// metricsAddr returns the address of /metrics, /healthz and /readyz that run logged.
+func metricsAddr(t *testing.T, logs *fleettest.Buffer) string {
+	t.Helper()
+	m := regexp.MustCompile(`msg="serving /metrics, /healthz and /readyz" addr=(\S+)`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log:\n%s", logs.String())
+	}
+	return m[1]
+}
+
+// httpGet returns the status and body of GET http://addr/path.
+func httpGet(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
 // TestRunWaitsForNATS: a worker started before its NATS server (as compose or Kubernetes may
-// start them) warns, waits, and works jobs once the server is up.
+// start them) warns and waits, alive (/healthz) but not ready (/readyz), and works jobs once
+// the server is up.
 func TestRunWaitsForNATS(t *testing.T) {
 	u, err := url.Parse(fleettest.ClosedURL(t))
 	if err != nil {
@@ -190,7 +202,7 @@ func TestRunWaitsForNATS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--nats-url", "nats://" + u.Host, "--tinker-base-url", simURL,
-			"--metrics-addr", "", "--concurrency", "2", "--shutdown-grace", "2s"},
+			"--metrics-addr", "127.0.0.1:0", "--concurrency", "2", "--shutdown-grace", "2s"},
 			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
@@ -204,6 +216,13 @@ func TestRunWaitsForNATS(t *testing.T) {
 			t.Fatalf("no warning while NATS is down; log:\n%s", logs.String())
 		}
 	}
+	addr := metricsAddr(t, logs)
+	if code, body := httpGet(t, addr, "/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz while waiting for NATS: %d %q, want 200 (alive)", code, body)
+	}
+	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Errorf("GET /readyz while waiting for NATS: %d %q, want 503 starting", code, body)
+	}
 
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: port})
 	if err != nil {
@@ -216,6 +235,9 @@ func TestRunWaitsForNATS(t *testing.T) {
 	results, _ := fleettest.Results(t, q, "late-nats", 1, time.Minute)
 	if r := results["only"]; r.Status != jobs.StatusOK {
 		t.Errorf("result %+v, want ok", r)
+	}
+	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusOK {
+		t.Errorf("GET /readyz once working: %d %q, want 200", code, body)
 	}
 	cancel()
 	if err := <-done; err != nil {
