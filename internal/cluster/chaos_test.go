@@ -274,7 +274,7 @@ func TestChaos(t *testing.T) {
 	err := func() error {
 		deadline := time.Now().Add(3 * time.Minute)
 		for time.Now().Before(deadline) {
-			n, err := resultCount(context.Background(), admin, batch)
+			n, err := admin.ResultsStored(context.Background(), batch)
 			if err == nil && n >= len(published) {
 				return nil
 			}

@@ -75,7 +75,7 @@ func TestStreamLeaderFailover(t *testing.T) {
 
 	ctx := context.Background()
 	eventually(t, 60*time.Second, "a third of the results", func() bool {
-		n, err := resultCount(ctx, admin, batch)
+		n, err := admin.ResultsStored(ctx, batch)
 		return err == nil && n >= total/3
 	})
 	info, err := admin.Jobs.Info(ctx)
@@ -89,12 +89,12 @@ func TestStreamLeaderFailover(t *testing.T) {
 	if leader < 0 {
 		t.Fatalf("leader %q is not one of the nodes", info.Cluster.Leader)
 	}
-	done, _ := resultCount(ctx, admin, batch)
+	done, _ := admin.ResultsStored(ctx, batch)
 	t.Logf("shutting down the JOBS stream leader %s with %d of %d results stored", info.Cluster.Leader, done, total)
 	c.stop(leader)
 
 	eventually(t, 90*time.Second, "every result", func() bool {
-		n, err := resultCount(ctx, admin, batch)
+		n, err := admin.ResultsStored(ctx, batch)
 		return err == nil && n >= total
 	})
 	eventually(t, 30*time.Second, "an empty work queue", func() bool {

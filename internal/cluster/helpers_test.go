@@ -239,11 +239,6 @@ func publishJobs(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 	fleettest.Publish(t, q, batch, js)
 }
 
-// resultCount is the number of distinct result subjects (custom ids) of batch.
-func resultCount(ctx context.Context, q *queue.Queue, batch string) (int, error) {
-	return fleettest.ResultCount(ctx, q, batch)
-}
-
 // readResults reads every stored result of batch and counts them per custom id (the value
 // is how many result messages the stream holds for it).
 func readResults(t testing.TB, q *queue.Queue, batch string) (map[string]int, map[string]jobs.Result) {

@@ -204,7 +204,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	}
 	runWorker(t, wq, simURL, 8)
 	eventually(t, 60*time.Second, "every result", func() bool {
-		n, err := resultCount(ctx, sub, batch)
+		n, err := sub.ResultsStored(ctx, batch)
 		return err == nil && n == total
 	})
 	counts, _ := readResults(t, sub, batch)

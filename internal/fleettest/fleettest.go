@@ -126,15 +126,6 @@ func Publish(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 	}
 }
 
-// ResultCount is the number of distinct jobs of batch with a stored result.
-func ResultCount(ctx context.Context, q *queue.Queue, batch string) (int, error) {
-	info, err := q.Results.Info(ctx, jetstream.WithSubjectFilter(q.Names.ResultsFilter(batch)))
-	if err != nil {
-		return 0, err
-	}
-	return len(info.State.Subjects), nil
-}
-
 // Results waits (up to timeout) until want jobs of batch have a result, then reads every
 // stored result message. It returns the results by custom id and how many messages each
 // custom id has (more than one is a duplicate).
@@ -144,7 +135,7 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 	defer cancel()
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := ResultCount(ctx, q, batch)
+		n, err := q.ResultsStored(ctx, batch)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -108,7 +108,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	if groups != 1 {
 		t.Errorf("settled %d waiting jobs in %d groups; want 1", n, groups)
 	}
-	stored, err := fleettest.ResultCount(context.Background(), q, "b1")
+	stored, err := q.ResultsStored(context.Background(), "b1")
 	if err != nil {
 		t.Fatal(err)
 	}
