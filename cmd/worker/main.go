@@ -223,7 +223,7 @@ func serveHealth(addr string, reg *prometheus.Registry, running func() *runningW
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
 		r := running()
 		if r == nil {
-			http.Error(rw, "starting: connecting to NATS and opening the Tinker session", http.StatusServiceUnavailable)
+			http.Error(rw, "starting (connecting to NATS, opening the Tinker session) or stopping", http.StatusServiceUnavailable)
 			return
 		}
 		if !r.nc.IsConnected() {
