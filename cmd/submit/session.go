@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -151,8 +150,12 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		if err != nil {
 			return err
 		}
+		s.closers = append(s.closers, func() { // runs first, once the worker has stopped
+			st := sim.Stats()
+			s.log.Info("simulated Tinker service", "samples", st.SamplesCompleted, "failed", st.SamplesFailed,
+				"capacity_429s", st.CapacityRejections, "connections", st.Connections)
+		})
 		cfg.TinkerBaseURL, cfg.TinkerAPIKey = url, tinker.APIKey(key)
-		cfg.HTTPClient = &http.Client{}
 	} else {
 		key, credentialCmd, err := tinker.CredentialsFrom(env.getenv)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -495,6 +496,46 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 		if lineStatus(t, r) != "ok" {
 			t.Fatalf("%s: %v", id, r)
 		}
+	}
+}
+
+// TestLocalSimulatedWorkerKeepsConnections: submit's in-process worker samples on the
+// simulator over connections it keeps, as it would on the real service: about one per job in
+// flight, not one per request. With Go's default pool (2 idle connections a host), which it
+// had until session 12, it opened hundreds here, and a fifth of a busy run's CPU went on
+// dialling and closing them. -v logs what the simulated service saw.
+func TestLocalSimulatedWorkerKeepsConnections(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "prompts.jsonl")
+	var lines strings.Builder
+	const jobs, concurrency = 300, 16
+	for i := range jobs {
+		fmt.Fprintf(&lines, `{"custom_id":"c-%d","model":"Qwen/Qwen3-8B","prompt":"Count to %d.","sampling_params":{"max_tokens":4}}`+"\n", i, i)
+	}
+	if err := os.WriteFile(in, []byte(lines.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+	args := []string{"--local", "--simulate", "-v", "--concurrency", strconv.Itoa(concurrency), "--data-dir", filepath.Join(dir, "data"),
+		"--progress", "none", in, "-o", filepath.Join(dir, "results.jsonl")}
+	if err := run(context.Background(), args, env); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`msg="simulated Tinker service" samples=(\d+) .* connections=(\d+)`).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("no line on the simulated service in:\n%s", stderr.String())
+	}
+	samples, _ := strconv.Atoi(m[1])
+	conns, _ := strconv.Atoi(m[2])
+	if samples != jobs {
+		t.Fatalf("the simulator completed %d samples for %d jobs", samples, jobs)
+	}
+	// A pool may dial a few more than the requests in flight at once (a request that dials
+	// may take a connection freed meanwhile); start-up and heartbeats take a few of their own.
+	if limit := 2*concurrency + 8; conns < 1 || conns > limit {
+		t.Fatalf("%d connections for %d jobs at concurrency %d: want at most %d", conns, jobs, concurrency, limit)
 	}
 }
 

@@ -576,3 +576,61 @@ func TestSimFaults(t *testing.T) {
 		}
 	})
 }
+
+// TestSimDefaultClientKeepsConnections: with its default HTTP client, a client sampling in
+// many goroutines at once reuses its connections (§1.4: the reference client keeps pools),
+// so the simulator accepts about as many connections as requests were in flight at once, not
+// one per request. A client with Go's default pool of 2 idle connections per host opened one
+// per request or so here, and spent a fifth of a busy `submit --simulate` on dialling.
+func TestSimDefaultClientKeepsConnections(t *testing.T) {
+	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, BaseLatency: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url, err := sim.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: url, APIKey: simKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const goroutines, each = 32, 24
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				if _, err := s.Sample(ctx, simRequest(int64(g*each+i))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := sim.Stats()
+	requests := st.Requests["asample"][http.StatusOK] + st.Requests["retrieve_future"][http.StatusOK]
+	if requests < 2*goroutines*each {
+		t.Fatalf("the simulator answered %d asample and retrieve_future calls, want at least %d", requests, 2*goroutines*each)
+	}
+	// A request that finds no idle connection dials one, and may then take another that
+	// came free meanwhile: a pool ends up with somewhat more connections than goroutines.
+	// Start-up and the heartbeat may take a few of their own.
+	if limit := int64(2*goroutines + 4); st.Connections < 1 || st.Connections > limit {
+		t.Fatalf("%d connections for %d requests from %d goroutines: want at most %d", st.Connections, requests, goroutines, limit)
+	}
+}

@@ -93,5 +93,6 @@
 // (Start, Duration) and an optional Rate drawn from an RNG seeded with Config.Seed, so a given
 // request sequence is reproducible. Server.Stats (GET /admin/stats) reports requests by
 // endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
-// concurrency and, for every 429, 402 and pause window, how many asample calls arrived inside it.
+// concurrency, the TCP connections accepted (whether a client keeps its connections, §1.4)
+// and, for every 429, 402 and pause window, how many asample calls arrived inside it.
 package tinkersim

@@ -144,7 +144,8 @@ func (s *Server) listen(ctx context.Context, addr string, tlsCfg *tls.Config) (s
 	if err != nil {
 		return "", fmt.Errorf("tinkersim listen on %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg,
+		ConnState: s.countConnection}
 	scheme, serve := "http", hs.Serve
 	if tlsCfg != nil {
 		// ServeTLS adds "h2" and "http/1.1" to the NextProtos of a clone of tlsCfg and
@@ -178,6 +179,15 @@ func (s *Server) listen(ctx context.Context, addr string, tlsCfg *tls.Config) (s
 		}
 	}()
 	return scheme + "://" + ln.Addr().String(), nil
+}
+
+// countConnection counts each new connection in Stats.Connections.
+func (s *Server) countConnection(_ net.Conn, state http.ConnState) {
+	if state == http.StateNew {
+		s.mu.Lock()
+		s.st.connections++
+		s.mu.Unlock()
+	}
 }
 
 // Shutdown stops the listeners started by Listen and ListenTLS gracefully: it wakes held long

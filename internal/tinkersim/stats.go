@@ -22,6 +22,10 @@ type Stats struct {
 	CapacityRejections int64 `json:"capacity_rejections"`
 	// HTTP2Requests counts requests that came over HTTP/2 (ListenTLS, §1.4).
 	HTTP2Requests int64 `json:"http2_requests"`
+	// Connections counts the TCP connections its listeners accepted. A client that keeps its
+	// connections open (as the reference client does, §1.4) opens about as many as it has
+	// requests in flight at once; one that does not opens one per request.
+	Connections int64 `json:"connections"`
 	// TokensMinted counts JWTs minted by auth/token (§3.2).
 	TokensMinted int64 `json:"tokens_minted"`
 	// JWTRejections counts API requests answered 401 because, with Config.JWTAuth, X-API-Key
@@ -71,6 +75,7 @@ type stats struct {
 	tokensMinted       int64
 	jwtRejections      int64
 	http2              int64
+	connections        int64
 	peak               int
 	windows            []*windowStat
 }
@@ -99,6 +104,7 @@ func (s *Server) Stats() Stats {
 		CapacityRejections: s.st.capacityRejections,
 		TokensMinted:       s.st.tokensMinted,
 		HTTP2Requests:      s.st.http2,
+		Connections:        s.st.connections,
 		JWTRejections:      s.st.jwtRejections,
 		Concurrent:         s.running,
 		Queued:             len(s.queue),
