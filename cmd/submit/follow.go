@@ -125,6 +125,9 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 	return followFrom(ctx, q, m, out, f, map[string]bool{}, summary{}, wait, po, env)
 }
 
+// fetchBatch is how many results one read asks for.
+const fetchBatch = 1024
+
 // followFrom is follow for a reader that already holds the results in seen (job tokens),
 // counted in sum.
 func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
@@ -146,7 +149,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	if err != nil {
 		return sum, fmt.Errorf("follow results: %w", err)
 	}
-	prog := newProgress(po, env, m.Jobs, sum.total())
+	prog := newProgress(po, env, m.Jobs)
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
 
@@ -157,11 +160,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
 		var batch jetstream.MessageBatch
 		if wait {
-			batch, err = cons.Fetch(1024, jetstream.FetchContext(fetchCtx))
+			batch, err = cons.Fetch(fetchBatch, jetstream.FetchContext(fetchCtx))
 		} else {
 			// What is stored now: the server answers at once with what it has, where a
-			// request that waits for 1024 would wait out its second at the end.
-			batch, err = cons.FetchNoWait(1024)
+			// request that waits for a full batch would wait out its second at the end.
+			batch, err = cons.FetchNoWait(fetchBatch)
 		}
 		if err != nil {
 			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it

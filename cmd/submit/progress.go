@@ -11,18 +11,28 @@ import (
 // progress shows how far a batch is: a redrawn bar on a terminal, a plain line every interval
 // otherwise.
 type progress struct {
-	w         io.Writer
-	bar       bool
-	none      bool
-	interval  time.Duration
-	total     int
-	start     time.Time
-	startDone int
-	last      time.Time
+	w        io.Writer
+	bar      bool
+	none     bool
+	interval time.Duration
+	total    int
+	now      func() time.Time
+	last     time.Time
+
+	// The rate and ETA count from the first read (base, baseDone), not from newProgress:
+	// that read brings at once the results stored while the batch was being published, or a
+	// resumed reader's backlog, which over the milliseconds since newProgress made a rate
+	// of tens of thousands a second.
+	started  bool
+	base     time.Time
+	baseDone int
 }
 
-func newProgress(o progressOptions, env *environment, total, done int) *progress {
-	p := &progress{w: env.stderr, interval: o.interval, total: total, start: time.Now(), startDone: done}
+// rateWindow is the shortest time over which a rate is shown.
+const rateWindow = time.Second
+
+func newProgress(o progressOptions, env *environment, total int) *progress {
+	p := &progress{w: env.stderr, interval: o.interval, total: total, now: time.Now}
 	switch o.mode {
 	case "none":
 		p.none = true
@@ -50,11 +60,15 @@ func isTerminal(env *environment) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
+// update shows s, after each read of results.
 func (p *progress) update(s *summary) {
 	if p.none {
 		return
 	}
-	now := time.Now()
+	now := p.now()
+	if !p.started {
+		p.started, p.base, p.baseDone = true, now, s.total()
+	}
 	if p.bar {
 		if now.Sub(p.last) < 100*time.Millisecond {
 			return
@@ -75,7 +89,7 @@ func (p *progress) finish(s *summary) {
 		return
 	}
 	if p.bar {
-		fmt.Fprintf(p.w, "\r\033[K%s\n", p.line(s, time.Now(), true))
+		fmt.Fprintf(p.w, "\r\033[K%s\n", p.line(s, p.now(), true))
 	}
 }
 
@@ -96,8 +110,11 @@ func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	if s.cancelled > 0 {
 		fmt.Fprintf(&b, " cancelled %d", s.cancelled)
 	}
-	elapsed := now.Sub(p.start).Seconds()
-	if rate := float64(done-p.startDone) / elapsed; elapsed > 0 && rate > 0 {
+	elapsed := now.Sub(p.base)
+	if !p.started || elapsed < rateWindow {
+		return b.String()
+	}
+	if rate := float64(done-p.baseDone) / elapsed.Seconds(); rate > 0 {
 		fmt.Fprintf(&b, " | %.1f/s", rate)
 		if left := p.total - done; left > 0 {
 			fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
