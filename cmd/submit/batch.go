@@ -147,6 +147,14 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	} else {
 		sum, err = followToFile(ctx, sess.q, m, output, rf, wait, po, env)
 	}
+	if err != nil && ctx.Err() != nil {
+		goOn := "run the same command again to go on"
+		if output == "" {
+			goOn = "run it again to read them all (with -o FILE, a run appends only what the file lacks)"
+		}
+		return fmt.Errorf("%w with %d of %d results of batch %s%s: %s",
+			errInterrupted, sum.total(), m.Jobs, batch, outputNote(output), goOn)
+	}
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,9 @@ func main() {
 	defer stop()
 	env := &environment{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, tty: -1}
 	if err := run(ctx, os.Args[1:], env); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, errInterrupted) { // stopped where it says nothing more useful
+			err = fmt.Errorf("%w (%v)", errInterrupted, err)
+		}
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "submit:", err)
 		}
@@ -79,12 +82,18 @@ func isSubcommand(name string) bool {
 // errInvalidInput is returned when validation rejected lines and nothing was published.
 var errInvalidInput = errors.New("invalid input")
 
+// errInterrupted is returned when an interrupt (SIGINT, SIGTERM) stopped a publish or a wait
+// for results; its message says how to go on.
+var errInterrupted = errors.New("interrupted")
+
 func exitCode(err error) int {
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errInvalidInput):
 		return 3
+	case errors.Is(err, errInterrupted):
+		return 130 // as a shell reports a command ended by SIGINT
 	default:
 		return 1
 	}

@@ -163,6 +163,10 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	// 2. Publish, unless this batch was fully submitted before.
 	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, env)
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
+				errInterrupted, o.batchID)
+		}
 		return err
 	}
 	fmt.Fprintf(env.stderr, "batch %s: %d jobs submitted\n", m.BatchID, m.Jobs)
@@ -180,6 +184,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		sum, err = followToFile(ctx, sess.q, m, o.output, format, true, o.progress, env)
 	} else {
 		sum, err = follow(ctx, sess.q, m, nil, format, true, o.progress, env)
+	}
+	if err != nil && ctx.Err() != nil {
+		goOn := "the fleet goes on with it; run the same command again, or submit results " + m.BatchID + " --wait, to collect the rest"
+		if local {
+			goOn = "its other jobs wait in " + o.conn.dataDir + "; run the same command again to go on"
+		}
+		return fmt.Errorf("%w with %d of %d results of batch %s%s: %s", errInterrupted, sum.total(), m.Jobs, m.BatchID, outputNote(o.output), goOn)
 	}
 	if err != nil {
 		return err

@@ -539,6 +539,58 @@ func TestLocalSimulatedWorkerKeepsConnections(t *testing.T) {
 	}
 }
 
+// TestInterruptedRunSaysHowToGoOn: an interrupt while results come in ends submit with
+// status 130 and a line saying how many results the file has and that the same command goes
+// on; run again, it does, and every job has one result.
+func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "prompts.jsonl"), filepath.Join(dir, "results.jsonl")
+	const jobs = 200
+	var lines strings.Builder
+	for i := range jobs {
+		fmt.Fprintf(&lines, `{"custom_id":"c-%d","model":"Qwen/Qwen3-8B","prompt":"Count to %d.","sampling_params":{"max_tokens":8}}`+"\n", i, i)
+	}
+	if err := os.WriteFile(in, []byte(lines.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	// Two jobs at a time, about 22 ms each: the batch takes over two seconds.
+	args := []string{"--local", "--simulate", "--concurrency", "2", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", in, "-o", out}
+
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	go func() {
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > 0 {
+				interrupt()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	err := run(ctx, args, env)
+	if !errors.Is(err, errInterrupted) || exitCode(err) != 130 {
+		t.Fatalf("interrupted run: err = %v (exit status %d), want errInterrupted (130)", err, exitCode(err))
+	}
+	got := len(readResults(t, out))
+	want := fmt.Sprintf("interrupted with %d of %d results of batch ", got, jobs)
+	if !strings.Contains(err.Error(), want) || !strings.HasSuffix(err.Error(), "run the same command again to go on") {
+		t.Fatalf("interrupted run: %q, want it to say %q and how to go on", err, want)
+	}
+	if got == 0 || got == jobs {
+		t.Fatalf("%d of %d results when interrupted: the test interrupted too late", got, jobs)
+	}
+
+	args[3] = "16"
+	if err := run(context.Background(), args, env); err != nil {
+		t.Fatalf("the same command again: %v", err)
+	}
+	if res := readResults(t, out); len(res) != jobs {
+		t.Fatalf("%d results after going on, want %d", len(res), jobs)
+	}
+}
+
 // TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
 // run with the -o file of the first, it would have found every custom_id there and reported
 // the stale results as its own. It is refused before anything is published, and the file is
