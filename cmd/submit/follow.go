@@ -125,11 +125,24 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 	return followFrom(ctx, q, m, out, f, map[string]bool{}, summary{}, wait, po, env)
 }
 
-// fetchBatch is how many results one read asks for.
-const fetchBatch = 1024
+// readAhead is how many results the reader asks the server for ahead of those it handles.
+const readAhead = 1024
+
+// idleWait is how long the reader waits for the next result before it flushes the output and
+// shows progress (and, reading what is stored now, takes it that nothing more is coming).
+const idleWait = time.Second
+
+// flushEvery is how often the output is flushed while results come in, so that a reader of
+// the file sees them within that.
+const flushEvery = 100 * time.Millisecond
 
 // followFrom is follow for a reader that already holds the results in seen (job tokens),
 // counted in sum.
+//
+// It reads through one ordered consumer's message iterator. A Fetch on an ordered consumer
+// replaces the consumer on the server each time, and the server counts the pending results of
+// each new one over the batch's subjects: reading a batch in fetches of 1024 cost time
+// quadratic in its size (200,000 results: 196 consumers, 2.5 s of the server's CPU).
 func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
 	var out *bufio.Writer
 	if w != nil {
@@ -142,6 +155,14 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	}
 	defer codec.Close()
 
+	// Reading what is stored now ends after as many results as the server counts now (results
+	// are only ever added while a batch lives), or when none came for idleWait.
+	stored := -1
+	if !wait {
+		if stored, err = q.ResultsStored(ctx, m.BatchID); err != nil || stored == 0 {
+			return sum, err
+		}
+	}
 	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{q.Names.ResultsFilter(m.BatchID)},
 		HeadersOnly:    out == nil,
@@ -149,79 +170,72 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	if err != nil {
 		return sum, fmt.Errorf("follow results: %w", err)
 	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
+	if err != nil {
+		return sum, fmt.Errorf("follow results: %w", err)
+	}
+	defer it.Stop()
+	stopOnCancel := context.AfterFunc(ctx, it.Stop) // Next then returns at once
+	defer stopOnCancel()
+
 	prog := newProgress(po, env, m.Jobs)
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
-
-	for {
-		if wait && sum.total() >= m.Jobs {
+	lastFlush := time.Now()
+	for read := 0; ; {
+		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
+			prog.update(&sum)
 			return sum, nil
 		}
-		fetchCtx, cancel := context.WithTimeout(ctx, time.Second)
-		var batch jetstream.MessageBatch
-		if wait {
-			batch, err = cons.Fetch(fetchBatch, jetstream.FetchContext(fetchCtx))
-		} else {
-			// What is stored now: the server answers at once with what it has, where a
-			// request that waits for a full batch would wait out its second at the end.
-			batch, err = cons.FetchNoWait(fetchBatch)
-		}
-		if err != nil {
-			expired := errors.Is(fetchCtx.Err(), context.DeadlineExceeded) // before cancel, which sets it
-			cancel()
-			switch {
-			case ctx.Err() != nil:
-				return sum, ctx.Err()
-			case expired:
-				continue // a loaded machine let the second pass before the request left
-			}
-			return sum, fmt.Errorf("follow results: %w", err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
-			if seen[token] {
-				continue
-			}
-			seen[token] = true
-			sum.add(msg.Headers().Get(queue.HeaderStatus))
+		msg, err := it.Next(jetstream.NextMaxWait(idleWait))
+		switch {
+		case ctx.Err() != nil:
+			return sum, ctx.Err()
+		case errors.Is(err, nats.ErrTimeout):
 			if out != nil {
-				data, err := codec.Decode(nats.Header(msg.Headers()), msg.Data())
-				var meta *jetstream.MsgMetadata
-				if err == nil {
-					meta, err = msg.Metadata()
-				}
-				if err == nil {
-					line, err = resultLine(line[:0], data, meta.Timestamp, f)
-				}
-				if err != nil {
-					cancel()
-					return sum, fmt.Errorf("result %s: %w", msg.Subject(), err)
-				}
-				out.Write(line)
-				if err := out.WriteByte('\n'); err != nil {
-					cancel()
+				if err := out.Flush(); err != nil {
 					return sum, fmt.Errorf("write results: %w", err)
 				}
 			}
-			if wait && sum.total() >= m.Jobs {
-				break // the last result: do not wait out the request
+			prog.update(&sum)
+			if !wait {
+				return sum, nil
 			}
+			continue
+		case err != nil:
+			return sum, fmt.Errorf("follow results: %w", err)
 		}
-		cancel()
-		if err := batch.Error(); err != nil && ctx.Err() != nil {
-			return sum, ctx.Err()
+		read++
+		token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
+		if seen[token] {
+			continue
 		}
-		if out != nil && n > 0 {
-			if err := out.Flush(); err != nil {
+		seen[token] = true
+		sum.add(msg.Headers().Get(queue.HeaderStatus))
+		if out != nil {
+			data, err := codec.Decode(nats.Header(msg.Headers()), msg.Data())
+			var meta *jetstream.MsgMetadata
+			if err == nil {
+				meta, err = msg.Metadata()
+			}
+			if err == nil {
+				line, err = resultLine(line[:0], data, meta.Timestamp, f)
+			}
+			if err != nil {
+				return sum, fmt.Errorf("result %s: %w", msg.Subject(), err)
+			}
+			out.Write(line)
+			if err := out.WriteByte('\n'); err != nil {
 				return sum, fmt.Errorf("write results: %w", err)
+			}
+			if now := time.Now(); now.Sub(lastFlush) >= flushEvery {
+				if err := out.Flush(); err != nil {
+					return sum, fmt.Errorf("write results: %w", err)
+				}
+				lastFlush = now
 			}
 		}
 		prog.update(&sum)
-		if !wait && n == 0 {
-			return sum, nil
-		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
@@ -200,6 +201,78 @@ func TestTenThousandJobsOverThreeWorkersOneKilled(t *testing.T) {
 		if !ok || lineStatus(t, r) != "ok" {
 			t.Fatalf("job-%05d: %v", i, r)
 		}
+	}
+}
+
+// TestReadingResultsCreatesTwoConsumers: status and results read a batch's results through
+// one ordered consumer, plus one that only counts them, however many there are. They read in
+// fetches of 1024 before, and a fetch on an ordered consumer replaces the consumer on the
+// server, which counts the new one's pending results over the batch's subjects: time
+// quadratic in the batch (status on 200,000 results took 4.1 s, 1.3 s now).
+func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 512, BaseLatency: time.Millisecond})
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in := writeLines(t, lines)
+	f.startWorker(256)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stdout, stderr, err := f.submit(ctx, in, "--wait")
+	if err != nil {
+		t.Fatalf("%v; stderr: %s", err, stderr)
+	}
+	batch := strings.TrimSpace(stdout)
+
+	q := bind(t, f)
+	creates := make(chan *nats.Msg, 64)
+	sub, err := q.JS.Conn().ChanSubscribe("$JS.API.CONSUMER.CREATE."+q.Names.ResultsStream()+".>", creates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := q.JS.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	counted := func() int {
+		t.Helper()
+		if err := q.JS.Conn().Flush(); err != nil { // every request sent before has reached us
+			t.Fatal(err)
+		}
+		k := 0
+		for {
+			select {
+			case <-creates:
+				k++
+			default:
+				return k
+			}
+		}
+	}
+
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	if _, stderr, err := f.submit(ctx, "results", batch, "-o", out); err != nil {
+		t.Fatalf("results: %v; stderr: %s", err, stderr)
+	}
+	if res := readResults(t, out); len(res) != n {
+		t.Fatalf("results wrote %d of %d", len(res), n)
+	}
+	if k := counted(); k != 2 {
+		t.Fatalf("results created %d consumers on the results stream for %d results, want 2", k, n)
+	}
+	stdout, _, err = f.submit(ctx, "status", batch, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st batchStatus
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.Results != n || !st.Done {
+		t.Fatalf("status %s: %+v, %v", stdout, st, err)
+	}
+	if k := counted(); k != 2 {
+		t.Fatalf("status created %d consumers on the results stream for %d results, want 2", k, n)
 	}
 }
 
