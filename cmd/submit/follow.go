@@ -129,7 +129,7 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 const readAhead = 1024
 
 // idleWait is how long the reader waits for the next result before it flushes the output and
-// shows progress (and, reading what is stored now, takes it that nothing more is coming).
+// shows progress.
 const idleWait = time.Second
 
 // flushEvery is how often the output is flushed while results come in, so that a reader of
@@ -156,7 +156,9 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	defer codec.Close()
 
 	// Reading what is stored now ends after as many results as the server counts now (results
-	// are only ever added while a batch lives), or when none came for idleWait.
+	// are only ever added while a batch lives), or when none came for maxIdle waits in a row
+	// (results that expired meanwhile; a loaded machine may take a second or two).
+	const maxIdle = 5
 	stored := -1
 	if !wait {
 		if stored, err = q.ResultsStored(ctx, m.BatchID); err != nil || stored == 0 {
@@ -182,7 +184,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
 	lastFlush := time.Now()
-	for read := 0; ; {
+	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
 			return sum, nil
@@ -198,14 +200,14 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 				}
 			}
 			prog.update(&sum)
-			if !wait {
+			if idle++; !wait && idle >= maxIdle {
 				return sum, nil
 			}
 			continue
 		case err != nil:
 			return sum, fmt.Errorf("follow results: %w", err)
 		}
-		read++
+		read, idle = read+1, 0
 		token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
 		if seen[token] {
 			continue
