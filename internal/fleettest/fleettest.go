@@ -129,20 +129,29 @@ func Publish(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 // Results waits (up to timeout) until want jobs of batch have a result, then reads every
 // stored result message. It returns the results by custom id and how many messages each
 // custom id has (more than one is a duplicate).
+//
+// It reads as many messages as the server counts once the wait is over. It stopped at the
+// first empty fetch before, and in a cluster just after a node was stopped, the first fetch
+// of a fresh consumer could come back empty with every result stored.
 func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.Duration) (map[string]jobs.Result, map[string]int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
 	defer cancel()
 	deadline := time.Now().Add(timeout)
+	var stored int
 	for {
-		n, err := q.ResultsStored(ctx, batch)
-		if err != nil {
+		var err error
+		if stored, err = q.ResultsStored(ctx, batch); err != nil {
 			t.Fatal(err)
 		}
-		if n >= want || time.Now().After(deadline) {
+		if stored >= want || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	results, counts := map[string]jobs.Result{}, map[string]int{}
+	if stored == 0 {
+		return results, counts
 	}
 	codec, err := queue.NewCodec(0)
 	if err != nil {
@@ -155,28 +164,26 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, counts := map[string]jobs.Result{}, map[string]int{}
-	for {
-		msgs, err := cons.FetchNoWait(1000)
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	for read := 0; read < stored; read++ {
+		m, err := it.Next(jetstream.NextMaxWait(30 * time.Second))
+		if err != nil {
+			t.Fatalf("read %d of the %d results of %s stored: %v", read, stored, batch, err)
+		}
+		data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for m := range msgs.Messages() {
-			n++
-			data, err := codec.Decode(nats.Header(m.Headers()), m.Data())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var r jobs.Result
-			if err := json.Unmarshal(data, &r); err != nil {
-				t.Fatalf("result %s: %v", data, err)
-			}
-			results[r.CustomID] = r
-			counts[r.CustomID]++
+		var r jobs.Result
+		if err := json.Unmarshal(data, &r); err != nil {
+			t.Fatalf("result %s: %v", data, err)
 		}
-		if n == 0 {
-			return results, counts
-		}
+		results[r.CustomID] = r
+		counts[r.CustomID]++
 	}
+	return results, counts
 }
