@@ -186,7 +186,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		sum, err = follow(ctx, sess.q, m, nil, format, true, o.progress, env)
 	}
 	if err != nil && ctx.Err() != nil {
-		goOn := "the fleet goes on with it; run the same command again, or submit results " + m.BatchID + " --wait, to collect the rest"
+		goOn := "the fleet goes on with it; run the same command again, or submit results " + m.BatchID + outputFlag(o.output) + " --wait, to collect the rest"
 		if local {
 			goOn = "its other jobs wait in " + o.conn.dataDir + "; run the same command again to go on"
 		}
@@ -198,6 +198,14 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	fmt.Fprintf(env.stderr, "batch %s: %d results (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
 		sum.total(), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
 	return nil
+}
+
+// outputFlag is " -o path", or nothing without a path.
+func outputFlag(path string) string {
+	if path == "" {
+		return ""
+	}
+	return " -o " + path
 }
 
 func outputNote(path string) string {

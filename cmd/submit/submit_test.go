@@ -664,6 +664,37 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 	}
 }
 
+// TestInterruptedWaitOnAFleetSaysTheFleetGoesOn: interrupted while waiting on a fleet, submit
+// says the fleet goes on and which command collects the rest.
+func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: 50 * time.Millisecond})
+	lines := make([]string, 40)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in := writeLines(t, lines)
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	f.startWorker(1)
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	go func() {
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(out); len(b) > 0 {
+				interrupt()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	stdout, _, err := f.submit(ctx, in, "-o", out)
+	batch := strings.TrimSpace(stdout)
+	want := "the fleet goes on with it; run the same command again, or submit results " + batch + " -o " + out + " --wait, to collect the rest"
+	if !errors.Is(err, errInterrupted) || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("err = %v, want errInterrupted ending %q", err, want)
+	}
+}
+
 // TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
 // run with the -o file of the first, it would have found every custom_id there and reported
 // the stale results as its own. It is refused before anything is published, and the file is
