@@ -149,10 +149,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 		jitter:   wakeJitter(cfg.WakeJitter),
 		done:     make(chan struct{}),
 	}
-	if err := f.probe(ctx); err != nil {
-		return nil, err
-	}
-	if _, err := f.reread(ctx); err != nil {
+	if err := f.firstRead(ctx); err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -160,6 +157,38 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 	go f.run(runCtx)
 	return f, nil
 }
+
+// firstRead probes the server's clock and reads the key. In a cluster whose bucket was just
+// created (workers starting together on a fresh cluster), no replica may answer yet: "no
+// responders", or no answer at all. It tries again for a few seconds then, and gives any other
+// error (a permission, say) at once.
+func (f *Fleet) firstRead(ctx context.Context) error {
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, firstReadAttempt)
+		err := f.probe(actx)
+		if err == nil {
+			_, err = f.reread(actx)
+		}
+		cancel()
+		notYet := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
+		if err == nil || !notYet || attempt == firstReadAttempts || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// The first read's attempts (about 5 s of waits between them) and the bound of each.
+const (
+	firstReadAttempts = 8
+	firstReadAttempt  = 5 * time.Second
+)
 
 // wakeJitter draws a waiter's delay after the deadline, uniform in [0, max).
 func wakeJitter(max time.Duration) func() time.Duration {
