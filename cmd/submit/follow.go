@@ -125,9 +125,6 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 	return followFrom(ctx, q, m, out, f, map[string]bool{}, summary{}, wait, po, env)
 }
 
-// readAhead is how many results the reader asks the server for ahead of those it handles.
-const readAhead = 1024
-
 // idleWait is how long the reader waits for the next result before it flushes the output and
 // shows progress.
 const idleWait = time.Second
@@ -138,11 +135,6 @@ const flushEvery = 100 * time.Millisecond
 
 // followFrom is follow for a reader that already holds the results in seen (job tokens),
 // counted in sum.
-//
-// It reads through one ordered consumer's message iterator. A Fetch on an ordered consumer
-// replaces the consumer on the server each time, and the server counts the pending results of
-// each new one over the batch's subjects: reading a batch in fetches of 1024 cost time
-// quadratic in its size (200,000 results: 196 consumers, 2.5 s of the server's CPU).
 func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
 	var out *bufio.Writer
 	if w != nil {
@@ -165,16 +157,9 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			return sum, err
 		}
 	}
-	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{q.Names.ResultsFilter(m.BatchID)},
-		HeadersOnly:    out == nil,
-	})
+	it, err := q.ReadResults(ctx, m.BatchID, out == nil)
 	if err != nil {
-		return sum, fmt.Errorf("follow results: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
-	if err != nil {
-		return sum, fmt.Errorf("follow results: %w", err)
+		return sum, err
 	}
 	defer it.Stop()
 	stopOnCancel := context.AfterFunc(ctx, it.Stop) // Next then returns at once

@@ -158,13 +158,7 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 		t.Fatal(err)
 	}
 	defer codec.Close()
-	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	it, err := cons.Messages()
+	it, err := q.ReadResults(ctx, batch, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -196,6 +196,32 @@ func (q *Queue) ResultsStored(ctx context.Context, batch string) (int, error) {
 	return int(info.NumPending), nil
 }
 
+// ReadResults returns an iterator over the results stored for batch, oldest first, through an
+// ordered consumer (which takes up again where it was after a gap or a reconnect); with
+// headersOnly, without their payloads. Stop it when done.
+//
+// Read it with Next, not with Fetch in a loop: nats.go replaces an ordered consumer on the
+// server for each Fetch, and the server counts each new one's pending results over the
+// batch's subjects, so reading a batch in fetches of 1024 took time quadratic in its size
+// (status of 1,000,000 results: 60-63 s, against 6.3-8.1 s with the iterator).
+func (q *Queue) ReadResults(ctx context.Context, batch string, headersOnly bool) (jetstream.MessagesContext, error) {
+	cons, err := q.JS.OrderedConsumer(ctx, q.Names.ResultsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{q.Names.ResultsFilter(batch)},
+		HeadersOnly:    headersOnly,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read results of %s: %w", batch, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
+	if err != nil {
+		return nil, fmt.Errorf("read results of %s: %w", batch, err)
+	}
+	return it, nil
+}
+
+// readAhead is how many results ReadResults asks the server for ahead of those read.
+const readAhead = 1024
+
 // PublishJobAsync publishes one job without waiting for its ack; the returned future settles
 // when the stream has stored it or found it a duplicate. republished says the batch was
 // published before (a resumed submit), so the job may already have a result.
