@@ -152,8 +152,7 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 		if output == "" {
 			goOn = "run it again to read them all (with -o FILE, a run appends only what the file lacks)"
 		}
-		return fmt.Errorf("%w with %d of %d results of batch %s%s: %s",
-			errInterrupted, sum.total(), m.Jobs, batch, outputNote(output), goOn)
+		return interruptedWith(sum, m, output, goOn)
 	}
 	if err != nil {
 		return err

@@ -19,11 +19,10 @@ type progress struct {
 	now      func() time.Time
 	last     time.Time
 
-	// The rate and ETA count from the first read (base, baseDone), not from newProgress:
-	// that read brings at once the results stored while the batch was being published, or a
-	// resumed reader's backlog, which over the milliseconds since newProgress made a rate
-	// of tens of thousands a second.
-	started  bool
+	// The rate and ETA count from the first read (base, baseDone; base is zero before it),
+	// not from newProgress: that read brings at once the results stored while the batch was
+	// being published, or a resumed reader's backlog, which over the milliseconds since
+	// newProgress made a rate of tens of thousands a second.
 	base     time.Time
 	baseDone int
 }
@@ -66,8 +65,8 @@ func (p *progress) update(s *summary) {
 		return
 	}
 	now := p.now()
-	if !p.started {
-		p.started, p.base, p.baseDone = true, now, s.total()
+	if p.base.IsZero() {
+		p.base, p.baseDone = now, s.total()
 	}
 	if p.bar {
 		if now.Sub(p.last) < 100*time.Millisecond {
@@ -111,7 +110,7 @@ func (p *progress) line(s *summary, now time.Time, bar bool) string {
 		fmt.Fprintf(&b, " cancelled %d", s.cancelled)
 	}
 	elapsed := now.Sub(p.base)
-	if !p.started || elapsed < rateWindow {
+	if p.base.IsZero() || elapsed < rateWindow {
 		return b.String()
 	}
 	if rate := float64(done-p.baseDone) / elapsed.Seconds(); rate > 0 {

@@ -190,7 +190,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		if local {
 			goOn = "its other jobs wait in " + o.conn.dataDir + "; run the same command again to go on"
 		}
-		return fmt.Errorf("%w with %d of %d results of batch %s%s: %s", errInterrupted, sum.total(), m.Jobs, m.BatchID, outputNote(o.output), goOn)
+		return interruptedWith(sum, m, o.output, goOn)
 	}
 	if err != nil {
 		return err
@@ -198,6 +198,12 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	fmt.Fprintf(env.stderr, "batch %s: %d results (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
 		sum.total(), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
 	return nil
+}
+
+// interruptedWith is the error of a wait for m's results that an interrupt stopped with sum
+// read (into output, if not empty); goOn says how to go on.
+func interruptedWith(sum summary, m queue.Manifest, output, goOn string) error {
+	return fmt.Errorf("%w with %d of %d results of batch %s%s: %s", errInterrupted, sum.total(), m.Jobs, m.BatchID, outputNote(output), goOn)
 }
 
 // outputFlag is " -o path", or nothing without a path.
