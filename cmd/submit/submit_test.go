@@ -665,7 +665,8 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 }
 
 // TestInterruptedWaitOnAFleetSaysTheFleetGoesOn: interrupted while waiting on a fleet, submit
-// says the fleet goes on and which command collects the rest.
+// says the fleet goes on and which command collects the rest; that command, interrupted in
+// turn, says how to go on too.
 func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: 50 * time.Millisecond})
@@ -676,22 +677,33 @@ func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 	in := writeLines(t, lines)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	f.startWorker(1)
-	ctx, interrupt := context.WithCancel(context.Background())
-	defer interrupt()
-	go func() {
-		for ctx.Err() == nil {
-			if b, _ := os.ReadFile(out); len(b) > 0 {
-				interrupt()
-				return
+	// interruptOnMore is a context cancelled once out has more than lines lines.
+	interruptOnMore := func(lines int) context.Context {
+		ctx, interrupt := context.WithCancel(context.Background())
+		t.Cleanup(interrupt)
+		go func() {
+			for ctx.Err() == nil {
+				if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > lines {
+					interrupt()
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	stdout, _, err := f.submit(ctx, in, "-o", out)
+		}()
+		return ctx
+	}
+	stdout, _, err := f.submit(interruptOnMore(0), in, "-o", out)
 	batch := strings.TrimSpace(stdout)
 	want := "the fleet goes on with it; run the same command again, or submit results " + batch + " -o " + out + " --wait, to collect the rest"
 	if !errors.Is(err, errInterrupted) || !strings.HasSuffix(err.Error(), want) {
 		t.Fatalf("err = %v, want errInterrupted ending %q", err, want)
+	}
+
+	got := len(readResults(t, out))
+	_, _, err = f.submit(interruptOnMore(got), "results", batch, "-o", out, "--wait")
+	if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), " of 40 results of batch "+batch+" in "+out) ||
+		!strings.HasSuffix(err.Error(), ": run the same command again to go on") {
+		t.Fatalf("results --wait interrupted: err = %v", err)
 	}
 }
 
