@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -224,13 +226,13 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	counts, err := countResults(ctx, sess.q, ms)
+	if err != nil {
+		return err
+	}
 	batches := make([]listedBatch, len(ms))
 	for i, m := range ms {
-		n, err := sess.q.ResultsStored(ctx, m.BatchID)
-		if err != nil {
-			return err
-		}
-		batches[i] = listedBatch{Manifest: m, Results: n, Done: batchDone(m, n)}
+		batches[i] = listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i])}
 	}
 	if asJSON {
 		enc := json.NewEncoder(env.stdout)
@@ -252,6 +254,36 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	}
 	return tw.Flush()
 }
+
+// countResults counts the results stored for each batch of ms, listCounters at a time: each
+// count is two round trips to the server, which on a remote one add up over many batches.
+func countResults(ctx context.Context, q *queue.Queue, ms []queue.Manifest) ([]int, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	counts := make([]int, len(ms))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(listCounters, len(ms)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(ms) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				n, err := q.ResultsStored(ctx, ms[i].BatchID)
+				if err != nil {
+					cancel(err) // the first error is the cause; the other counters stop
+					return
+				}
+				counts[i] = n
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	return counts, nil
+}
+
+// listCounters is how many batches `submit list` counts the results of at once.
+const listCounters = 8
 
 // listedBatch is one line of `submit list` (as JSON with --json).
 type listedBatch struct {

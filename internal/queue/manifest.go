@@ -88,26 +88,32 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 	}
 }
 
-// Manifests lists every batch manifest.
+// Manifests lists every batch manifest, oldest write first. One watch of the bucket delivers
+// them all with their values: no request per batch, which a remote server would make a round
+// trip each.
 func (q *Queue) Manifests(ctx context.Context) ([]Manifest, error) {
-	lister, err := q.Batches.ListKeys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, nil
-	}
+	w, err := q.Batches.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("list batches: %w", err)
 	}
-	defer lister.Stop()
+	defer w.Stop()
 	var out []Manifest
-	for key := range lister.Keys() {
-		m, _, err := q.GetManifest(ctx, key)
-		if errors.Is(err, ErrNoBatch) {
-			continue
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list batches: %w", ctx.Err())
+		case e := <-w.Updates():
+			if e == nil { // every manifest stored when the watch began has come
+				if err := ctx.Err(); err != nil { // or the watch was stopped
+					return nil, fmt.Errorf("list batches: %w", err)
+				}
+				return out, nil
+			}
+			var m Manifest
+			if err := json.Unmarshal(e.Value(), &m); err != nil {
+				return nil, fmt.Errorf("batch %s: decode manifest: %w", e.Key(), err)
+			}
+			out = append(out, m)
 		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
 	}
-	return out, nil
 }

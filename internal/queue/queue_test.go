@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -248,6 +250,65 @@ func TestManifestCompareAndSwap(t *testing.T) {
 	}
 	if _, _, err := b.q.GetManifest(ctx, "nope"); !errors.Is(err, ErrNoBatch) {
 		t.Fatalf("missing batch: err = %v", err)
+	}
+}
+
+// TestManifestsMakesNoRequestPerBatch lists many batches, with one deleted and one rewritten,
+// and counts the message-get requests on the batches bucket's stream: the values come with
+// one watch, so that listing on a remote server costs no round trip per batch.
+func TestManifestsMakesNoRequestPerBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	const n = 40
+	for i := range n {
+		m := Manifest{BatchID: fmt.Sprintf("b%02d", i), Status: BatchSubmitted, Jobs: i, CreatedAt: time.Now()}
+		if _, err := b.q.PutManifest(ctx, m, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.q.Batches.Delete(ctx, "b07"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.UpdateManifest(ctx, "b03", func(m *Manifest) error { m.Status = BatchCancelled; return nil }); err != nil {
+		t.Fatal(err)
+	}
+
+	nc := b.q.JS.Conn()
+	gets := make(chan *nats.Msg, 4*n)
+	stream := "KV_" + b.q.Batches.Bucket()
+	for _, subject := range []string{"$JS.API.DIRECT.GET." + stream + ".>", "$JS.API.DIRECT.GET." + stream, "$JS.API.STREAM.MSG.GET." + stream} {
+		sub, err := nc.ChanSubscribe(subject, gets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	list, err := b.q.Manifests(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // every request sent before has reached the subscriptions
+		t.Fatal(err)
+	}
+	if len(gets) != 0 {
+		t.Errorf("Manifests made %d get requests for %d batches, want none", len(gets), n-1)
+	}
+	var ids []string
+	for _, m := range list {
+		ids = append(ids, m.BatchID)
+		if want := fmt.Sprintf("b%02d", m.Jobs); m.BatchID != want {
+			t.Errorf("manifest %s holds the jobs of %s", m.BatchID, want)
+		}
+		if (m.BatchID == "b03") != (m.Status == BatchCancelled) {
+			t.Errorf("manifest %s: status %s", m.BatchID, m.Status)
+		}
+	}
+	if len(list) != n-1 || slices.Contains(ids, "b07") || ids[len(ids)-1] != "b03" {
+		t.Fatalf("Manifests = %v; want the %d not deleted, the rewritten b03 last", ids, n-1)
 	}
 }
 
