@@ -457,6 +457,61 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	}
 }
 
+// TestListCountsBatchesAtOnce lists 12 batches and watches, in the order the server got them,
+// the requests that create and delete list's counting consumers: counts overlap (a remote
+// server's round trips add up otherwise), at most listCounters at once, and each is removed.
+func TestListCountsBatchesAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const batches = 12
+	for b := range batches {
+		if _, stderr, err := f.submit(ctx, writeLines(t, []string{jobLine(b)})); err != nil {
+			t.Fatalf("%v; stderr: %s", err, stderr)
+		}
+	}
+	q := bind(t, f)
+	requests := make(chan *nats.Msg, 4*batches)
+	stream := q.Names.ResultsStream()
+	sub, err := q.JS.Conn().ChanSubscribe("$JS.API.CONSUMER.>", requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := q.JS.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	list, _, err := f.submit(ctx, "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(list, " submitted "); got != batches {
+		t.Fatalf("list shows %d submitted batches, want %d:\n%s", got, batches, list)
+	}
+	if err := q.JS.Conn().Flush(); err != nil { // every request sent before has reached us
+		t.Fatal(err)
+	}
+	open, most, created := 0, 0, 0
+	for len(requests) > 0 {
+		m := <-requests
+		switch {
+		case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.CREATE."+stream+"."):
+			open++
+			created++
+			most = max(most, open)
+		case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.DELETE."+stream+"."):
+			open--
+		}
+	}
+	if created != batches || open != 0 {
+		t.Errorf("list created %d counting consumers and left %d, want %d and none", created, open, batches)
+	}
+	if most < 2 || most > listCounters {
+		t.Errorf("list counted %d batches at most at once, want 2 to %d", most, listCounters)
+	}
+}
+
 func TestInterruptedOutputResumes(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
