@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -119,30 +120,37 @@ func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, 
 		msg jetstream.Msg
 		at  time.Time
 	}
+	// Read with an iterator, not FetchNoWait: a fetch right after the consumer is made (on a
+	// cluster, just after a node stopped) may find it not yet able to deliver and come back
+	// empty, while a pull of the iterator waits for the reports, which this worker's own
+	// report, stored before, guarantees are there.
+	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return nil, 0, fmt.Errorf("share: read reports: %w", err)
+	}
+	defer it.Stop()
+	stopOnCancel := context.AfterFunc(ctx, it.Stop)
+	defer stopOnCancel()
 	latest := make(map[string]stored) // by key: the bucket keeps one revision of each
 	read := 0
 	for done := false; !done; {
-		batch, err := cons.FetchNoWait(256) // what is stored now: the round's reports are in
+		msg, err := it.Next(jetstream.NextMaxWait(reportWait))
+		if ctx.Err() != nil {
+			return nil, read, ctx.Err()
+		}
+		if errors.Is(err, nats.ErrTimeout) {
+			return nil, read, fmt.Errorf("share: read reports: the round's reports did not come in %v", reportWait)
+		}
 		if err != nil {
 			return nil, read, fmt.Errorf("share: read reports: %w", err)
 		}
-		got := 0
-		for msg := range batch.Messages() {
-			got++
-			read++
-			meta, err := msg.Metadata()
-			if err != nil {
-				return nil, read, fmt.Errorf("share: read reports: %w", err)
-			}
-			latest[strings.TrimPrefix(msg.Subject(), subjectPrefix)] = stored{msg, meta.Timestamp}
-			done = meta.NumPending == 0
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		read++
+		meta, err := msg.Metadata()
+		if err != nil {
 			return nil, read, fmt.Errorf("share: read reports: %w", err)
 		}
-		if got == 0 {
-			return nil, read, errors.New("share: read reports: the round's reports did not come")
-		}
+		latest[strings.TrimPrefix(msg.Subject(), subjectPrefix)] = stored{msg, meta.Timestamp}
+		done = meta.NumPending == 0 // what was stored when the consumer began has come
 	}
 	reports := make(map[string]Report, len(latest))
 	for key, e := range latest {
@@ -160,6 +168,9 @@ func (b *Board) round(ctx context.Context, rev uint64) (map[string]Report, int, 
 	}
 	return reports, read, nil
 }
+
+// reportWait is how long a round waits for the next stored report before it gives up.
+const reportWait = 2 * time.Second
 
 // kvOperationHeader marks a KV delete or purge marker (its value is DEL or PURGE).
 const kvOperationHeader = "KV-Operation"
