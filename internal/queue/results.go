@@ -127,7 +127,7 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 			errs[i] = ackError(ack)
 			waiting--
 		case <-t.C:
-			late = fmt.Errorf("no ack from the stream within %s", ResultAckTimeout)
+			late = fmt.Errorf("%w within %s", errNoAck, ResultAckTimeout)
 		case <-ctx.Done():
 			late = ctx.Err()
 		}
@@ -145,6 +145,23 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 		// p.sub is nil and the next Publish tries again.
 		_ = p.subscribe()
 	}
+}
+
+// errNoAck: the stream did not answer a result's publish in time.
+var errNoAck = errors.New("no ack from the stream")
+
+// StoreUnavailable reports whether err, from storing a result, says that the results stream
+// cannot store anything now, rather than that it refuses this result: it is out of room or
+// unavailable (a 503 answer: insufficient resources, JetStream unavailable), nobody answers
+// for it (no responders: no stream, or no leader during an election), or its answer did not
+// come in time. Storing the result again later may work; storing another would fail alike.
+func StoreUnavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503
+	}
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, errNoAck) || errors.Is(err, nats.ErrTimeout)
 }
 
 // position is the place in the group of the message an ack on subject answers.

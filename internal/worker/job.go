@@ -130,7 +130,12 @@ func (w *Worker) settled(s *settlement) {
 	j := s.job
 	log := func() *slog.Logger { return w.jobLog(j.batch, j.customID, j.delivered) }
 	if s.publishErr != nil {
-		log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
+		if !s.heldSince.IsZero() && queue.StoreUnavailable(s.publishErr) {
+			// Let go at shutdown: the settler said so for all it held.
+			log().Debug("result not stored; the job will be delivered again", "held_for", time.Since(s.heldSince), "err", s.publishErr)
+		} else {
+			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
+		}
 		_ = s.msg.NakWithDelay(time.Second)
 	} else {
 		if s.settleErr != nil {
@@ -142,6 +147,18 @@ func (w *Worker) settled(s *settlement) {
 	}
 	w.free(j.reservation)
 	w.keep(s)
+}
+
+// holding keeps a job whose result the settler holds alive (InProgress), so that it is not
+// delivered again meanwhile, and counts it for the metrics.
+func (w *Worker) holding(s *settlement, held bool) {
+	if held {
+		w.alive.add(s.msg)
+		w.resultsHeld.Add(1)
+	} else {
+		w.alive.remove(s.msg)
+		w.resultsHeld.Add(-1)
+	}
 }
 
 // free gives back a job's dispatch reservation and its job slot.

@@ -3,6 +3,7 @@ package worker
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,8 +134,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// watch registers gauges read on scrape from the limiter, the backoff and the capacity.
-func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity) {
+// watch registers gauges read on scrape from the limiter, the backoff, the capacity and the
+// count of results held for another try.
+func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64) {
 	if m == nil {
 		return
 	}
@@ -155,6 +157,10 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_capacity_limit", Help: "Samples in flight this worker allows itself, learned from the last 429 (0: no limit).",
 		}, func() float64 { return float64(c.current()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_results_held",
+			Help: "Results sampled but not stored yet because the results stream could not store anything; their jobs wait, and are not sampled again.",
+		}, func() float64 { return float64(held.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
 		}, func() float64 {

@@ -11,8 +11,8 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 )
 
-// gathered returns every series of reg as "name{label=value,...}" → counter value, or the
-// sample count of a histogram.
+// gathered returns every series of reg as "name{label=value,...}" → counter or gauge value,
+// or the sample count of a histogram.
 func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -29,6 +29,8 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			key := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
 			if h := m.GetHistogram(); h != nil {
 				out[key] = float64(h.GetSampleCount())
+			} else if g := m.GetGauge(); g != nil {
+				out[key] = g.GetValue()
 			} else {
 				out[key] = m.GetCounter().GetValue()
 			}

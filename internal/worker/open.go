@@ -214,7 +214,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, w.backoff, learned)
+	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld)
 	ok = true
 	return w, nil
 }

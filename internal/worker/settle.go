@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,13 +27,25 @@ import (
 // a handler does not wait (and wake up) for every group, which it could not speed up; in
 // bench comparison 2 the CPU saved was within the machine's noise.
 //
-// A job is acked (or termed) only after its result is stored (invariant 2); a job whose
-// result was not stored is left to the settled function.
+// A job is acked (or termed) only after its result is stored (invariant 2). When the stream
+// cannot store anything (out of room, no leader, no answer: queue.StoreUnavailable), the
+// settler holds the results and tries them again, 100 ms apart and doubling up to 5 s, rather
+// than handing their jobs back: a job handed back is sampled again, and paid for again, and
+// its result would fail alike. Held jobs keep their job slots, so the worker takes no new
+// jobs once every slot holds one, and they are kept alive (InProgress) meanwhile. A result
+// the stream refuses for itself is left to the settled function, which hands its job back.
 type settler struct {
 	results *queue.ResultPublisher
 	in      chan *settlement
 	linger  time.Duration // how long a group waits for more jobs after its first
 	settled func(*settlement)
+	// hold, if set, is told when a settlement's result is held for another try (true) and
+	// when a held one is let go (false), before settled.
+	hold func(s *settlement, held bool)
+	log  *slog.Logger
+
+	closed  chan struct{} // closed by close
+	drainBy time.Time     // set by close: held results are tried until then
 }
 
 const (
@@ -41,6 +55,10 @@ const (
 	settleLinger = 2 * time.Millisecond
 	// lingerFull is how many waiting jobs make a group worth sending without a linger.
 	lingerFull = 8
+	// firstRetry and lastRetry bound the wait before held results are tried again.
+	firstRetry, lastRetry = 100 * time.Millisecond, 5 * time.Second
+	// heldLogEvery is how often, at most, the settler warns that results cannot be stored.
+	heldLogEvery = 30 * time.Second
 )
 
 // newSettler returns a settler for up to capacity jobs at a time, which calls settled for each
@@ -50,7 +68,8 @@ func newSettler(q *queue.Queue, capacity int, linger time.Duration, settled func
 	if err != nil {
 		return nil, err
 	}
-	return &settler{results: results, in: make(chan *settlement, capacity), linger: linger, settled: settled}, nil
+	return &settler{results: results, in: make(chan *settlement, capacity), linger: linger, settled: settled,
+		log: slog.New(slog.DiscardHandler), closed: make(chan struct{})}, nil
 }
 
 // settlement is one job to settle. The worker keeps the settlements of finished jobs, and
@@ -61,8 +80,9 @@ type settlement struct {
 	term  bool // Term rather than Ack: a permanent failure
 
 	// Set by the settler before it calls settled.
-	publishErr error // the result was not stored: the message is not settled
-	settleErr  error // the result is stored, but the ack or term failed
+	publishErr error     // the result was not stored: the message is not settled
+	settleErr  error     // the result is stored, but the ack or term failed
+	heldSince  time.Time // when the stream first could not store the result (zero: it never failed so)
 
 	result *nats.Msg // the job's result, reused from job to job (nil: none yet)
 	buf    []byte    // the result's encoding; result.Data points into it until settled
@@ -71,35 +91,84 @@ type settlement struct {
 }
 
 // hand gives s to the settler. It does not block while fewer than capacity settlements are
-// out, which the job slots ensure.
+// out, which the job slots ensure (a held settlement is out until it is settled).
 func (st *settler) hand(s *settlement) {
-	s.publishErr, s.settleErr = nil, nil
+	s.publishErr, s.settleErr, s.heldSince = nil, nil, time.Time{}
 	st.in <- s
 }
 
-// close ends run once the settlements handed in so far are settled. Call it when no handler
-// can call hand any more.
-func (st *settler) close() { close(st.in) }
+// close ends run once the settlements handed in so far are settled; results that the stream
+// cannot store are tried until drainBy, then their jobs are handed back. Call it when no
+// handler can call hand any more.
+func (st *settler) close(drainBy time.Time) {
+	st.drainBy = drainBy
+	close(st.closed)
+	close(st.in)
+}
 
-// run settles groups until close and returns how many it settled. ctx bounds the waits for
-// the stream's acks.
+// run settles groups until close and returns how many it sent. ctx bounds the waits for the
+// stream's acks; once it is done, held results are let go.
 func (st *settler) run(ctx context.Context) (groups int) {
 	defer func() { _ = st.results.Close() }()
 	group := make([]*settlement, 0, maxSettleGroup)
 	msgs := make([]*nats.Msg, 0, maxSettleGroup)
 	errs := make([]error, maxSettleGroup)
-	for first := range st.in {
-		groups++
-		if st.linger > 0 && len(st.in) < lingerFull-1 {
-			// A sleep, not a wait on the channel: jobs arriving meanwhile wake nobody.
-			time.Sleep(st.linger)
+	var (
+		held   []*settlement // results the stream could not store yet, oldest first
+		retry  = firstRetry
+		outage time.Time // since when the stream stores nothing (zero: it does)
+		warned time.Time // the last warning; at most one per heldLogEvery, as room comes and goes
+		in     = st.in   // nil once closed and drained
+		// unavailable is the last error that said the stream could not store anything.
+		unavailable error
+	)
+	for {
+		group = group[:0]
+		if len(held) > 0 {
+			// Jobs handed in meanwhile wait with the held ones, and are kept alive with them.
+		waiting:
+			for in != nil {
+				select {
+				case s, ok := <-in:
+					if !ok {
+						in = nil
+						break waiting
+					}
+					held = append(held, st.holdOn(s))
+				default:
+					break waiting
+				}
+			}
+			if !st.waitToRetry(ctx, retry) {
+				st.letGo(held, unavailable)
+				held = held[:0]
+				continue
+			}
+			retry = min(2*retry, lastRetry)
+			n := min(len(held), maxSettleGroup)
+			group = append(group, held[:n]...)
+			held = append(held[:0], held[n:]...)
+		} else {
+			if in == nil {
+				return groups
+			}
+			first, ok := <-in
+			if !ok {
+				return groups
+			}
+			if st.linger > 0 && len(in) < lingerFull-1 {
+				// A sleep, not a wait on the channel: jobs arriving meanwhile wake nobody.
+				time.Sleep(st.linger)
+			}
+			group = append(group, first)
 		}
-		group = append(group[:0], first)
+		groups++
 	fill:
-		for len(group) < maxSettleGroup {
+		for in != nil && len(group) < maxSettleGroup {
 			select {
-			case s, ok := <-st.in:
+			case s, ok := <-in:
 				if !ok {
+					in = nil
 					break fill
 				}
 				group = append(group, s)
@@ -114,14 +183,22 @@ func (st *settler) run(ctx context.Context) (groups int) {
 			}
 		}
 		st.results.Publish(ctx, msgs, errs[:len(msgs)])
-		k := 0
+		k, stored, refused := 0, false, false
+		through := group[:0] // the group's settlements not held
 		for _, s := range group {
 			if s.store {
 				s.publishErr = errs[k]
 				k++
 				if s.publishErr != nil {
+					if queue.StoreUnavailable(s.publishErr) && ctx.Err() == nil {
+						unavailable, refused = s.publishErr, true
+						held = append(held, st.holdOn(s))
+						continue
+					}
+					through = append(through, s)
 					continue
 				}
+				stored = true
 			}
 			// The result is stored; a lost ack only means a redelivery, which finds it.
 			if s.term {
@@ -129,11 +206,86 @@ func (st *settler) run(ctx context.Context) (groups int) {
 			} else {
 				s.settleErr = s.msg.Ack()
 			}
+			through = append(through, s)
 		}
-		for i, s := range group {
-			st.settled(s)
-			group[i] = nil
+		now := time.Now()
+		switch {
+		case stored && !outage.IsZero():
+			if !warned.Before(outage) { // said for this outage
+				st.log.Info("results are stored again", "after", now.Sub(outage).Round(time.Millisecond), "still_held", len(held))
+			}
+			outage, retry = time.Time{}, firstRetry
+		case refused && now.Sub(warned) >= heldLogEvery:
+			if outage.IsZero() {
+				outage = now
+			}
+			warned = now
+			st.log.Warn("results cannot be stored: holding them and trying again; no new jobs are taken while every job slot holds one",
+				"held", len(held), "for", now.Sub(outage).Round(time.Second), "err", unavailable)
+		case refused && outage.IsZero():
+			outage = now
+		}
+		for i, s := range through {
+			st.pass(s)
+			through[i] = nil
+		}
+		clear(group[len(through):])
+	}
+}
+
+// waitToRetry waits before held results are tried again, and reports false when they are to
+// be let go instead: ctx is done, or the settler is closed and its drainBy has passed.
+func (st *settler) waitToRetry(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	closed := st.closed
+	var drained <-chan time.Time // fires at drainBy, once closed
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-closed:
+			if !time.Now().Before(st.drainBy) {
+				return false
+			}
+			closed, drained = nil, time.After(time.Until(st.drainBy))
+		case <-drained:
+			return false
 		}
 	}
-	return groups
+}
+
+// letGo passes on, at shutdown, held settlements whose results will not be tried again:
+// their jobs are handed back for another delivery. cause is why the stream stored none; it is
+// the publish error of those that waited behind the held ones and were never tried.
+func (st *settler) letGo(held []*settlement, cause error) {
+	st.log.Warn("results not stored before shutdown: their jobs will be delivered again", "held", len(held), "err", cause)
+	for i, s := range held {
+		if s.publishErr == nil {
+			s.publishErr = fmt.Errorf("not stored before shutdown: %w", cause)
+		}
+		st.pass(s)
+		held[i] = nil
+	}
+}
+
+// holdOn marks s held, if it is not yet, and returns it.
+func (st *settler) holdOn(s *settlement) *settlement {
+	if s.heldSince.IsZero() {
+		s.heldSince = time.Now()
+		if st.hold != nil {
+			st.hold(s, true)
+		}
+	}
+	return s
+}
+
+// pass hands s, which the settler is through with, to settled.
+func (st *settler) pass(s *settlement) {
+	if !s.heldSince.IsZero() && st.hold != nil {
+		st.hold(s, false)
+	}
+	st.settled(s)
 }

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
@@ -102,7 +102,7 @@ func TestSettlerStoresAGroupThenAcksIt(t *testing.T) {
 	if err := waitSettled(settled, n); err != nil {
 		t.Error(err)
 	}
-	st.close()
+	st.close(time.Now())
 	<-done
 
 	if groups != 1 {
@@ -139,12 +139,12 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 		s.store = true
 		settlements[i] = s
 	}
-	// No stream listens on this subject: the publish has no responders.
-	settlements[1].result = &nats.Msg{Subject: "nowhere.results", Header: nats.Header{jetstream.MsgIDHeader: {"b1/x"}}, Data: []byte(`{}`)}
+	// The stream refuses this one result (it expects another stream), and stores the rest.
+	settlements[1].result.Header.Set(jetstream.ExpectedStreamHeader, "elsewhere")
 	for _, s := range settlements {
 		st.hand(s)
 	}
-	st.close()
+	st.close(time.Now())
 	st.run(context.Background())
 	if len(settled) != len(settlements) {
 		t.Fatalf("%d of %d settlements passed on", len(settled), len(settlements))
@@ -208,7 +208,7 @@ func TestSettlerLingersForJobsThatFinishSoonAfter(t *testing.T) {
 	if err := waitSettled(settled, len(msgs)); err != nil {
 		t.Error(err)
 	}
-	st.close()
+	st.close(time.Now())
 	<-done
 
 	if groups != 1 {
@@ -237,7 +237,7 @@ func TestSettlerSkipsTheLingerForAFullGroup(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%d waiting jobs not settled within 10 s: the group waited for its linger (1 h)", lingerFull)
 	}
-	st.close()
+	st.close(time.Now())
 }
 
 // testSettler is newSettler for a test: the settlements it is through with come out of the
@@ -266,8 +266,8 @@ func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	settlements := storing(t, q, codec, msgs)
-	// No stream listens on this subject: the publish has no responders.
-	settlements[0].result = &nats.Msg{Subject: "nowhere.results", Header: nats.Header{jetstream.MsgIDHeader: {"b1/x"}}, Data: []byte(`{}`)}
+	// The stream refuses this one result (it expects another stream).
+	settlements[0].result.Header.Set(jetstream.ExpectedStreamHeader, "elsewhere")
 	for _, s := range settlements {
 		w.slots <- struct{}{}
 		r, err := limiter.Reserve(context.Background())
@@ -277,7 +277,7 @@ func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
 		s.job = finishedJob{reservation: &r, batch: "b1", delivered: 1, start: time.Now()}
 		st.hand(s)
 	}
-	st.close()
+	st.close(time.Now())
 	st.run(context.Background())
 
 	if len(w.slots) != 0 || limiter.Free() != 2 {
@@ -301,5 +301,178 @@ func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
 	}
 	if want := msgs[0].Headers().Get(queue.HeaderCustomID); len(ids) != 1 || ids[0] != want {
 		t.Errorf("delivered again: %v; want only %s, whose result failed", ids, want)
+	}
+}
+
+// resultsRoom sets the results stream's byte limit: 1 makes it full, so that it refuses every
+// result as a full store does (maximum bytes exceeded, a 503); -1 gives the room back.
+func resultsRoom(t *testing.T, q *queue.Queue, maxBytes int64) {
+	t.Helper()
+	ctx := context.Background()
+	info, err := q.Results.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxBytes = maxBytes
+	if _, err := q.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdLog records a settler's hold calls.
+type holdLog struct {
+	mu      sync.Mutex
+	held    map[*settlement]bool
+	letGo   int
+	changed chan struct{}
+}
+
+func newHoldLog() *holdLog {
+	return &holdLog{held: make(map[*settlement]bool), changed: make(chan struct{}, 1024)}
+}
+
+func (h *holdLog) hold(s *settlement, held bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if held {
+		h.held[s] = true
+	} else {
+		delete(h.held, s)
+		h.letGo++
+	}
+	h.changed <- struct{}{}
+}
+
+// waitHeld waits until n settlements are held, for at most 10 s.
+func (h *holdLog) waitHeld(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		h.mu.Lock()
+		got := len(h.held)
+		h.mu.Unlock()
+		if got == n {
+			return
+		}
+		select {
+		case <-h.changed:
+		case <-deadline:
+			t.Fatalf("%d settlements held, want %d", got, n)
+		}
+	}
+}
+
+// TestSettlerHoldsResultsWhileTheStreamIsFull: results that a full stream refuses are held,
+// not passed on (passing on hands the job back to be sampled again), tried again, and
+// stored, their jobs acked, once the stream has room.
+func TestSettlerHoldsResultsWhileTheStreamIsFull(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	const n = 5
+	msgs := fetchJobs(t, q, "b1", n)
+	resultsRoom(t, q, 1)
+
+	st, settled := testSettler(t, q, n, 0)
+	holds := newHoldLog()
+	st.hold = holds.hold
+	handAll(st, storing(t, q, codec, msgs), 0)
+	done := make(chan struct{})
+	go func() { st.run(context.Background()); close(done) }()
+	holds.waitHeld(t, n)
+	time.Sleep(4 * (firstRetry + 2*firstRetry)) // the settler tries them again meanwhile
+	if len(settled) != 0 {
+		t.Fatalf("%d of %d results passed on while the stream was full; want them held", len(settled), n)
+	}
+	if p := pendingAcks(t, q, n); p != n {
+		t.Fatalf("%d jobs wait for an ack while their results are held; want %d", p, n)
+	}
+
+	resultsRoom(t, q, -1)
+	if err := waitSettled(settled, n); err != nil {
+		t.Errorf("after the stream had room again: %v", err)
+	}
+	st.close(time.Now())
+	<-done
+	if holds.letGo != n || len(holds.held) != 0 {
+		t.Errorf("%d held settlements let go, %d still held; want %d and none", holds.letGo, len(holds.held), n)
+	}
+	if stored, err := q.ResultsStored(context.Background(), "b1"); err != nil || stored != n {
+		t.Errorf("%d results stored (%v); want %d", stored, err, n)
+	}
+	if p := pendingAcks(t, q, 0); p != 0 {
+		t.Errorf("%d jobs still wait for an ack; want 0", p)
+	}
+}
+
+// TestSettlerLetsHeldResultsGoWhenClosed: results the stream still cannot store when the
+// settler is closed are tried until the drain time, then passed on unstored, jobs unacked.
+func TestSettlerLetsHeldResultsGoWhenClosed(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	const n = 3
+	msgs := fetchJobs(t, q, "b1", n)
+	resultsRoom(t, q, 1)
+
+	st, settled := testSettler(t, q, n, 0)
+	holds := newHoldLog()
+	st.hold = holds.hold
+	handAll(st, storing(t, q, codec, msgs), 0)
+	done := make(chan struct{})
+	go func() { st.run(context.Background()); close(done) }()
+	holds.waitHeld(t, n)
+	drainBy := time.Now().Add(500 * time.Millisecond)
+	st.close(drainBy)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settler did not end within 10 s of being closed")
+	}
+	if time.Now().Before(drainBy) {
+		t.Error("the settler let held results go before the drain time")
+	}
+	if len(settled) != n {
+		t.Fatalf("%d of %d held settlements passed on", len(settled), n)
+	}
+	for range n {
+		if s := <-settled; s.publishErr == nil || !queue.StoreUnavailable(s.publishErr) || s.heldSince.IsZero() {
+			t.Errorf("passed on with publish error %v, held since %v; want the stream's refusal, held", s.publishErr, s.heldSince)
+		}
+	}
+	if p := pendingAcks(t, q, n); p != n {
+		t.Errorf("%d jobs wait for an ack; want all %d (none acked without its result)", p, n)
+	}
+}
+
+// TestSettlerLetsGoJobsThatWaitedBehindHeldOnes: with more jobs than one group holds while the
+// stream is full, those handed in behind the held ones are held too (kept alive), and when
+// the settler is closed they are passed on with an error, never as settled.
+func TestSettlerLetsGoJobsThatWaitedBehindHeldOnes(t *testing.T) {
+	q, codec := queueAndCodec(t)
+	const n = maxSettleGroup + 44
+	msgs := fetchJobs(t, q, "b1", n)
+	resultsRoom(t, q, 1)
+
+	st, settled := testSettler(t, q, n, 0)
+	holds := newHoldLog()
+	st.hold = holds.hold
+	handAll(st, storing(t, q, codec, msgs), 0)
+	done := make(chan struct{})
+	go func() { st.run(context.Background()); close(done) }()
+	holds.waitHeld(t, n)
+	st.close(time.Now())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settler did not end within 10 s of being closed")
+	}
+	if len(settled) != n {
+		t.Fatalf("%d of %d held settlements passed on", len(settled), n)
+	}
+	for range n {
+		if s := <-settled; !queue.StoreUnavailable(s.publishErr) {
+			t.Fatalf("a job passed on with publish error %v; want the stream's refusal", s.publishErr)
+		}
+	}
+	if p := pendingAcks(t, q, n); p != n {
+		t.Errorf("%d jobs wait for an ack; want all %d", p, n)
 	}
 }

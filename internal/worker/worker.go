@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,6 +44,7 @@ type Worker struct {
 	maxDeliver  int
 	maxPayload  int64
 	settler     *settler         // set by Run
+	resultsHeld atomic.Int64     // results the settler holds for another try
 	settlements chan *settlement // kept for next jobs, with their buffers
 }
 
@@ -58,6 +60,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		_ = puller.Close()
 		return err
 	}
+	w.settler.hold, w.settler.log = w.holding, w.log
 	w.settlements = make(chan *settlement, cap(w.slots))
 
 	// jobCtx outlives ctx by the grace period: in-flight jobs finish, then are cancelled.
@@ -112,6 +115,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// strand it until AckWait.
 	w.pullExpired = time.Now().Add(fetchExpiry + 250*time.Millisecond)
 	close(w.pullDone)
+	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 
 	done := make(chan struct{})
 	go func() { handlers.Wait(); close(done) }() // ends when every job handler has returned.
@@ -122,7 +126,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelJobs()
 		<-done
 	}
-	w.settler.close()
+	w.settler.close(graceOver) // results the stream cannot store yet are tried until then
 	settling.Wait()
 	// Acks and naks are fire-and-forget: make sure the last of them left before returning.
 	if nc := w.cfg.Queue.JS.Conn(); nc != nil && nc.IsConnected() {

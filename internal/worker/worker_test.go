@@ -236,6 +236,74 @@ func TestKilledWorkerLosesNothing(t *testing.T) {
 	}
 }
 
+// TestFullResultsStreamHoldsSamplesUntilThereIsRoom: while the results stream cannot store
+// anything, the worker samples each job it holds once (no hand-back, so no sampling again at
+// the account's expense), takes no jobs beyond its slots, keeps the held ones alive past
+// AckWait, and stores them all once the stream has room.
+func TestFullResultsStreamHoldsSamplesUntilThereIsRoom(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 64})
+	const n, slots = 40, 8
+	var js []jobs.Job
+	for i := range n {
+		js = append(js, jobs.Job{CustomID: fmt.Sprintf("job-%04d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2, i}, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(4)}})
+	}
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: slots, Registerer: reg})
+	resultsRoom(t, b.results, 1) // after the worker's set-up, which would undo it
+	publishJobs(t, b.results, "full", js)
+	run(t, w)
+	deadline := time.Now().Add(10 * time.Second)
+	for w.resultsHeld.Load() < slots && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := w.resultsHeld.Load(); got != slots {
+		t.Fatalf("%d results held; want %d, one per job slot (simulator: %+v)", got, slots, b.sim.Stats())
+	}
+	// Longer than AckWait and the 1 s hand-back delay: a job handed back, or not kept alive,
+	// would be sampled again by now.
+	time.Sleep(3 * time.Second)
+	if got := b.sim.Stats().SamplesAccepted; got != slots {
+		t.Errorf("%d samples while the stream was full; want %d, each held job once", got, slots)
+	}
+	if got := gathered(t, reg)["tinkerfleet_results_held{}"]; got != slots {
+		t.Errorf("tinkerfleet_results_held = %v, want %d", got, slots)
+	}
+	// Another puller (another worker) gets only jobs delivered for the first time: the held
+	// ones are kept alive, not redelivered after AckWait. It hands them back at once.
+	cons, err := b.results.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := cons.Fetch(n, jetstream.FetchMaxWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	for msg := range other.Messages() {
+		got = append(got, msg)
+	}
+	if len(got) != n-slots {
+		t.Errorf("another puller got %d jobs; want the %d not held", len(got), n-slots)
+	}
+	for _, msg := range got { // handed back once the fetch is over, not into it
+		if d := queue.NumDelivered(msg); d != 1 {
+			t.Errorf("job %s delivered %d times while the worker held its result", msg.Headers().Get(queue.HeaderCustomID), d)
+		}
+		_ = msg.Nak()
+	}
+
+	resultsRoom(t, b.results, -1)
+	waitResults(t, b.results, "full", n, 30*time.Second)
+	if got := b.sim.Stats().SamplesAccepted; got != n {
+		t.Errorf("%d samples for %d jobs; want one each", got, n)
+	}
+	if got := w.resultsHeld.Load(); got != 0 {
+		t.Errorf("%d results still held after all were stored", got)
+	}
+}
+
 var _ tinker.Dispatcher = (*Gate)(nil)
 
 func TestJobsThatKeepFailingEndAsDeadLetters(t *testing.T) {
