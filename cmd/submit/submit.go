@@ -162,11 +162,18 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 
 	// 2. Publish, unless this batch was fully submitted before.
 	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, env)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
-				errInterrupted, o.batchID)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
+			errInterrupted, o.batchID)
+	case errors.Is(err, errCannotStore):
+		room := "make room in the server's JetStream store (or let its cluster elect a leader)"
+		if local {
+			room = "free disk space where " + o.conn.dataDir + " is, or move that folder to a disk with room and pass --data-dir"
 		}
+		return fmt.Errorf("publishing batch %s stopped: %w: %s, then run the same command again: the jobs published so far are kept, and none is published twice",
+			o.batchID, err, room)
+	case err != nil:
 		return err
 	}
 	fmt.Fprintf(env.stderr, "batch %s: %d jobs submitted\n", m.BatchID, m.Jobs)
@@ -317,6 +324,10 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Jo
 	return nil
 }
 
+// errCannotStore: the NATS server could not store a job (out of room, no stream leader, no
+// answer); publishing stopped there.
+var errCannotStore = errors.New("the NATS server cannot store more jobs now")
+
 // rejectLine is one line of the rejects file.
 type rejectLine struct {
 	File    string `json:"file"`
@@ -355,6 +366,9 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 			select {
 			case <-f.Ok():
 			case err := <-f.Err():
+				if queue.StoreUnavailable(err) {
+					return fmt.Errorf("%w (%w)", errCannotStore, err)
+				}
 				return fmt.Errorf("publish job: %w", err)
 			case <-ctx.Done():
 				return ctx.Err()

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -766,6 +767,37 @@ func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 // run with the -o file of the first, it would have found every custom_id there and reported
 // the stale results as its own. It is refused before anything is published, and the file is
 // left as it was.
+// TestFullServerSaysHowToGoOn: a NATS server out of room for jobs stops the publishing with
+// an error that says so and what to do, not only the server's "insufficient resources".
+func TestFullServerSaysHowToGoOn(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), JetStreamMaxStore: 256 << 10, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+	lines := make([]string, 4000) // about 600 KiB of jobs
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	var stderr bytes.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+	err = run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", writeLines(t, lines)}, env)
+	if err == nil {
+		t.Fatal("4,000 jobs went into a server with room for 256 KiB")
+	}
+	for _, want := range []string{"cannot store more jobs", "insufficient resources", "make room", "run the same command again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
 func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
