@@ -363,22 +363,39 @@ func (h *holdLog) waitHeld(t *testing.T, n int) {
 	}
 }
 
+// holdingSettler runs a settler with n jobs' results handed in while the results stream is
+// full, and returns once it holds them all; done is closed when its run ends.
+func holdingSettler(t *testing.T, n int) (q *queue.Queue, st *settler, settled <-chan *settlement, holds *holdLog, done <-chan struct{}) {
+	t.Helper()
+	q, codec := queueAndCodec(t)
+	msgs := fetchJobs(t, q, "b1", n)
+	resultsRoom(t, q, 1)
+	st, settled = testSettler(t, q, n, 0)
+	holds = newHoldLog()
+	st.hold = holds.hold
+	handAll(st, storing(t, q, codec, msgs), 0)
+	running := make(chan struct{})
+	go func() { st.run(context.Background()); close(running) }()
+	holds.waitHeld(t, n)
+	return q, st, settled, holds, running
+}
+
+// waitClosed waits, at most 10 s, for a closed settler's run to end.
+func waitClosed(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settler did not end within 10 s of being closed")
+	}
+}
+
 // TestSettlerHoldsResultsWhileTheStreamIsFull: results that a full stream refuses are held,
 // not passed on (passing on hands the job back to be sampled again), tried again, and
 // stored, their jobs acked, once the stream has room.
 func TestSettlerHoldsResultsWhileTheStreamIsFull(t *testing.T) {
-	q, codec := queueAndCodec(t)
 	const n = 5
-	msgs := fetchJobs(t, q, "b1", n)
-	resultsRoom(t, q, 1)
-
-	st, settled := testSettler(t, q, n, 0)
-	holds := newHoldLog()
-	st.hold = holds.hold
-	handAll(st, storing(t, q, codec, msgs), 0)
-	done := make(chan struct{})
-	go func() { st.run(context.Background()); close(done) }()
-	holds.waitHeld(t, n)
+	q, st, settled, holds, done := holdingSettler(t, n)
 	time.Sleep(4 * (firstRetry + 2*firstRetry)) // the settler tries them again meanwhile
 	if len(settled) != 0 {
 		t.Fatalf("%d of %d results passed on while the stream was full; want them held", len(settled), n)
@@ -407,25 +424,11 @@ func TestSettlerHoldsResultsWhileTheStreamIsFull(t *testing.T) {
 // TestSettlerLetsHeldResultsGoWhenClosed: results the stream still cannot store when the
 // settler is closed are tried until the drain time, then passed on unstored, jobs unacked.
 func TestSettlerLetsHeldResultsGoWhenClosed(t *testing.T) {
-	q, codec := queueAndCodec(t)
 	const n = 3
-	msgs := fetchJobs(t, q, "b1", n)
-	resultsRoom(t, q, 1)
-
-	st, settled := testSettler(t, q, n, 0)
-	holds := newHoldLog()
-	st.hold = holds.hold
-	handAll(st, storing(t, q, codec, msgs), 0)
-	done := make(chan struct{})
-	go func() { st.run(context.Background()); close(done) }()
-	holds.waitHeld(t, n)
+	q, st, settled, _, done := holdingSettler(t, n)
 	drainBy := time.Now().Add(500 * time.Millisecond)
 	st.close(drainBy)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the settler did not end within 10 s of being closed")
-	}
+	waitClosed(t, done)
 	if time.Now().Before(drainBy) {
 		t.Error("the settler let held results go before the drain time")
 	}
@@ -446,24 +449,10 @@ func TestSettlerLetsHeldResultsGoWhenClosed(t *testing.T) {
 // stream is full, those handed in behind the held ones are held too (kept alive), and when
 // the settler is closed they are passed on with an error, never as settled.
 func TestSettlerLetsGoJobsThatWaitedBehindHeldOnes(t *testing.T) {
-	q, codec := queueAndCodec(t)
 	const n = maxSettleGroup + 44
-	msgs := fetchJobs(t, q, "b1", n)
-	resultsRoom(t, q, 1)
-
-	st, settled := testSettler(t, q, n, 0)
-	holds := newHoldLog()
-	st.hold = holds.hold
-	handAll(st, storing(t, q, codec, msgs), 0)
-	done := make(chan struct{})
-	go func() { st.run(context.Background()); close(done) }()
-	holds.waitHeld(t, n)
+	q, st, settled, _, done := holdingSettler(t, n)
 	st.close(time.Now())
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the settler did not end within 10 s of being closed")
-	}
+	waitClosed(t, done)
 	if len(settled) != n {
 		t.Fatalf("%d of %d held settlements passed on", len(settled), n)
 	}
