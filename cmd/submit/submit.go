@@ -44,6 +44,7 @@ type submitOptions struct {
 	format      string
 	progress    progressOptions
 	limits      jobs.Limits
+	storeWait   time.Duration
 }
 
 // maxReported bounds the bad lines printed; all of them are counted.
@@ -61,6 +62,8 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (implies --wait)")
+	s.Duration(&o.storeWait, "store-wait", "TINKERFLEET_STORE_WAIT", 15*time.Second,
+		"how long publishing waits for a NATS server that cannot store jobs (a stream leader election; workers freeing room) before it stops")
 	registerResultFormat(s, &o.format)
 	if err := s.Err(); err != nil {
 		return err
@@ -161,7 +164,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	}
 
 	// 2. Publish, unless this batch was fully submitted before.
-	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, env)
+	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
@@ -324,9 +327,59 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Jo
 	return nil
 }
 
+// storeWaiter waits for the stream to store each published job. While the server cannot
+// store anything (queue.StoreUnavailable: no stream leader during an election, out of room
+// until workers take jobs), it publishes the job again, 100 ms apart doubling to 2 s, for up
+// to wait from the first refusal; a job stored ends the wait. The duplicate window keeps a
+// job published twice (its first ack lost) stored once.
+type storeWaiter struct {
+	q      *queue.Queue
+	wait   time.Duration
+	stderr io.Writer
+	since  time.Time // the first refusal of the current wait (zero: jobs are being stored)
+	pause  time.Duration
+}
+
+// stored returns once the job of f is stored, or why it is not.
+func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) error {
+	for {
+		var err error
+		select {
+		case <-f.Ok():
+			w.since = time.Time{}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case err = <-f.Err():
+		}
+		if !queue.StoreUnavailable(err) {
+			return fmt.Errorf("publish job: %w", err)
+		}
+		now := time.Now()
+		if w.since.IsZero() {
+			w.since, w.pause = now, 100*time.Millisecond
+			fmt.Fprintf(w.stderr, "the NATS server cannot store jobs now (%v); trying again for up to %v\n", err, w.wait)
+		}
+		if now.Sub(w.since) >= w.wait {
+			return fmt.Errorf("%w (%w)", errCannotStore, err)
+		}
+		t := time.NewTimer(min(w.pause, w.wait-now.Sub(w.since)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		w.pause = min(2*w.pause, 2*time.Second)
+		if f, err = w.q.JS.PublishMsgAsync(f.Msg()); err != nil {
+			return fmt.Errorf("publish job: %w", err)
+		}
+	}
+}
+
 // errCannotStore: the NATS server could not store a job (out of room, no stream leader, no
 // answer); publishing stopped there.
-var errCannotStore = errors.New("the NATS server cannot store more jobs now")
+var errCannotStore = errors.New("the NATS server cannot store jobs")
 
 // rejectLine is one line of the rejects file.
 type rejectLine struct {
@@ -340,7 +393,7 @@ type rejectLine struct {
 // A batch already fully submitted with the same digest is not published again; a batch whose
 // publishing was interrupted is published again, and the duplicate window (and the workers'
 // result check) drop what was already there.
-func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, env *environment) (queue.Manifest, error) {
+func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, env *environment) (queue.Manifest, error) {
 	m, rev, err := q.GetManifest(ctx, batch)
 	republished := err == nil // an earlier publish of this batch was interrupted
 	switch {
@@ -361,17 +414,11 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	}
 
 	var pending []jetstream.PubAckFuture
+	waiter := &storeWaiter{q: q, wait: storeWait, stderr: env.stderr}
 	settle := func() error {
 		for _, f := range pending {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				if queue.StoreUnavailable(err) {
-					return fmt.Errorf("%w (%w)", errCannotStore, err)
-				}
-				return fmt.Errorf("publish job: %w", err)
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := waiter.stored(ctx, f); err != nil {
+				return err
 			}
 		}
 		pending = pending[:0]

@@ -787,14 +787,53 @@ func TestFullServerSaysHowToGoOn(t *testing.T) {
 	}
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
-	err = run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", writeLines(t, lines)}, env)
+	err = run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "500ms", writeLines(t, lines)}, env)
 	if err == nil {
 		t.Fatal("4,000 jobs went into a server with room for 256 KiB")
 	}
-	for _, want := range []string{"cannot store more jobs", "insufficient resources", "make room", "run the same command again"} {
+	for _, want := range []string{"cannot store jobs", "insufficient resources", "make room", "run the same command again"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
+	}
+	if got := strings.Count(stderr.String(), "trying again for up to 500ms"); got != 1 {
+		t.Errorf("said %d times that it tries again, want once:\n%s", got, stderr.String())
+	}
+}
+
+// TestPublishingRidesOutAStreamWithoutLeader: a job the server cannot store for a moment (no
+// stream answers, as during a leader election) is published again until it is stored, once.
+func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
+	t.Parallel()
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
+	msg := nats.NewMsg("later.job")
+	msg.Data = []byte(`{}`)
+	f, err := q.JS.PublishMsgAsync(msg, jetstream.WithMsgID("b/job-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said bytes.Buffer
+	w := &storeWaiter{q: q, wait: 20 * time.Second, stderr: &said}
+	ctx := context.Background()
+	go func() {
+		// The stream comes back (is made) after nats.go's own retries (2 × 250 ms) are over.
+		time.Sleep(1500 * time.Millisecond)
+		if _, err := q.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "LATER", Subjects: []string{"later.>"}}); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := w.stored(ctx, f); err != nil {
+		t.Fatalf("stored: %v (said %q)", err, said.String())
+	}
+	if !strings.Contains(said.String(), "cannot store jobs now") {
+		t.Errorf("said %q; want that it waits", said.String())
+	}
+	stream, err := q.JS.Stream(ctx, "LATER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := stream.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the stream holds %d jobs (%v), want 1", info.State.Msgs, err)
 	}
 }
 
