@@ -150,11 +150,12 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 // errNoAck: the stream did not answer a result's publish in time.
 var errNoAck = errors.New("no ack from the stream")
 
-// StoreUnavailable reports whether err, from storing a result, says that the results stream
-// cannot store anything now, rather than that it refuses this result: it is out of room or
-// unavailable (a 503 answer: insufficient resources, JetStream unavailable), nobody answers
-// for it (no responders: no stream, or no leader during an election), or its answer did not
-// come in time. Storing the result again later may work; storing another would fail alike.
+// StoreUnavailable reports whether err, from storing a message (a result, or a job that
+// submit publishes), says that the stream cannot store anything now, rather than that it
+// refuses this message: it is out of room or unavailable (a 503 answer: insufficient
+// resources, maximum bytes exceeded, JetStream unavailable), nobody answers for it (no
+// responders: no stream, or no leader during an election), or its answer did not come in
+// time. Storing the message again later may work; storing another would fail alike.
 func StoreUnavailable(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
