@@ -10,13 +10,14 @@ import (
 	"time"
 )
 
-// Reasons a caller passes to Signal (they are recorded in State.Reason and in
-// logs; any string is accepted).
+// Reasons a caller passes to Signal (they are recorded in State.Reason, in
+// logs and as the worker's metric label; any string is accepted). The Tinker
+// client gives the first two, the worker the queue states.
 const (
 	// ReasonRateLimited: asample answered 429 (§5.1, §5.3).
-	ReasonRateLimited = "asample_429"
+	ReasonRateLimited = "rate_limited"
 	// ReasonBilling: asample answered 402 inside the billing window (§2.3).
-	ReasonBilling = "asample_402"
+	ReasonBilling = "billing"
 	// ReasonPausedRateLimit: a poll reported queue_state paused_rate_limit (§4.3).
 	ReasonPausedRateLimit = "paused_rate_limit"
 	// ReasonPausedCapacity: a poll reported queue_state paused_capacity (§4.3).

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 )
 
 // Sampler is a sampling session (§3.5). It is safe for concurrent use; every
@@ -227,10 +229,10 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 				requestID = fut.RequestID
 				return nil
 			case r.status == http.StatusTooManyRequests:
-				backpressure = "rate_limited"
+				backpressure = backoff.ReasonRateLimited
 				return nil
 			case r.status == http.StatusPaymentRequired && c.billingPause(cl.name, s.id):
-				backpressure = "billing"
+				backpressure = backoff.ReasonBilling
 				return nil
 			}
 			return c.statusError(cl, r)
@@ -247,7 +249,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 		if est > c.t.BackoffLargeThreshold {
 			d = c.t.BackoffLarge
 		}
-		if backpressure == "rate_limited" {
+		if backpressure == backoff.ReasonRateLimited {
 			c.emit(Event{Kind: EventRateLimited, Endpoint: cl.name, StatusCode: http.StatusTooManyRequests,
 				Reason: backpressure, Delay: d, SamplerID: s.id})
 		}

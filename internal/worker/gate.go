@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 )
 
@@ -118,7 +119,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 // Signal extends before it writes.
 func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
 	g.metrics.signal(reason)
-	if reason == reasonRateLimited {
+	if reason == backoff.ReasonRateLimited {
 		g.capacity.learn()
 		if st := sampleStateOf(ctx); st != nil {
 			g.capacity.requeue(&st.phase)
@@ -128,6 +129,3 @@ func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
 		g.log.Warn("signal fleet backoff", "reason", reason, "duration", d, "err", err)
 	}
 }
-
-// reasonRateLimited is the reason the Tinker client gives Backoff for a 429 on asample.
-const reasonRateLimited = "rate_limited"

@@ -151,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 			Logger:   cfg.Logger,
 			// Another worker's 429 says the service is full too: learn this worker's share.
 			OnChange: func(st backoff.State) {
-				if st.Reason == reasonRateLimited && time.Now().Before(st.Until) {
+				if st.Reason == backoff.ReasonRateLimited && time.Now().Before(st.Until) {
 					learned.learn()
 				}
 			},
