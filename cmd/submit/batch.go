@@ -11,8 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
@@ -52,6 +50,9 @@ type batchStatus struct {
 	Cancelled int  `json:"cancelled"`
 	Waiting   int  `json:"waiting"` // jobs still in the jobs stream (not yet acked)
 	Done      bool `json:"done"`    // every job of the batch has its result
+	// Activity says, while the batch is not done, what holds up its results: the fleet
+	// paused, no worker, or how many jobs are at the workers.
+	Activity string `json:"activity,omitempty"`
 }
 
 func runStatus(ctx context.Context, args []string, env *environment) error {
@@ -88,29 +89,44 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	fmt.Fprintf(tw, "jobs\t%d (%d lines rejected)\n", st.Jobs, st.Rejected)
 	fmt.Fprintf(tw, "results\t%d of %d: ok %d, error %d, cancelled %d\n", st.Results, st.Jobs, st.OK, st.Failed, st.Cancelled)
 	fmt.Fprintf(tw, "waiting\t%d jobs in the queue\n", st.Waiting)
+	if st.Activity != "" {
+		fmt.Fprintf(tw, "activity\t%s\n", st.Activity)
+	}
 	return tw.Flush()
 }
 
-// status counts a batch's results by status (reading headers only) and its waiting jobs.
+// status counts a batch's results by status (reading headers only) and its waiting jobs, and
+// says what holds up the rest.
 func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, error) {
 	m, _, err := q.GetManifest(ctx, batch)
 	if err != nil {
 		return batchStatus{}, err
 	}
 	st := batchStatus{Manifest: m}
+	// The jobs first: a job leaves the queue only once its result is stored, so the results
+	// counted after it include those of every job it no longer holds.
+	if st.Waiting, err = jobsWaiting(ctx, q, batch); err != nil {
+		return st, err
+	}
 	sum, err := follow(ctx, q, m, nil, resultNative, false, progressOptions{mode: "none"}, &environment{})
 	if err != nil {
 		return st, err
 	}
 	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
-	st.Done = batchDone(m, st.Results)
-	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(q.Names.JobSubject(batch)))
-	if err != nil {
-		return st, fmt.Errorf("jobs stream: %w", err)
+	if st.Done = batchDone(m, st.Results); st.Done {
+		return st, nil
 	}
-	st.Waiting = int(info.State.Subjects[q.Names.JobSubject(batch)])
+	s, err := examine(ctx, q, m, nil)
+	if err != nil {
+		return st, err
+	}
+	s.waiting, s.missing = st.Waiting, m.Jobs-st.Results
+	_, st.Activity = s.why(statusLookBack)
 	return st, nil
 }
+
+// statusLookBack is how recent a pause of the fleet must be for status to name it.
+const statusLookBack = 10 * time.Second
 
 func runResults(ctx context.Context, args []string, env *environment) error {
 	var (

@@ -23,11 +23,14 @@ import (
 type progressOptions struct {
 	mode     string
 	interval time.Duration
+	// held, if not nil, counts the results an in-process worker cannot store now: progress
+	// names it when results stop coming.
+	held func() int
 }
 
 func (o *progressOptions) register(s *envflag.Set) {
 	s.String(&o.mode, "progress", "TINKERFLEET_PROGRESS", "auto", "auto (a bar on a terminal, lines otherwise), bar, lines or none")
-	s.Duration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal")
+	s.Duration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal, and without a result before progress says why")
 }
 
 // check reports a --progress value that is not one of the four.
@@ -169,6 +172,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
 	lastFlush := time.Now()
+	lastResult, lastLook := time.Now(), time.Time{}
 	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
@@ -184,6 +188,10 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 					return sum, fmt.Errorf("write results: %w", err)
 				}
 			}
+			if quiet := time.Since(lastResult); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
+				lastLook = time.Now()
+				prog.stalled(explain(ctx, q, m, sum.total(), po.held, quiet))
+			}
 			prog.update(&sum)
 			if idle++; !wait && idle >= maxIdle {
 				return sum, nil
@@ -192,7 +200,8 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		case err != nil:
 			return sum, fmt.Errorf("follow results: %w", err)
 		}
-		read, idle = read+1, 0
+		read, idle, lastResult = read+1, 0, time.Now()
+		prog.resumed()
 		token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
 		if seen[token] {
 			continue

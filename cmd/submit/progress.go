@@ -25,6 +25,9 @@ type progress struct {
 	// newProgress made a rate of tens of thousands a second.
 	base     time.Time
 	baseDone int
+
+	said       stallKind // the cause of the current stall last shown, stallNone if none
+	lastResult time.Time // when the last result came (newProgress's time before the first)
 }
 
 // rateWindow is the shortest time over which a rate is shown.
@@ -32,6 +35,7 @@ const rateWindow = time.Second
 
 func newProgress(o progressOptions, env *environment, total int) *progress {
 	p := &progress{w: env.stderr, interval: o.interval, total: total, now: time.Now}
+	p.lastResult = p.now()
 	switch o.mode {
 	case "none":
 		p.none = true
@@ -92,6 +96,24 @@ func (p *progress) finish(s *summary) {
 	}
 }
 
+// stalled shows why results stopped (explain), on a line of its own above the bar, when the
+// cause is new: a stall that goes on says it once, not at every look.
+func (p *progress) stalled(kind stallKind, text string) {
+	if p.none || kind == stallNone || kind == p.said {
+		return
+	}
+	p.said = kind
+	if p.bar {
+		fmt.Fprintf(p.w, "\r\033[K%s\n", text)
+		p.last = time.Time{} // draw the bar again below it at once
+		return
+	}
+	fmt.Fprintln(p.w, text)
+}
+
+// resumed records that a result came: the next stall is shown whatever its cause.
+func (p *progress) resumed() { p.said, p.lastResult = stallNone, p.now() }
+
 // line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
 func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	done := s.total()
@@ -115,9 +137,12 @@ func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	}
 	if rate := float64(done-p.baseDone) / elapsed.Seconds(); rate > 0 {
 		fmt.Fprintf(&b, " | %.1f/s", rate)
-		if left := p.total - done; left > 0 {
+		if left := p.total - done; left > 0 && p.said == stallNone {
 			fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
 		}
+	}
+	if p.said != stallNone { // an ETA would be a guess while nothing comes
+		fmt.Fprintf(&b, " | no result for %s", now.Sub(p.lastResult).Round(time.Second))
 	}
 	return b.String()
 }

@@ -37,3 +37,43 @@ func TestProgressRateCountsFromTheFirstRead(t *testing.T) {
 		t.Fatalf("printed %q: want a second line %q", lines, want)
 	}
 }
+
+// TestStalledProgressShowsHowLongNotWhen: while a stall is explained, the line says how long
+// no result has come instead of an ETA (which would be a guess), and the explanation is
+// printed once per cause; the ETA comes back with the next result.
+func TestStalledProgressShowsHowLongNotWhen(t *testing.T) {
+	var out bytes.Buffer
+	clock := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	p := newProgress(progressOptions{mode: "lines", interval: 10 * time.Second}, &environment{stderr: &out}, 1000)
+	p.now = func() time.Time { return clock }
+	s := summary{ok: 100}
+	p.update(&s)
+	p.resumed()
+	clock = clock.Add(10 * time.Second)
+	s.ok = 200
+	p.resumed() // the last result, 10 s after the first read
+	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 10.0/s | ETA 1m20s") {
+		t.Fatalf("before the stall: %q", line)
+	}
+
+	clock = clock.Add(25 * time.Second)
+	p.stalled(stallNoWorker, "no result for 25s: no worker is taking jobs")
+	p.stalled(stallNoWorker, "no result for 25s: no worker is taking jobs")
+	if n := strings.Count(out.String(), "no worker is taking jobs"); n != 1 {
+		t.Fatalf("the cause was printed %d times, want once:\n%s", n, out.String())
+	}
+	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 2.9/s | no result for 25s") || strings.Contains(line, "ETA") {
+		t.Fatalf("during the stall: %q", line)
+	}
+	p.stalled(stallPaused, "no result for 35s: the fleet is paused")
+	if !strings.HasSuffix(strings.TrimSpace(out.String()), "no result for 35s: the fleet is paused") {
+		t.Fatalf("a new cause was not printed:\n%s", out.String())
+	}
+
+	clock = clock.Add(time.Second)
+	s.ok = 201
+	p.resumed()
+	if line := p.line(&s, clock, false); !strings.Contains(line, "ETA") || strings.Contains(line, "no result") {
+		t.Fatalf("after a result: %q", line)
+	}
+}

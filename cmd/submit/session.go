@@ -63,6 +63,8 @@ type session struct {
 	closers []func()
 	workers sync.WaitGroup
 	stopRun context.CancelFunc
+	// held counts the results the in-process worker cannot store now; nil without one.
+	held func() int
 }
 
 func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
@@ -174,7 +176,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		return fmt.Errorf("local worker: %w", err)
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s.stopRun = stop
+	s.stopRun, s.held = stop, w.ResultsHeld
 	s.workers.Go(func() {
 		if err := w.Run(runCtx); err != nil {
 			fmt.Fprintln(env.stderr, "submit: local worker stopped:", err)

@@ -161,6 +161,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		if err := sess.startWorker(ctx, o.local, o.conn.queue, env); err != nil {
 			return err
 		}
+		o.progress.held = sess.held
 	}
 
 	// 2. Publish, unless this batch was fully submitted before.

@@ -269,7 +269,7 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st batchStatus
-	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.Results != n || !st.Done {
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.Results != n || !st.Done || st.Activity != "" {
 		t.Fatalf("status %s: %+v, %v", stdout, st, err)
 	}
 	if k := counted(); k != 2 {

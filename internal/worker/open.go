@@ -243,6 +243,10 @@ func (w *Worker) onEvent(observer *backoff.QueueStateObserver) func(tinker.Event
 // Backoff is the backoff this worker waits on (shared by the fleet unless LocalBackoff).
 func (w *Worker) Backoff() Backoff { return w.backoff }
 
+// ResultsHeld says how many results the worker holds, because the results stream cannot
+// store them now (out of room, or without a leader), to try them again.
+func (w *Worker) ResultsHeld() int { return int(w.resultsHeld.Load()) }
+
 // Limiter is this worker's dispatch limiter.
 func (w *Worker) Limiter() *dispatch.Limiter { return w.limiter }
 

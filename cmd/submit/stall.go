@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// stall is what the NATS server knows about a batch whose results have stopped coming:
+// enough to tell a user who waits whether a worker is missing, the fleet is paused, or the
+// jobs are simply at the workers.
+type stall struct {
+	missing    int  // the batch's jobs without a result
+	waiting    int  // its jobs still in the jobs stream, at a worker or not
+	publishing bool // its submit has not finished publishing
+
+	noConsumer bool // no worker has set up the shared consumer on this server
+	queued     int  // jobs of every batch not yet taken by a worker
+	inFlight   int  // jobs of every batch at a worker (taken, not acked)
+	cap        int  // the consumer's cap on jobs in flight (MaxAckPending)
+	pulls      int  // pull requests waiting at the server: workers with room for jobs
+
+	pause *backoff.Pause // the latest account backoff, if any
+	held  int            // results the in-process worker cannot store (submit --local)
+}
+
+// explain asks the server why batch m, of whose results got have been read, has had none for
+// quiet, and says so in a phrase that begins with that; or nothing (stallNone) if the server
+// cannot tell now. held is progressOptions.held.
+func explain(ctx context.Context, q *queue.Queue, m queue.Manifest, got int, held func() int, quiet time.Duration) (stallKind, string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := examine(ctx, q, m, held)
+	if err != nil {
+		return stallNone, ""
+	}
+	if s.missing = m.Jobs - got; s.waiting == 0 && s.missing > 0 {
+		// A job leaves the queue once its result is stored: results that came since got was
+		// counted are all stored now.
+		stored, err := q.ResultsStored(ctx, m.BatchID)
+		if err != nil {
+			return stallNone, ""
+		}
+		s.missing = m.Jobs - max(got, stored)
+	}
+	kind, why := s.why(quiet)
+	if kind == stallNone {
+		return stallNone, ""
+	}
+	return kind, fmt.Sprintf("no result for %s: %s", quiet.Round(time.Second), why)
+}
+
+// jobsWaiting counts the jobs of batch still in the jobs stream, at a worker or not.
+func jobsWaiting(ctx context.Context, q *queue.Queue, batch string) (int, error) {
+	subject := q.Names.JobSubject(batch)
+	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return 0, fmt.Errorf("jobs stream: %w", err)
+	}
+	return int(info.State.Subjects[subject]), nil
+}
+
+// examine asks the server about batch m and the fleet; held, if not nil, counts the results
+// an in-process worker holds. The caller sets missing.
+func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() int) (stall, error) {
+	s := stall{publishing: m.Status == queue.BatchPublishing}
+	if held != nil {
+		s.held = held()
+	}
+	if latest, _, err := q.GetManifest(ctx, m.BatchID); err == nil {
+		s.publishing = latest.Status == queue.BatchPublishing
+	}
+	var err error
+	if s.waiting, err = jobsWaiting(ctx, q, m.BatchID); err != nil {
+		return s, err
+	}
+	switch cons, err := q.Consumer(ctx); {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		s.noConsumer = true
+	case err != nil:
+		return s, err
+	default:
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return s, fmt.Errorf("workers' consumer: %w", err)
+		}
+		s.queued, s.inFlight, s.cap, s.pulls = int(ci.NumPending), ci.NumAckPending, ci.Config.MaxAckPending, ci.NumWaiting
+	}
+	pauses, err := backoff.Pauses(ctx, q.JS, q.Names.BackoffBucket())
+	if err != nil {
+		return s, err
+	}
+	for i := range pauses {
+		if s.pause == nil || pauses[i].Left > s.pause.Left {
+			s.pause = &pauses[i]
+		}
+	}
+	return s, nil
+}
+
+// stallKind names why results stopped, so that a reader says it again only when the cause
+// changes, not when its numbers do.
+type stallKind int
+
+const (
+	stallNone stallKind = iota
+	stallHeld
+	stallPaused
+	stallPublishing
+	stallGone
+	stallNoConsumer
+	stallNoWorker
+	stallAtWorkers
+)
+
+// why says in one phrase why the results have stopped, the likeliest cause first; since is
+// how long they have, so that a pause that ended within it still counts.
+func (s stall) why(since time.Duration) (stallKind, string) {
+	switch {
+	case s.missing <= 0:
+		return stallNone, "" // every result is stored; the reader has yet to read the last
+	case s.held > 0:
+		return stallHeld, fmt.Sprintf("the worker holds %d results that the NATS server cannot store (is its disk full?)", s.held)
+	case s.pause != nil && s.pause.Left >= time.Second:
+		return stallPaused, fmt.Sprintf("the fleet is paused for %s more: %s", s.pause.Left.Round(time.Second), pauseCause(s.pause.Reason))
+	case s.pause != nil && -s.pause.Left < since: // short pauses, one after another
+		return stallPaused, "the fleet keeps pausing: " + pauseCause(s.pause.Reason)
+	case s.publishing:
+		return stallPublishing, "its jobs are still being published (if that submit stopped, run it again to finish)"
+	case s.waiting == 0:
+		return stallGone, fmt.Sprintf("none of its jobs is left in the queue, so the %d missing results will not come (removed, or expired after --results-max-age?)", s.missing)
+	case s.noConsumer:
+		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %d jobs wait; start one (worker --nats-url)", s.waiting)
+	case s.inFlight == 0 && s.pulls == 0:
+		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
+	}
+	text := fmt.Sprintf("%d jobs at the workers", s.inFlight)
+	if s.cap > 0 && s.inFlight >= s.cap {
+		text += ", the fleet's cap (--max-ack-pending)"
+	}
+	if others := s.queued + s.inFlight - s.waiting; others > 0 {
+		text += fmt.Sprintf("; %d jobs of other batches queued or at work", others)
+	}
+	return stallAtWorkers, text
+}
+
+// pauseCause says what a backoff's reason means.
+func pauseCause(reason string) string {
+	switch reason {
+	case backoff.ReasonRateLimited:
+		return "the Tinker service answers 429 (rate limited)"
+	case backoff.ReasonBilling:
+		return "the Tinker service answers 402 (payment required)"
+	case backoff.ReasonPausedCapacity:
+		return "the Tinker service's queue is paused for capacity"
+	case backoff.ReasonPausedRateLimit:
+		return "the Tinker service's queue is paused for the rate limit"
+	}
+	return "a worker signalled " + reason
+}

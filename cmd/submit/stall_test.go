@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// watchedSubmit runs submit of n jobs into f's server in the background, with progress lines
+// and a stall looked into after 200 ms without a result; it returns what it prints on stderr
+// and its error, once it ends.
+func watchedSubmit(t *testing.T, ctx context.Context, f *fleet, n int) (*fleettest.Buffer, <-chan error) {
+	t.Helper()
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in := writeLines(t, lines)
+	var stderr fleettest.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &fleettest.Buffer{}, stderr: &stderr, tty: 0}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", f.emb.ClientURL(), "--progress", "lines", "--progress-interval", "200ms",
+			in, "-o", filepath.Join(t.TempDir(), "results.jsonl")}, env)
+	}()
+	return &stderr, done
+}
+
+// waitSaid waits until out holds want, failing after 15 s.
+func waitSaid(t *testing.T, out *fleettest.Buffer, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(out.String(), want); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("submit never said %q; it printed:\n%s", want, out)
+		}
+	}
+}
+
+// TestStalledBatchSaysNoWorkerTakesJobs: a batch whose results do not come says why, once
+// for as long as the cause lasts: first that no worker ever joined the server, then, once
+// one set up the consumer and left, that no worker takes jobs. A worker that then starts
+// finishes the batch.
+func TestStalledBatchSaysNoWorkerTakesJobs(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stderr, done := watchedSubmit(t, ctx, f, 3)
+	waitSaid(t, stderr, "no worker has joined this NATS server yet: 3 jobs wait")
+
+	fleettest.Queue(t, f.emb.ClientURL(), queue.Config{}) // what a worker sets up when it starts
+	waitSaid(t, stderr, "no worker is taking jobs: 3 wait")
+	time.Sleep(1500 * time.Millisecond) // several more looks at the same cause
+
+	f.startWorker(4)
+	if err := <-done; err != nil {
+		t.Fatalf("submit: %v\n%s", err, stderr)
+	}
+	out := stderr.String()
+	for _, said := range []string{"no worker has joined", "no worker is taking jobs"} {
+		if n := strings.Count(out, said); n != 1 {
+			t.Errorf("said %q %d times, want once:\n%s", said, n, out)
+		}
+	}
+	if !strings.Contains(out, "3 results (3 ok, 0 error, 0 cancelled)") {
+		t.Errorf("the batch did not finish once a worker came:\n%s", out)
+	}
+}
+
+// TestStalledBatchSaysTheFleetIsPaused: a fleet paused by a 402 says so, with the time left,
+// ahead of any other cause.
+func TestStalledBatchSaysTheFleetIsPaused(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pause, err := backoff.Open(ctx, q.JS, backoff.Config{Bucket: q.Names.BackoffBucket(), Account: backoff.AccountKey("https://tinker.example", "tml-k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pause.Close()
+	if err := pause.Signal(ctx, backoff.ReasonBilling, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	stderr, done := watchedSubmit(t, ctx, f, 2)
+	waitSaid(t, stderr, "the fleet is paused for 59m")
+	waitSaid(t, stderr, "the Tinker service answers 402 (payment required)")
+	cancel()
+	<-done
+}
+
+// TestExamineNamesEachCause: what the server knows about a stalled batch names its likeliest
+// cause, results an in-process worker cannot store first.
+func TestExamineNamesEachCause(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	ctx := context.Background()
+	m := queue.Manifest{BatchID: "b-stall", Status: queue.BatchSubmitted, Jobs: 5}
+	if _, err := q.PutManifest(ctx, m, 0); err != nil {
+		t.Fatal(err)
+	}
+	why := func(got int, held func() int) (stallKind, string) {
+		t.Helper()
+		s, err := examine(ctx, q, m, held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.missing = m.Jobs - got
+		return s.why(10 * time.Second)
+	}
+	if kind, text := why(3, nil); kind != stallGone || !strings.Contains(text, "the 2 missing results will not come") {
+		t.Errorf("a batch without jobs in the queue: %v %q", kind, text)
+	}
+	if kind, text := why(3, func() int { return 7 }); kind != stallHeld || !strings.Contains(text, "holds 7 results that the NATS server cannot store") {
+		t.Errorf("a worker holding results: %v %q", kind, text)
+	}
+	if kind, _ := why(3, func() int { return 0 }); kind != stallGone {
+		t.Errorf("a worker holding none: %v, want the next cause", kind)
+	}
+}
+
+// TestStatusSaysWhatHoldsUpABatch: status names what holds up a batch that is not done (no
+// worker, then jobs at a worker), and nothing once it is done.
+func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: time.Minute})
+	fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stdout, _, err := f.submit(ctx, writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2), jobLine(3)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := strings.TrimSpace(stdout)
+	status := func() string {
+		t.Helper()
+		out, _, err := f.submit(ctx, "status", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if out := status(); !regexp.MustCompile(`(?m)^activity +no worker is taking jobs: 4 wait;`).MatchString(out) {
+		t.Errorf("status without a worker:\n%s", out)
+	}
+	f.startWorker(8)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out := status()
+		if strings.Contains(out, "activity  4 jobs at the workers\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status with the jobs at a worker:\n%s", out)
+		}
+	}
+}
