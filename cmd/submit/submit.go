@@ -330,20 +330,28 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Jo
 
 // storeWaiter waits for the stream to store each published job. While the server cannot
 // store anything (queue.StoreUnavailable: no stream leader during an election, out of room
-// until workers take jobs), it publishes the job again, 100 ms apart doubling to 2 s, for up
-// to wait from the first refusal; a job stored ends the wait. The duplicate window keeps a
-// job published twice (its first ack lost) stored once.
+// until workers take jobs), it publishes the job again: at once the first time (the jobs
+// published behind it were refused in the same moment, and the server may store them now),
+// then 100 ms apart doubling to 2 s, for up to wait from the first refusal that made it wait;
+// a job stored ends the wait. The duplicate window keeps a job published twice (its first
+// ack lost) stored once.
 type storeWaiter struct {
 	q      *queue.Queue
 	wait   time.Duration
 	stderr io.Writer
 	since  time.Time // the first refusal of the current wait (zero: jobs are being stored)
 	pause  time.Duration
+	said   time.Time // when it last said that it waits
 }
+
+// storeWaitSayEvery is how often, at most, submit says that it waits for the server to store
+// jobs: room that comes and goes (workers freeing it, results taking it) would otherwise
+// begin a wait, and a line, many times a second.
+const storeWaitSayEvery = 30 * time.Second
 
 // stored returns once the job of f is stored, or why it is not.
 func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) error {
-	for {
+	for refused := 0; ; refused++ {
 		var err error
 		select {
 		case <-f.Ok():
@@ -356,22 +364,27 @@ func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) erro
 		if !queue.StoreUnavailable(err) {
 			return fmt.Errorf("publish job: %w", err)
 		}
-		now := time.Now()
-		if w.since.IsZero() {
-			w.since, w.pause = now, 100*time.Millisecond
-			fmt.Fprintf(w.stderr, "the NATS server cannot store jobs now (%v); trying again for up to %v\n", err, w.wait)
+		if refused > 0 { // refused again: the server still cannot store jobs
+			now := time.Now()
+			if w.since.IsZero() {
+				w.since, w.pause = now, 100*time.Millisecond
+				if w.said.IsZero() || now.Sub(w.said) >= storeWaitSayEvery {
+					w.said = now
+					fmt.Fprintf(w.stderr, "the NATS server cannot store jobs now (%v); trying again for up to %v\n", err, w.wait)
+				}
+			}
+			if now.Sub(w.since) >= w.wait {
+				return fmt.Errorf("%w (%w)", errCannotStore, err)
+			}
+			t := time.NewTimer(min(w.pause, w.wait-now.Sub(w.since)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			w.pause = min(2*w.pause, 2*time.Second)
 		}
-		if now.Sub(w.since) >= w.wait {
-			return fmt.Errorf("%w (%w)", errCannotStore, err)
-		}
-		t := time.NewTimer(min(w.pause, w.wait-now.Sub(w.since)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		w.pause = min(2*w.pause, 2*time.Second)
 		if f, err = w.q.JS.PublishMsgAsync(f.Msg()); err != nil {
 			return fmt.Errorf("publish job: %w", err)
 		}

@@ -801,6 +801,54 @@ func TestFullServerSaysHowToGoOn(t *testing.T) {
 	}
 }
 
+// TestRoomThatComesAndGoesIsSaidOnce: while workers free room in a full server a little at a
+// time, publishing waits many times, and says so once.
+func TestRoomThatComesAndGoesIsSaidOnce(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), JetStreamMaxStore: 256 << 10, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{})
+	cons, err := q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var drained sync.WaitGroup
+	defer func() { cancel(); drained.Wait() }()
+	drained.Go(func() { // a slow worker: 200 jobs every 200 ms
+		for ctx.Err() == nil {
+			time.Sleep(200 * time.Millisecond)
+			batch, err := cons.Fetch(200, jetstream.FetchMaxWait(100*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for msg := range batch.Messages() {
+				_ = msg.Ack()
+			}
+		}
+	})
+	lines := make([]string, 4000) // about 600 KiB of jobs
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	var stderr bytes.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+	if err := run(ctx, []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "5s", writeLines(t, lines)}, env); err != nil {
+		t.Fatalf("submit: %v\n%s", err, stderr.String())
+	}
+	if got := strings.Count(stderr.String(), "cannot store jobs now"); got != 1 {
+		t.Errorf("said %d times that it waits, want once:\n%s", got, stderr.String())
+	}
+}
+
 // TestPublishingRidesOutAStreamWithoutLeader: a job the server cannot store for a moment (no
 // stream answers, as during a leader election) is published again until it is stored, once.
 func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
