@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -155,10 +156,10 @@ func TestChaos(t *testing.T) {
 	bin := buildWorker(t, dir)
 	rng := rand.New(rand.NewPCG(*chaosSeed, 0x7469))
 
-	c := startCluster(t, 3)
+	c := fleettest.StartCluster(t, 3)
 	const concurrency = 16
 	qcfg := queue.Config{Replicas: 3, AckWait: 5 * time.Second, MaxAckPending: *chaosWorkers * concurrency}
-	admin := c.connect(t, 0, "chaos-admin", qcfg)
+	admin := c.Connect(t, 0, "chaos-admin", qcfg)
 	// Capacity above MaxAckPending: the backend is never full, so every 429 the fleet sees is
 	// an injected one and the paused time can be set against the windows the simulator asked.
 	sim, simURL := startSim(t, tinkersim.Config{
@@ -166,9 +167,9 @@ func TestChaos(t *testing.T) {
 		LongPollWait: 500 * time.Millisecond, Seed: int64(*chaosSeed),
 	})
 
-	ports := freePorts(t, *chaosWorkers)
+	ports := fleettest.FreePorts(t, *chaosWorkers)
 	env := []string{
-		"NATS_URL=" + c.urls(0),
+		"NATS_URL=" + c.URLs(0),
 		"TINKER_API_KEY=" + testKey,
 		"TINKER_BASE_URL=" + simURL,
 		"TINKERFLEET_REPLICAS=3",
@@ -255,11 +256,11 @@ func TestChaos(t *testing.T) {
 	for time.Now().Before(chaosEnd) {
 		time.Sleep(4*time.Second + time.Duration(rng.IntN(4000))*time.Millisecond)
 		if !natsRestarted && time.Since(begin) > *chaosDuration/3 {
-			victim := 1 + rng.IntN(len(c.nodes)-1)
-			t.Logf("%5.1fs restarting NATS node %s", time.Since(begin).Seconds(), c.nodes[victim].name)
-			c.stop(victim)
+			victim := 1 + rng.IntN(c.Len()-1)
+			t.Logf("%5.1fs restarting NATS node %s", time.Since(begin).Seconds(), c.Name(victim))
+			c.Stop(victim)
 			time.Sleep(3 * time.Second)
-			c.start(victim)
+			c.Start(victim)
 			natsRestarted = true
 			continue
 		}

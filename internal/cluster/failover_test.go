@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -60,21 +61,21 @@ func TestStreamLeaderFailover(t *testing.T) {
 		t.Skip("starts a three-node NATS cluster; skipped with -short")
 	}
 	const total = 1000
-	c := startCluster(t, 3)
+	c := fleettest.StartCluster(t, 3)
 	// A short AckWait so that an ack lost in the leader change is redelivered within the
 	// test; workers send InProgress every third of it.
 	qcfg := queue.Config{Replicas: 3, AckWait: 4 * time.Second, MaxAckPending: 3 * 64}
 	_, simURL := startSim(t, tinkersim.Config{Capacity: 256, BaseLatency: 20 * time.Millisecond})
 
-	admin := c.connect(t, 0, "test", qcfg)
-	for i := range c.nodes {
-		runWorker(t, c.connect(t, i, fmt.Sprintf("worker-%d", i+1), qcfg), simURL, 64)
+	admin := c.Connect(t, 0, "test", qcfg)
+	for i := range c.Len() {
+		runWorker(t, c.Connect(t, i, fmt.Sprintf("worker-%d", i+1), qcfg), simURL, 64)
 	}
 	const batch = "failover"
 	publishJobs(t, admin, batch, makeJobs(total))
 
 	ctx := context.Background()
-	eventually(t, 60*time.Second, "a third of the results", func() bool {
+	fleettest.Eventually(t, 60*time.Second, "a third of the results", func() bool {
 		n, err := admin.ResultsStored(ctx, batch)
 		return err == nil && n >= total/3
 	})
@@ -85,19 +86,19 @@ func TestStreamLeaderFailover(t *testing.T) {
 	if info.Cluster == nil || info.Cluster.Leader == "" {
 		t.Fatalf("jobs stream has no cluster leader: %+v", info.Cluster)
 	}
-	leader := c.index(info.Cluster.Leader)
+	leader := c.Index(info.Cluster.Leader)
 	if leader < 0 {
 		t.Fatalf("leader %q is not one of the nodes", info.Cluster.Leader)
 	}
 	done, _ := admin.ResultsStored(ctx, batch)
 	t.Logf("shutting down the JOBS stream leader %s with %d of %d results stored", info.Cluster.Leader, done, total)
-	c.stop(leader)
+	c.Stop(leader)
 
-	eventually(t, 90*time.Second, "every result", func() bool {
+	fleettest.Eventually(t, 90*time.Second, "every result", func() bool {
 		n, err := admin.ResultsStored(ctx, batch)
 		return err == nil && n >= total
 	})
-	eventually(t, 30*time.Second, "an empty work queue", func() bool {
+	fleettest.Eventually(t, 30*time.Second, "an empty work queue", func() bool {
 		info, err := admin.Jobs.Info(ctx)
 		return err == nil && info.State.Msgs == 0
 	})

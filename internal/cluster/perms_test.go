@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -173,7 +174,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 			t.Errorf("submit pulled job %s", m.Subject())
 		}
 	}
-	eventually(t, 10*time.Second, "a permission violation for submit's pull", func() bool {
+	fleettest.Eventually(t, 10*time.Second, "a permission violation for submit's pull", func() bool {
 		return len(subV.matching("$JS.API.CONSUMER.MSG.NEXT."+sub.Names.JobsStream())) > 0
 	})
 	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
@@ -203,7 +204,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Fatal(err)
 	}
 	runWorker(t, wq, simURL, 8)
-	eventually(t, 60*time.Second, "every result", func() bool {
+	fleettest.Eventually(t, 60*time.Second, "every result", func() bool {
 		n, err := sub.ResultsStored(ctx, batch)
 		return err == nil && n == total
 	})
