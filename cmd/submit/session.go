@@ -55,6 +55,10 @@ func (o *localOptions) register(s *envflag.Set) {
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model")
 }
 
+// jobAckTimeout is how long submit waits for the stream to acknowledge a job it published
+// before it takes the job for not stored.
+const jobAckTimeout = 5 * time.Second
+
 // session is an open connection to the queue, with whatever runs in-process behind it.
 type session struct {
 	q       *queue.Queue
@@ -108,7 +112,10 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 	}
 	s.nc = nc
 	s.closers = append(s.closers, nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	// Without an ack timeout, a job whose stream leader stopped before answering would be
+	// waited for forever; with one, it is published again (storeWaiter), and the duplicate
+	// window keeps it once.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096), jetstream.WithPublishAsyncTimeout(jobAckTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}

@@ -49,9 +49,14 @@ func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 // startWorker runs a worker on a connection of its own; kill closes that connection at once,
 // so the worker's unacked jobs go back to the others only after AckWait, as after a crash.
 func (f *fleet) startWorker(concurrency int) (kill func()) {
+	f.t.Helper()
+	return f.startWorkerOn(fleettest.Queue(f.t, f.emb.ClientURL(), f.qcfg), concurrency)
+}
+
+// startWorkerOn runs a worker on q, a connection of its own, as startWorker does.
+func (f *fleet) startWorkerOn(q *queue.Queue, concurrency int) (kill func()) {
 	t := f.t
 	t.Helper()
-	q := fleettest.Queue(t, f.emb.ClientURL(), f.qcfg)
 	nc := q.JS.Conn()
 	w, err := worker.Open(context.Background(), worker.Config{Queue: q, TinkerBaseURL: f.url, TinkerAPIKey: fleettest.APIKey,
 		Tokenizers: f.tok, Concurrency: concurrency, ShutdownGrace: time.Second})

@@ -154,15 +154,18 @@ var errNoAck = errors.New("no ack from the stream")
 // submit publishes), says that the stream cannot store anything now, rather than that it
 // refuses this message: it is out of room or unavailable (a 503 answer: insufficient
 // resources, maximum bytes exceeded, JetStream unavailable), nobody answers for it (no
-// responders: no stream, or no leader during an election), or its answer did not come in
-// time. Storing the message again later may work; storing another would fail alike.
+// responders: no stream, or no leader during an election), its answer did not come in time
+// (the leader stopped with the message), or the connection dropped before it came (nats.go
+// fails every async publish waiting for an ack when it reconnects). Storing the message
+// again later may work; storing another would fail alike.
 func StoreUnavailable(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code == 503
 	}
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, errNoAck) || errors.Is(err, nats.ErrTimeout)
+		errors.Is(err, errNoAck) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrDisconnected)
 }
 
 // position is the place in the group of the message an ack on subject answers.
