@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -211,5 +212,65 @@ func TestSetupMakesTheFirstResultFinal(t *testing.T) {
 	}
 	if c := info.Config; c.Discard != jetstream.DiscardNew || !c.DiscardNewPerSubject || c.MaxMsgsPerSubject != 1 {
 		t.Fatalf("results stream after Setup: discard %v, per subject %v, max per subject %d", c.Discard, c.DiscardNewPerSubject, c.MaxMsgsPerSubject)
+	}
+}
+
+// TestResultPublisherCutOffFromItsServer: results published while the connection is down,
+// beyond what nats.go buffers for the reconnect, fail as "the store is unavailable now" (to
+// be held and tried again), not as refused (which would have their jobs sampled again).
+func TestResultPublisherCutOffFromItsServer(t *testing.T) {
+	t.Parallel()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()}, nats.ReconnectBufSize(2048))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	q, err := Setup(ctx, js, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(codec.Close)
+	p, err := q.NewResultPublisher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+
+	emb.Shutdown()
+	for nc.Status() == nats.CONNECTED {
+		time.Sleep(time.Millisecond)
+	}
+	msgs := resultGroup(t, q, codec, "b1", 60) // about 200 bytes each: more than 2 KiB
+	errs := make([]error, len(msgs))
+	p.Publish(ctx, msgs, errs)
+	buffered, refused := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			t.Fatalf("result %d stored with the server down", i)
+		case !StoreUnavailable(err):
+			t.Errorf("result %d: %v: not taken for a store that is unavailable now", i, err)
+		case errors.Is(err, nats.ErrReconnectBufExceeded):
+			refused++
+		default:
+			buffered++
+		}
+	}
+	if buffered == 0 || refused == 0 {
+		t.Errorf("%d results buffered for the reconnect and %d refused by a full buffer; want some of each", buffered, refused)
 	}
 }
