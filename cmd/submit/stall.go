@@ -92,10 +92,11 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 		}
 		s.queued, s.inFlight, s.cap, s.pulls = int(ci.NumPending), ci.NumAckPending, ci.Config.MaxAckPending, ci.NumWaiting
 	}
-	pauses, err := backoff.Pauses(ctx, q.JS, q.Names.BackoffBucket())
-	if err != nil {
-		return s, err
-	}
+	// The backoff comes last, and without it (a user whose permissions do not reach the bucket)
+	// the other causes are still named.
+	bctx, cancel := context.WithTimeout(ctx, backoffReadTimeout)
+	defer cancel()
+	pauses, _ := backoff.Pauses(bctx, q.JS, q.Names.BackoffBucket())
 	for i := range pauses {
 		if s.pause == nil || pauses[i].Left > s.pause.Left {
 			s.pause = &pauses[i]
@@ -103,6 +104,9 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 	}
 	return s, nil
 }
+
+// backoffReadTimeout bounds examine's read of the fleet's backoff.
+const backoffReadTimeout = 2 * time.Second
 
 // stallKind names why results stopped, so that a reader says it again only when the cause
 // changes, not when its numbers do.

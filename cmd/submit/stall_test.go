@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -163,4 +166,43 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 			t.Fatalf("status with the jobs at a worker:\n%s", out)
 		}
 	}
+}
+
+// TestStallWithoutBackoffPermissionStillSaysWhy: a submit user whose permissions do not reach
+// the backoff bucket still learns that no worker takes jobs.
+func TestStallWithoutBackoffPermissionStillSaysWhy(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
+		Users: []*server.User{
+			{Username: "admin", Password: "a"},
+			{Username: "submit", Password: "s", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.CONSUMER.CREATE.KV_tinkerfleet_backoff.>"}}}},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{}, nats.UserInfo("admin", "a")) // as a worker would
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fb, err := backoff.Open(ctx, q.JS, backoff.Config{Bucket: q.Names.BackoffBucket(), Account: "acct"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+
+	var stderr fleettest.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &fleettest.Buffer{}, stderr: &stderr, tty: 0}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--nats-user", "submit", "--nats-password", "s",
+			"--progress", "lines", "--progress-interval", "200ms", writeLines(t, []string{jobLine(0)}), "--wait"}, env)
+	}()
+	waitSaid(t, &stderr, "no worker is taking jobs: 1 wait")
+	cancel()
+	<-done
 }

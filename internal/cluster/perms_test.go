@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
@@ -223,6 +224,14 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	}
 	if _, err := sub.Jobs.Info(ctx, jetstream.WithSubjectFilter(sub.Names.JobSubject(batch))); err != nil {
 		t.Errorf("submit: status: %v", err)
+	}
+	// Why a batch makes no progress: the workers' consumer and the fleet's backoff, which the
+	// worker signalled in the 429 window.
+	if _, err := subCons.Info(ctx); err != nil {
+		t.Errorf("submit: workers' consumer info: %v", err)
+	}
+	if pauses, err := backoff.Pauses(ctx, subJS, sub.Names.BackoffBucket()); err != nil || len(pauses) != 1 || pauses[0].Reason != backoff.ReasonRateLimited {
+		t.Errorf("submit: the fleet's backoff: %+v, %v; want the worker's one pause for a 429", pauses, err)
 	}
 	// A capacity round (internal/share) as the worker: its report, and the round read back.
 	board, err := share.Open(ctx, wJS, sub.Names.BackoffBucket(), "perm-account", share.Config{})
