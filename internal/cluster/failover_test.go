@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -54,18 +56,29 @@ func runWorker(t testing.TB, q *queue.Queue, simURL string, concurrency int) (st
 }
 
 // TestStreamLeaderFailover runs a batch across three workers, each connected to a different
-// node of a three-node cluster, shuts down the JOBS stream's leader mid-batch, and checks
-// that every job ends with exactly one result.
+// node of a three-node cluster, shuts down the leader of the JOBS stream (the jobs being
+// pulled and acked) or of the RESULTS stream (the results being stored) mid-batch, and
+// checks that every job ends with exactly one result.
 func TestStreamLeaderFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-node NATS cluster; skipped with -short")
 	}
+	t.Run("jobs", func(t *testing.T) {
+		failover(t, func(q *queue.Queue) jetstream.Stream { return q.Jobs })
+	})
+	t.Run("results", func(t *testing.T) {
+		failover(t, func(q *queue.Queue) jetstream.Stream { return q.Results })
+	})
+}
+
+// failover is TestStreamLeaderFailover with the leader of the stream that stream picks.
+func failover(t *testing.T, stream func(*queue.Queue) jetstream.Stream) {
 	const total = 1000
 	c := fleettest.StartCluster(t, 3)
 	// A short AckWait so that an ack lost in the leader change is redelivered within the
 	// test; workers send InProgress every third of it.
 	qcfg := queue.Config{Replicas: 3, AckWait: 4 * time.Second, MaxAckPending: 3 * 64}
-	_, simURL := startSim(t, tinkersim.Config{Capacity: 256, BaseLatency: 20 * time.Millisecond})
+	sim, simURL := startSim(t, tinkersim.Config{Capacity: 256, BaseLatency: 20 * time.Millisecond})
 
 	admin := c.Connect(t, 0, "test", qcfg)
 	for i := range c.Len() {
@@ -79,19 +92,19 @@ func TestStreamLeaderFailover(t *testing.T) {
 		n, err := admin.ResultsStored(ctx, batch)
 		return err == nil && n >= total/3
 	})
-	info, err := admin.Jobs.Info(ctx)
+	info, err := stream(admin).Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if info.Cluster == nil || info.Cluster.Leader == "" {
-		t.Fatalf("jobs stream has no cluster leader: %+v", info.Cluster)
+		t.Fatalf("stream %s has no cluster leader: %+v", info.Config.Name, info.Cluster)
 	}
 	leader := c.Index(info.Cluster.Leader)
 	if leader < 0 {
 		t.Fatalf("leader %q is not one of the nodes", info.Cluster.Leader)
 	}
 	done, _ := admin.ResultsStored(ctx, batch)
-	t.Logf("shutting down the JOBS stream leader %s with %d of %d results stored", info.Cluster.Leader, done, total)
+	t.Logf("shutting down %s's leader %s with %d of %d results stored", info.Config.Name, info.Cluster.Leader, done, total)
 	c.Stop(leader)
 
 	fleettest.Eventually(t, 90*time.Second, "every result", func() bool {
@@ -148,7 +161,10 @@ func TestStreamLeaderFailover(t *testing.T) {
 	if cinfo.NumAckPending != 0 || cinfo.NumPending != 0 {
 		t.Errorf("consumer after the batch: %d pending, %d ack pending", cinfo.NumPending, cinfo.NumAckPending)
 	}
-	if newInfo, err := admin.Jobs.Info(ctx); err == nil && newInfo.Cluster != nil {
-		t.Logf("new JOBS leader %s; %d redelivered", newInfo.Cluster.Leader, cinfo.NumRedelivered)
+	if newInfo, err := stream(admin).Info(ctx); err == nil && newInfo.Cluster != nil {
+		t.Logf("new %s leader %s; %d redelivered", newInfo.Config.Name, newInfo.Cluster.Leader, cinfo.NumRedelivered)
+	}
+	if samples := sim.Stats().SamplesCompleted; samples > total {
+		t.Logf("%d samples for %d jobs: %d sampled again", samples, total, samples-total)
 	}
 }
