@@ -172,20 +172,11 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 // the backoff bucket still learns that no worker takes jobs.
 func TestStallWithoutBackoffPermissionStillSaysWhy(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
-		Users: []*server.User{
-			{Username: "admin", Password: "a"},
-			{Username: "submit", Password: "s", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.CONSUMER.CREATE.KV_tinkerfleet_backoff.>"}}}},
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server not ready")
-	}
+	srv := natsServer(t, server.Options{Users: []*server.User{
+		{Username: "admin", Password: "a"},
+		{Username: "submit", Password: "s", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.CONSUMER.CREATE.KV_tinkerfleet_backoff.>"}}}},
+	}})
 	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{}, nats.UserInfo("admin", "a")) // as a worker would
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

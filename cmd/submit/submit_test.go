@@ -768,16 +768,12 @@ func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 	}
 }
 
-// TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
-// run with the -o file of the first, it would have found every custom_id there and reported
-// the stale results as its own. It is refused before anything is published, and the file is
-// left as it was.
-// TestFullServerSaysHowToGoOn: a NATS server out of room for jobs stops the publishing with
-// an error that says so and what to do, not only the server's "insufficient resources".
-func TestFullServerSaysHowToGoOn(t *testing.T) {
-	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), JetStreamMaxStore: 256 << 10, NoSigs: true})
+// natsServer starts a nats-server with JetStream on a random loopback port, storing in a
+// temporary directory, with opts for the rest (limits, users), and stops it when the test ends.
+func natsServer(t *testing.T, opts server.Options) *server.Server {
+	t.Helper()
+	opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoSigs = "127.0.0.1", -1, true, t.TempDir(), true
+	srv, err := server.NewServer(&opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -786,13 +782,21 @@ func TestFullServerSaysHowToGoOn(t *testing.T) {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatal("NATS server not ready")
 	}
+	return srv
+}
+
+// TestFullServerSaysHowToGoOn: a NATS server out of room for jobs stops the publishing with
+// an error that says so and what to do, not only the server's "insufficient resources".
+func TestFullServerSaysHowToGoOn(t *testing.T) {
+	t.Parallel()
+	srv := natsServer(t, server.Options{JetStreamMaxStore: 256 << 10})
 	lines := make([]string, 4000) // about 600 KiB of jobs
 	for i := range lines {
 		lines[i] = jobLine(i)
 	}
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
-	err = run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "500ms", writeLines(t, lines)}, env)
+	err := run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "500ms", writeLines(t, lines)}, env)
 	if err == nil {
 		t.Fatal("4,000 jobs went into a server with room for 256 KiB")
 	}
@@ -810,16 +814,7 @@ func TestFullServerSaysHowToGoOn(t *testing.T) {
 // time, publishing waits many times, and says so once.
 func TestRoomThatComesAndGoesIsSaidOnce(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), JetStreamMaxStore: 256 << 10, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server not ready")
-	}
+	srv := natsServer(t, server.Options{JetStreamMaxStore: 256 << 10})
 	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{})
 	cons, err := q.Consumer(context.Background())
 	if err != nil {
@@ -890,6 +885,10 @@ func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
 	}
 }
 
+// TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
+// run with the -o file of the first, it would have found every custom_id there and reported
+// the stale results as its own. It is refused before anything is published, and the file is
+// left as it was.
 func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -1,7 +1,6 @@
 package fleettest
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
@@ -190,24 +188,9 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// Connect opens a connection to node first (falling back to the others in order) and sets
-// the queue up with cfg.
+// Connect opens a connection named name to node first (falling back to the others in order)
+// and sets the queue up with cfg.
 func (c *Cluster) Connect(t testing.TB, first int, name string, cfg queue.Config) *queue.Queue {
 	t.Helper()
-	nc, err := queue.Connect(queue.ConnectConfig{URL: c.URLs(first), Name: name}, nats.DontRandomize())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	q, err := queue.Setup(ctx, js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q
+	return Queue(t, c.URLs(first), cfg, nats.DontRandomize(), nats.Name(name))
 }

@@ -24,14 +24,14 @@ type testBundle struct {
 	q   *Queue
 }
 
-func setup(t *testing.T, cfg Config) *testBundle {
+func setup(t *testing.T, cfg Config, opts ...nats.Option) *testBundle {
 	t.Helper()
 	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()})
+	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,10 +27,10 @@ func resultGroup(t *testing.T, q *Queue, codec *Codec, batch string, n int) []*n
 }
 
 // publisherBed starts a server with the streams and returns them, a codec and a result
-// publisher, released when the test ends.
-func publisherBed(t *testing.T) (*testBundle, *Codec, *ResultPublisher) {
+// publisher on a connection made with opts, released when the test ends.
+func publisherBed(t *testing.T, opts ...nats.Option) (*testBundle, *Codec, *ResultPublisher) {
 	t.Helper()
-	b := setup(t, Config{})
+	b := setup(t, Config{}, opts...)
 	codec, err := NewCodec(0)
 	if err != nil {
 		t.Fatal(err)
@@ -220,41 +220,14 @@ func TestSetupMakesTheFirstResultFinal(t *testing.T) {
 // be held and tried again), not as refused (which would have their jobs sampled again).
 func TestResultPublisherCutOffFromItsServer(t *testing.T) {
 	t.Parallel()
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()}, nats.ReconnectBufSize(2048))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, codec, p := publisherBed(t, nats.ReconnectBufSize(2048))
 	ctx := context.Background()
-	q, err := Setup(ctx, js, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(codec.Close)
-	p, err := q.NewResultPublisher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
 
-	emb.Shutdown()
-	for nc.Status() == nats.CONNECTED {
+	b.emb.Shutdown()
+	for b.nc.Status() == nats.CONNECTED {
 		time.Sleep(time.Millisecond)
 	}
-	msgs := resultGroup(t, q, codec, "b1", 60) // about 200 bytes each: more than 2 KiB
+	msgs := resultGroup(t, b.q, codec, "b1", 60) // about 200 bytes each: more than 2 KiB
 	errs := make([]error, len(msgs))
 	p.Publish(ctx, msgs, errs)
 	buffered, refused := 0, 0
