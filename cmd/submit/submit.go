@@ -391,6 +391,37 @@ func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) erro
 	}
 }
 
+// writeManifest writes m over revision rev (0 creates it), as queue.PutManifest does, trying
+// again while the server cannot store it (the bucket's leader election: no answer, or none in
+// time) for up to wait, 100 ms apart doubling to 2 s. A write tried again that finds m already
+// there (its first try was stored and the answer lost) has succeeded.
+func writeManifest(ctx context.Context, q *queue.Queue, m queue.Manifest, rev uint64, wait time.Duration) (uint64, error) {
+	start, pause := time.Now(), 100*time.Millisecond
+	for tried := false; ; tried = true {
+		newRev, err := q.PutManifest(ctx, m, rev)
+		if err == nil {
+			return newRev, nil
+		}
+		if tried && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+			if cur, curRev, gerr := q.GetManifest(ctx, m.BatchID); gerr == nil && cur.Status == m.Status && cur.Digest == m.Digest {
+				return curRev, nil
+			}
+		}
+		timedOut := ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)
+		if !queue.StoreUnavailable(err) && !timedOut || ctx.Err() != nil || time.Since(start) >= wait {
+			return 0, err
+		}
+		t := time.NewTimer(min(pause, wait-time.Since(start)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		case <-t.C:
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
+
 // errCannotStore: the NATS server could not store a job (out of room, no stream leader, no
 // answer); publishing stopped there.
 var errCannotStore = errors.New("the NATS server cannot store jobs")
@@ -414,7 +445,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	case errors.Is(err, queue.ErrNoBatch):
 		m = queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: files, Digest: scan.digest,
 			Jobs: scan.accepted, Rejected: scan.rejected, CreatedAt: time.Now().UTC()}
-		if rev, err = q.PutManifest(ctx, m, 0); err != nil {
+		if rev, err = writeManifest(ctx, q, m, 0, storeWait); err != nil {
 			return m, err
 		}
 	case err != nil:
@@ -473,7 +504,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 			accepted, scan.accepted, batch, queue.BatchPublishing)
 	}
 	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
-	if _, err := q.PutManifest(ctx, m, rev); err != nil {
+	if _, err := writeManifest(ctx, q, m, rev, storeWait); err != nil {
 		// Someone cancelled it meanwhile: keep their status.
 		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil {
 			return cur, nil

@@ -885,6 +885,42 @@ func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
 	}
 }
 
+// TestManifestWriteRidesOutABucketWithoutLeader: a batch's manifest that the server cannot
+// store for a moment (its bucket answers nothing, as during a leader election) is written
+// again until it is stored.
+func TestManifestWriteRidesOutABucketWithoutLeader(t *testing.T) {
+	t.Parallel()
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
+	ctx := context.Background()
+	bucket, err := q.Batches.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bucket.Config()
+	if err := q.JS.DeleteKeyValue(ctx, cfg.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// The bucket comes back after nats.go's own retries are over.
+		time.Sleep(1500 * time.Millisecond)
+		if _, err := q.JS.CreateKeyValue(ctx, cfg); err != nil {
+			t.Error(err)
+		}
+	}()
+	m := queue.Manifest{BatchID: "b-later", Status: queue.BatchPublishing, Digest: "d", Jobs: 3}
+	rev, err := writeManifest(ctx, q, m, 0, 20*time.Second)
+	if err != nil {
+		t.Fatalf("writeManifest: %v", err)
+	}
+	got, gotRev, err := q.GetManifest(ctx, m.BatchID)
+	if err != nil || gotRev != rev || got.Status != m.Status || got.Jobs != 3 {
+		t.Fatalf("manifest %+v at revision %d (%v); want %+v at %d", got, gotRev, err, m, rev)
+	}
+	if _, err := writeManifest(ctx, q, m, 0, 20*time.Second); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Errorf("creating the manifest again: %v, want ErrKeyExists at once (it is not a retry)", err)
+	}
+}
+
 // TestOutputOfAnotherBatchIsRefusedBeforePublishing: the prompts file edited is another batch;
 // run with the -o file of the first, it would have found every custom_id there and reported
 // the stale results as its own. It is refused before anything is published, and the file is
