@@ -91,7 +91,7 @@ exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
 alltext = "\n".join(exprs)
 for need in ("rate(tinkerfleet_jobs_finished_total", "histogram_quantile(", "tinkerfleet_job_duration_seconds_bucket",
              "tinkerfleet_dispatch_", "tinkerfleet_backoff_active", "tinkerfleet_tinker_rate_limited_total",
-             "jetstream_consumer_num_pending"):
+             "jetstream_consumer_num_pending", "tinkerfleet_results_held"):
     check(need in alltext, f"dashboard: no panel uses {need}")
 defined = set(re.findall(r'Name:\s*"(tinkerfleet_[a-z_]+)"', open("internal/worker/metrics.go").read()))
 defined |= set(re.findall(r'gauge\("(tinkerfleet_[a-z_]+)"', open("internal/worker/metrics.go").read()))
