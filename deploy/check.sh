@@ -4,11 +4,13 @@
 #   1. every YAML file (compose, Kubernetes, Helm values, Prometheus, Grafana provisioning)
 #      and every JSON file (the dashboard) parses, and holds what the fleet relies on
 #      (replicas, NATS URLs, grace periods, probes, the KEDA stream and consumer, the
-#      dashboard's metrics exist in internal/worker/metrics.go, ...);
+#      dashboard's and the alerts' metrics exist in internal/worker/metrics.go, ...);
 #   2. the Helm values grant the same per-role permissions as deploy/nats/auth.conf;
 #   3. each NATS node config loads in nats-server -t (nats-server built from the module cache);
 #   4. deploy/build.sh, the Dockerfile's build step, builds the three static binaries;
-#   5. `docker compose config`, when the compose plugin is installed (it needs no engine).
+#   5. `promtool check config` and `promtool test rules` (alerts_test.yml), with promtool from
+#      Debian's prometheus package (installed when missing, about 10 s);
+#   6. `docker compose config`, when the compose plugin is installed (it needs no engine).
 # The permissions themselves are exercised by internal/cluster's TestNATSConfigPermissions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +100,16 @@ defined |= set(re.findall(r'gauge\("(tinkerfleet_[a-z_]+)"', open("internal/work
 for m in set(re.findall(r"tinkerfleet_[a-z_]+", alltext)):
     base = re.sub(r"_(bucket|sum|count)$", "", m)
     check(m in defined or base in defined or m == "tinkerfleet_dispatch_", f"dashboard: metric {m} is not defined in internal/worker/metrics.go")
+
+# the alerts: loaded, each complete, every tinkerfleet_* metric they use exists
+check(docs["deploy/prometheus/prometheus.yml"][0].get("rule_files") == ["alerts.yml"], "prometheus: rule_files must load alerts.yml")
+alerts = docs["deploy/prometheus/alerts.yml"][0]["groups"][0]["rules"]
+for r in alerts:
+    check(all(k in r for k in ("alert", "expr", "labels", "annotations")) and r["labels"].get("severity") in ("critical", "warning"),
+          f"alerts: {r.get('alert')} lacks alert, expr, a severity or annotations")
+    for m in set(re.findall(r"tinkerfleet_[a-z_]+", r["expr"])):
+        check(m in defined, f"alerts: {r['alert']} uses {m}, which internal/worker/metrics.go does not define")
+check({"TinkerfleetBacklogWithoutWorkers", "TinkerfleetResultsHeld"} <= {r["alert"] for r in alerts}, "alerts: the backlog-without-workers and results-held alerts are missing")
 check(all(p.get("datasource", {}).get("uid", "prometheus") == "prometheus" for p in dash["panels"] if p["type"] != "row"), "dashboard: panels must use the provisioned datasource")
 
 # Kubernetes
@@ -175,6 +187,21 @@ step "the image's build step outside Docker (deploy/build.sh)"
 deploy/build.sh "$tmp/bin"
 usage=$("$tmp/bin/worker" -h 2>&1 || true)
 grep -q -- '-nats-url' <<<"$usage" || { echo "the built worker does not run: $usage" >&2; exit 1; }
+
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+	echo "promtool is missing; installing it (Debian package prometheus, without recommends)"
+	sudo=()
+	[ "$(id -u)" = 0 ] || sudo=(sudo -n)
+	install=("${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus)
+	"${install[@]}" >/dev/null 2>&1 || { "${sudo[@]}" apt-get update -qq >/dev/null 2>&1 && "${install[@]}" >/dev/null 2>&1; } || true
+fi
+if command -v promtool >/dev/null 2>&1; then
+	step "Prometheus config, alerts and their unit tests (promtool)"
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool test rules deploy/prometheus/alerts_test.yml
+else
+	step "promtool could not be installed: alerts.yml checked by the parser above only"
+fi
 
 if docker compose version >/dev/null 2>&1; then
 	step "docker compose config"
