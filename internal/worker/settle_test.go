@@ -291,7 +291,7 @@ func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Within 5 s: NakWithDelay(1 s), not AckWait (30 s).
-	again, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	again, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,11 @@ func TestSettledHandsBackAJobWhoseResultFailed(t *testing.T) {
 		ids = append(ids, m.Headers().Get(queue.HeaderCustomID))
 	}
 	if want := msgs[0].Headers().Get(queue.HeaderCustomID); len(ids) != 1 || ids[0] != want {
-		t.Errorf("delivered again: %v; want only %s, whose result failed", ids, want)
+		t.Errorf("delivered again: %v; want %s, whose result failed", ids, want)
+	}
+	// The other was acked: the work queue holds only the job handed back.
+	if info, err := q.Jobs.Info(context.Background()); err != nil || info.State.Msgs != 1 {
+		t.Errorf("jobs stream holds %d jobs (%v); want only the one handed back", info.State.Msgs, err)
 	}
 }
 
