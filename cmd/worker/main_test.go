@@ -189,11 +189,9 @@ func httpGet(t *testing.T, addr, path string) (int, string) {
 // start them) warns and waits, alive (/healthz) but not ready (/readyz), and works jobs once
 // the server is up.
 func TestRunWaitsForNATS(t *testing.T) {
-	u, err := url.Parse(fleettest.ClosedURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, _ := strconv.Atoi(u.Port())
+	// A port known before the server starts, that nothing else takes meanwhile.
+	port := fleettest.FreePorts(t, 1)[0]
+	host := "127.0.0.1:" + strconv.Itoa(port)
 	_, simURL := fleettest.Sim(t, tinkersim.Config{})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -201,7 +199,7 @@ func TestRunWaitsForNATS(t *testing.T) {
 	logs := &fleettest.Buffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--nats-url", "nats://" + u.Host, "--tinker-base-url", simURL,
+		done <- run(ctx, []string{"--nats-url", "nats://" + host, "--tinker-base-url", simURL,
 			"--metrics-addr", "127.0.0.1:0", "--concurrency", "2", "--shutdown-grace", "2s"},
 			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
 	}()

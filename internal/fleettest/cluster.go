@@ -2,7 +2,9 @@ package fleettest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,26 +31,47 @@ type Cluster struct {
 	nodes []*node
 }
 
-// FreePorts returns n distinct free loopback ports. They are found by listening and closing,
-// so another process could take one in between; on loopback in a test that is rare enough.
+// FreePorts returns n distinct loopback ports that were free a moment ago, for servers that
+// must listen (or listen again, after a restart) on a port known in advance. They are drawn
+// below the kernel's ephemeral range, so that the connections and ":0" listeners of tests
+// running meanwhile, which take their ports from that range, cannot take one in between.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var (
-		ports []int
-		lns   []net.Listener
-	)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			t.Fatalf("no free loopback port below %d after 1000 tries", low)
+		}
+		port := 10000 + rand.IntN(low-10000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
-			t.Fatal(err)
+			continue // taken
 		}
 		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
+		ports = append(ports, port)
 	}
 	return ports
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 where it cannot be
+// read: Linux's default).
+func ephemeralLow() int {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 11000 {
+				low = v
+			}
+		}
+	}
+	return low
 }
 
 // StartCluster starts n clustered nats-servers with JetStream, each with its own store, and
