@@ -27,7 +27,8 @@ type stall struct {
 	pulls      int  // pull requests waiting at the server: workers with room for jobs
 
 	pause *backoff.Pause // the latest account backoff, if any
-	held  int            // results the in-process worker cannot store (submit --local)
+	local bool           // the worker runs in this process (submit --local)
+	held  int            // results the in-process worker cannot store
 }
 
 // explain asks the server why batch m, of whose results got have been read, has had none for
@@ -70,7 +71,7 @@ func jobsWaiting(ctx context.Context, q *queue.Queue, batch string) (int, error)
 // an in-process worker holds. The caller sets missing.
 func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() int) (stall, error) {
 	s := stall{publishing: m.Status == queue.BatchPublishing}
-	if held != nil {
+	if s.local = held != nil; s.local {
 		s.held = held()
 	}
 	if latest, _, err := q.GetManifest(ctx, m.BatchID); err == nil {
@@ -141,6 +142,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallGone, fmt.Sprintf("none of its jobs is left in the queue, so the %d missing results will not come (removed, or expired after --results-max-age?)", s.missing)
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %d jobs wait; start one (worker --nats-url)", s.waiting)
+	case s.inFlight == 0 && s.pulls == 0 && s.local:
+		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
 	case s.inFlight == 0 && s.pulls == 0:
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -129,6 +130,14 @@ func TestExamineNamesEachCause(t *testing.T) {
 	}
 	if kind, _ := why(3, func() int { return 0 }); kind != stallGone {
 		t.Errorf("a worker holding none: %v, want the next cause", kind)
+	}
+
+	fleettest.Publish(t, q, m.BatchID, []jobs.Job{{CustomID: "j1", Model: "Qwen/Qwen3-8B", Prompt: "hi"}})
+	if kind, text := why(0, nil); kind != stallNoWorker || !strings.Contains(text, "no worker is taking jobs: 1 wait; start one") {
+		t.Errorf("a fleet without workers: %v %q", kind, text)
+	}
+	if kind, text := why(0, func() int { return 0 }); kind != stallNoWorker || !strings.Contains(text, "the worker in this process takes no jobs: 1 wait") {
+		t.Errorf("a local run whose worker takes nothing: %v %q", kind, text)
 	}
 }
 
