@@ -20,11 +20,11 @@ type stall struct {
 	waiting    int  // its jobs still in the jobs stream, at a worker or not
 	publishing bool // its submit has not finished publishing
 
-	noConsumer bool // no worker has set up the shared consumer on this server
-	queued     int  // jobs of every batch not yet taken by a worker
-	inFlight   int  // jobs of every batch at a worker (taken, not acked)
-	cap        int  // the consumer's cap on jobs in flight (MaxAckPending)
-	pulls      int  // pull requests waiting at the server: workers with room for jobs
+	noConsumer  bool // no worker has set up the shared consumer on this server
+	queued      int  // jobs of every batch not yet taken by a worker
+	inFlight    int  // jobs of every batch at a worker (taken, not acked)
+	maxInFlight int  // the consumer's cap on jobs in flight (MaxAckPending)
+	pulls       int  // pull requests waiting at the server: workers with room for jobs
 
 	pause *backoff.Pause // the latest account backoff, if any
 	local bool           // the worker runs in this process (submit --local)
@@ -91,7 +91,7 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 		if err != nil {
 			return s, fmt.Errorf("workers' consumer: %w", err)
 		}
-		s.queued, s.inFlight, s.cap, s.pulls = int(ci.NumPending), ci.NumAckPending, ci.Config.MaxAckPending, ci.NumWaiting
+		s.queued, s.inFlight, s.maxInFlight, s.pulls = int(ci.NumPending), ci.NumAckPending, ci.Config.MaxAckPending, ci.NumWaiting
 	}
 	// The backoff comes last, and without it (a user whose permissions do not reach the bucket)
 	// the other causes are still named.
@@ -148,7 +148,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	}
 	text := fmt.Sprintf("%d jobs at the workers", s.inFlight)
-	if s.cap > 0 && s.inFlight >= s.cap {
+	if s.maxInFlight > 0 && s.inFlight >= s.maxInFlight {
 		text += ", the fleet's cap (--max-ack-pending)"
 	}
 	if others := s.queued + s.inFlight - s.waiting; others > 0 {
