@@ -61,6 +61,8 @@ func run(ctx context.Context, args []string, env *environment) error {
 			return runStatus(ctx, args[1:], env)
 		case "results":
 			return runResults(ctx, args[1:], env)
+		case "failed":
+			return runFailed(ctx, args[1:], env)
 		case "cancel":
 			return runCancel(ctx, args[1:], env)
 		case "list":
@@ -73,7 +75,7 @@ func run(ctx context.Context, args []string, env *environment) error {
 // isSubcommand reports whether name is one of submit's subcommands.
 func isSubcommand(name string) bool {
 	switch name {
-	case "tokenize", "status", "results", "cancel", "list":
+	case "tokenize", "status", "results", "failed", "cancel", "list":
 		return true
 	}
 	return false

@@ -27,7 +27,8 @@ With -o (or --wait) it follows the results and writes them to a JSONL file; an
 interrupted wait resumes where it stopped when run again.
 Without --nats-url it runs an embedded NATS server and a worker in this process.
 
-Subcommands: status BATCH, results BATCH, cancel BATCH, list, tokenize (each has -h).
+Subcommands: status BATCH, results BATCH, failed BATCH, cancel BATCH, list, tokenize (each
+has -h).
 
 Flags:
 `
@@ -250,7 +251,7 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	err := eachJob(files, limits, h, func(_ jobs.Job, err error) error {
+	err := eachJob(files, limits, h, func(_ jobs.Job, _ []byte, err error) error {
 		var le *jobs.LineError
 		switch {
 		case err == nil:
@@ -286,10 +287,11 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 }
 
 // eachJob reads files in order as one batch (one custom_id set, line numbers per file) and
-// calls fn with each line's job or error (*jobs.LineError, or jobs.ErrEmptyFile for a file
-// without job lines); fn's error stops the reading. hash, when not nil, sees every byte read
+// calls fn with each line's job and the line as read (valid until fn returns), or its error
+// (*jobs.LineError, or jobs.ErrEmptyFile for a file without job lines); fn's error stops the
+// reading. hash, when not nil, sees every byte read
 // and a zero byte after each file, so that moving a line to another file changes the digest.
-func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Job, error) error) error {
+func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, err error) error) error {
 	var r *jobs.Reader
 	for _, name := range files {
 		f, err := os.Open(name)
@@ -315,7 +317,11 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(jobs.Jo
 				f.Close()
 				return err // reading failed: not a line's fault
 			}
-			if err := fn(j, err); err != nil {
+			var line []byte
+			if err == nil {
+				line = r.Raw()
+			}
+			if err := fn(j, line, err); err != nil {
 				f.Close()
 				return err
 			}
@@ -470,7 +476,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		return nil
 	}
 	var accepted, rejected int
-	err = eachJob(files, limits, nil, func(j jobs.Job, err error) error {
+	err = eachJob(files, limits, nil, func(j jobs.Job, _ []byte, err error) error {
 		var le *jobs.LineError
 		switch {
 		case errors.As(err, &le):

@@ -23,8 +23,9 @@ type Reader struct {
 	files    []string // every input so far, for duplicates found across them
 	ids      idSet
 	limits   Limits
-	line     int // number of the last line read
-	nonBlank int // lines that were not blank
+	line     int    // number of the last line read
+	nonBlank int    // lines that were not blank
+	raw      []byte // the last valid line, as read
 }
 
 // NewReader returns a Reader of r. file names the input in errors (it may be empty); zero fields
@@ -115,9 +116,15 @@ func (r *Reader) Next() (Job, error) {
 			return Job{}, r.lineErr(fieldErr("custom_id",
 				fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(j.CustomID), where)))
 		}
+		r.raw = b
 		return j, nil
 	}
 }
+
+// Raw returns the line the last Next call returned a job for, as it was read (without its
+// line end and the spaces around it), to write it out again unchanged. It is valid until the
+// next call.
+func (r *Reader) Raw() []byte { return r.raw }
 
 // name is the file name for error messages.
 func (r *Reader) name() string {

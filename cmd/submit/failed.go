@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// runFailed writes the input lines of a batch's jobs whose results are errors, as they were
+// in its files, so that they can be submitted again (as another batch: a job's first result
+// is final in its own).
+func runFailed(ctx context.Context, args []string, env *environment) error {
+	var (
+		output    string
+		retryable bool
+	)
+	o, batch, err := batchCommand("failed", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
+		fs.StringVar(&output, "o", "", "write the lines to this file (default standard output)")
+		fs.BoolVar(&retryable, "retryable", false, "only the errors marked retryable (the same job may succeed)")
+	})
+	if err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	m, _, err := sess.q.GetManifest(ctx, batch)
+	if err != nil {
+		return err
+	}
+	failed, err := failedJobs(ctx, sess.q, m, retryable)
+	if err != nil {
+		return err
+	}
+	// The files must be those the batch was made of: the same digest, checked before a line
+	// is written.
+	h := sha256.New()
+	if err := eachJob(m.Files, jobs.Limits{}, h, func(jobs.Job, []byte, error) error { return nil }); err != nil {
+		return fmt.Errorf("batch %s's input (run this where it was submitted): %w", batch, err)
+	}
+	if hex.EncodeToString(h.Sum(nil)) != m.Digest {
+		return fmt.Errorf("batch %s's input files %q changed since it was submitted: its lines cannot be told apart", batch, m.Files)
+	}
+	var w io.Writer = env.stdout
+	var f *os.File
+	if output != "" {
+		if f, err = os.Create(output); err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	out := bufio.NewWriter(w)
+	written := 0
+	err = eachJob(m.Files, jobs.Limits{}, nil, func(j jobs.Job, line []byte, err error) error {
+		if err != nil || !failed[j.CustomID] {
+			return nil
+		}
+		written++
+		out.Write(line)
+		return out.WriteByte('\n')
+	})
+	if err == nil {
+		err = out.Flush()
+	}
+	if err == nil && f != nil {
+		err = f.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("write the failed lines: %w", err)
+	}
+	fmt.Fprintf(env.stderr, "%d lines of batch %s whose results are errors%s; submit them as a new batch to try them again\n",
+		written, batch, map[bool]string{true: " marked retryable", false: ""}[retryable])
+	return nil
+}
+
+// failedJobs reads the results of m and returns the custom ids of those that are errors (only
+// retryable ones, with retryable).
+func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable bool) (map[string]bool, error) {
+	c := &failedCollector{retryable: retryable, ids: map[string]bool{}}
+	if _, err := follow(ctx, q, m, c, resultNative, false, progressOptions{mode: "none"}, &environment{}); err != nil {
+		return nil, err
+	}
+	return c.ids, c.err
+}
+
+// failedCollector takes tinkerfleet result lines, as follow writes them, and keeps the custom
+// ids of the errors.
+type failedCollector struct {
+	retryable bool
+	ids       map[string]bool
+	rest      []byte // a line not yet ended
+	err       error
+}
+
+func (c *failedCollector) Write(p []byte) (int, error) {
+	c.rest = append(c.rest, p...)
+	for {
+		i := bytes.IndexByte(c.rest, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		var r struct {
+			CustomID string      `json:"custom_id"`
+			Status   jobs.Status `json:"status"`
+			Error    *struct {
+				Retryable bool `json:"retryable"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(c.rest[:i], &r); err != nil && c.err == nil {
+			c.err = fmt.Errorf("read a result: %w", err)
+		}
+		if r.Status == jobs.StatusError && (!c.retryable || r.Error != nil && r.Error.Retryable) {
+			c.ids[r.CustomID] = true
+		}
+		c.rest = c.rest[i+1:]
+	}
+}

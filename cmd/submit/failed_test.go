@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// TestFailedWritesTheLinesOfErrorsAsTheyWere: `submit failed` writes exactly the input lines
+// (native and OpenAI ones, byte for byte) of the jobs whose results are errors, none with
+// --retryable when no error is retryable, and refuses input files that changed since.
+func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	if _, err := f.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultFailed, Rate: 0.4, Category: "user", Reason: "prompt refused"}); err != nil {
+		t.Fatal(err)
+	}
+	f.startWorker(8)
+	lines := make([]string, 60)
+	byID := map[string]string{}
+	for i := range lines {
+		lines[i] = jobLine(i)
+		byID[fmt.Sprintf("job-%05d", i)] = lines[i]
+	}
+	in := writeLines(t, lines)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	stdout, stderr, err := f.submit(ctx, in, "-o", out)
+	if err != nil {
+		t.Fatalf("submit: %v\n%s", err, stderr)
+	}
+	batch := strings.TrimSpace(stdout)
+	var want []string
+	for id, r := range readResults(t, out) {
+		if lineStatus(t, r) == "error" {
+			want = append(want, byID[id])
+		}
+	}
+	if len(want) == 0 || len(want) == len(lines) {
+		t.Fatalf("%d of %d jobs failed; the test needs some of each", len(want), len(lines))
+	}
+
+	got, _, err := f.submit(ctx, "failed", batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotLines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	slices.Sort(gotLines)
+	slices.Sort(want)
+	if !slices.Equal(gotLines, want) {
+		t.Errorf("failed wrote %d lines:\n%s\nwant the %d input lines of the errors:\n%s", len(gotLines), got, len(want), strings.Join(want, "\n"))
+	}
+	if got, _, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != "" {
+		t.Errorf("failed --retryable: %q, %v; want nothing (refused prompts are not retryable)", got, err)
+	}
+
+	if err := os.WriteFile(in, []byte(strings.Join(lines[1:], "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.submit(ctx, "failed", batch); err == nil || !strings.Contains(err.Error(), "changed since it was submitted") {
+		t.Errorf("failed on edited input: %v; want a refusal", err)
+	}
+}
