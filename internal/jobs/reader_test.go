@@ -276,6 +276,27 @@ func TestReaderLineEnds(t *testing.T) {
 	}
 }
 
+// TestReaderRawIsTheLineAsRead: Raw gives a valid line's bytes without its line end, the
+// spaces around it and a byte order mark, so that it can be written out again unchanged.
+func TestReaderRawIsTheLineAsRead(t *testing.T) {
+	t.Parallel()
+	spaced := `{"custom_id":"c", "model":"m",  "prompt":"a\r\nb"}`
+	r := NewReader(strings.NewReader("\xef\xbb\xbf"+goodA+"\r\n{\n  "+spaced+"\t\r\n"), "in.jsonl", Limits{})
+	var raws []string
+	for {
+		_, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err == nil {
+			raws = append(raws, string(r.Raw()))
+		}
+	}
+	if len(raws) != 2 || raws[0] != goodA || raws[1] != spaced {
+		t.Errorf("raw lines %q; want %q and %q", raws, goodA, spaced)
+	}
+}
+
 func TestReaderEmptyFile(t *testing.T) {
 	t.Parallel()
 	for _, in := range []string{"", "\n", "\r\n  \n\t\n", "\xef\xbb\xbf"} {
