@@ -172,7 +172,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
 	lastFlush := time.Now()
-	lastResult, lastLook := time.Now(), time.Time{}
+	var lastLook time.Time // when the server was last asked why no result comes
 	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
@@ -188,7 +188,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 					return sum, fmt.Errorf("write results: %w", err)
 				}
 			}
-			if quiet := time.Since(lastResult); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
+			if quiet := prog.quiet(); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
 				lastLook = time.Now()
 				prog.stalled(explain(ctx, q, m, sum.total(), po.held, quiet))
 			}
@@ -200,7 +200,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		case err != nil:
 			return sum, fmt.Errorf("follow results: %w", err)
 		}
-		read, idle, lastResult = read+1, 0, time.Now()
+		read, idle = read+1, 0
 		prog.resumed()
 		token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
 		if seen[token] {

@@ -114,6 +114,9 @@ func (p *progress) stalled(kind stallKind, text string) {
 // resumed records that a result came: the next stall is shown whatever its cause.
 func (p *progress) resumed() { p.said, p.lastResult = stallNone, p.now() }
 
+// quiet is how long no result has come (since newProgress, before the first).
+func (p *progress) quiet() time.Duration { return p.now().Sub(p.lastResult) }
+
 // line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
 func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	done := s.total()

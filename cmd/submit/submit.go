@@ -382,12 +382,8 @@ func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) erro
 			if now.Sub(w.since) >= w.wait {
 				return fmt.Errorf("%w (%w)", errCannotStore, err)
 			}
-			t := time.NewTimer(min(w.pause, w.wait-now.Sub(w.since)))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
+			if err := pause(ctx, min(w.pause, w.wait-now.Sub(w.since))); err != nil {
+				return err
 			}
 			w.pause = min(2*w.pause, 2*time.Second)
 		}
@@ -402,7 +398,7 @@ func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) erro
 // time) for up to wait, 100 ms apart doubling to 2 s. A write tried again that finds m already
 // there (its first try was stored and the answer lost) has succeeded.
 func writeManifest(ctx context.Context, q *queue.Queue, m queue.Manifest, rev uint64, wait time.Duration) (uint64, error) {
-	start, pause := time.Now(), 100*time.Millisecond
+	start, delay := time.Now(), 100*time.Millisecond
 	for tried := false; ; tried = true {
 		newRev, err := q.PutManifest(ctx, m, rev)
 		if err == nil {
@@ -417,14 +413,22 @@ func writeManifest(ctx context.Context, q *queue.Queue, m queue.Manifest, rev ui
 		if !queue.StoreUnavailable(err) && !timedOut || ctx.Err() != nil || time.Since(start) >= wait {
 			return 0, err
 		}
-		t := time.NewTimer(min(pause, wait-time.Since(start)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		case <-t.C:
+		if err := pause(ctx, min(delay, wait-time.Since(start))); err != nil {
+			return 0, err
 		}
-		pause = min(2*pause, 2*time.Second)
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// pause waits d, or returns ctx's error if it ends first.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
