@@ -82,8 +82,12 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return fmt.Errorf("write the failed lines: %w", err)
 	}
-	fmt.Fprintf(env.stderr, "%d lines of batch %s whose results are errors%s; submit them as a new batch to try them again\n",
-		written, batch, map[bool]string{true: " marked retryable", false: ""}[retryable])
+	which := "errors"
+	if retryable {
+		which = "errors marked retryable"
+	}
+	fmt.Fprintf(env.stderr, "%d lines of batch %s whose results are %s; submit them as a new batch to try them again\n",
+		written, batch, which)
 	return nil
 }
 

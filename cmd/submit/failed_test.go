@@ -70,3 +70,48 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 		t.Errorf("failed on edited input: %v; want a refusal", err)
 	}
 }
+
+// TestFailedRetryableTakesDeadLetters: with one delivery allowed, a job whose sample fails on
+// the service's side ends as a dead letter, which is retryable: `failed --retryable` writes
+// its line, and those of jobs that succeeded stay out.
+func TestFailedRetryableTakesDeadLetters(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{})
+	if _, err := f.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultFailed, Rate: 0.4, Category: "server"}); err != nil {
+		t.Fatal(err)
+	}
+	f.startWorker(8)
+	lines := make([]string, 60)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	stdout, stderr, err := f.submit(ctx, writeLines(t, lines), "-o", out, "--result-format", "native")
+	if err != nil {
+		t.Fatalf("submit: %v\n%s", err, stderr)
+	}
+	var dead []string // native lines for every job: the error's code is at the top
+	for id, r := range readResults(t, out) {
+		if e, _ := r["error"].(map[string]any); e["code"] == "dead_letter" {
+			dead = append(dead, id)
+		}
+	}
+	if len(dead) == 0 || len(dead) == len(lines) {
+		t.Fatalf("%d of %d jobs were dead-lettered; the test needs some of each", len(dead), len(lines))
+	}
+	got, _, err := f.submit(ctx, "failed", strings.TrimSpace(stdout), "--retryable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, line := range strings.Split(strings.TrimSuffix(got, "\n"), "\n") {
+		ids = append(ids, line[len(`{"custom_id":"`):len(`{"custom_id":"job-00000`)])
+	}
+	slices.Sort(ids)
+	slices.Sort(dead)
+	if !slices.Equal(ids, dead) {
+		t.Errorf("failed --retryable wrote the lines of %v; want the dead letters %v", ids, dead)
+	}
+}
