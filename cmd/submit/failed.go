@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -102,7 +101,7 @@ func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable
 }
 
 // failedCollector takes tinkerfleet result lines, as follow writes them, and keeps the custom
-// ids of the errors.
+// ids of the errors (read with parseOutputLine, as an output file's lines are).
 type failedCollector struct {
 	retryable bool
 	ids       map[string]bool
@@ -117,17 +116,11 @@ func (c *failedCollector) Write(p []byte) (int, error) {
 		if i < 0 {
 			return len(p), nil
 		}
-		var r struct {
-			CustomID string      `json:"custom_id"`
-			Status   jobs.Status `json:"status"`
-			Error    *struct {
-				Retryable bool `json:"retryable"`
-			} `json:"error"`
+		r, status, ok := parseOutputLine(c.rest[:i])
+		if !ok && c.err == nil {
+			c.err = fmt.Errorf("read a result: %q is not one", c.rest[:i])
 		}
-		if err := json.Unmarshal(c.rest[:i], &r); err != nil && c.err == nil {
-			c.err = fmt.Errorf("read a result: %w", err)
-		}
-		if r.Status == jobs.StatusError && (!c.retryable || r.Error != nil && r.Error.Retryable) {
+		if status == string(jobs.StatusError) && (!c.retryable || r.Error != nil && r.Error.Retryable) {
 			c.ids[r.CustomID] = true
 		}
 		c.rest = c.rest[i+1:]

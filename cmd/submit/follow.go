@@ -295,7 +295,8 @@ type outputLine struct {
 		StatusCode int `json:"status_code"`
 	} `json:"response"`
 	Error *struct {
-		Code string `json:"code"`
+		Code      string `json:"code"`
+		Retryable bool   `json:"retryable"` // tinkerfleet lines only
 	} `json:"error"`
 }
 
