@@ -334,13 +334,13 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 	return nil
 }
 
-// storeWaiter waits for the stream to store each published job. While the server cannot
+// storeWaiter publishes jobs and waits for the stream to store each. While the server cannot
 // store anything (queue.StoreUnavailable: no stream leader during an election, out of room
-// until workers take jobs), it publishes the job again: at once the first time (the jobs
-// published behind it were refused in the same moment, and the server may store them now),
-// then 100 ms apart doubling to 2 s, for up to wait from the first refusal that made it wait;
-// a job stored ends the wait. The duplicate window keeps a job published twice (its first
-// ack lost) stored once.
+// until workers take jobs, the connection lost under a publish), it publishes the job again:
+// a job the stream refused at once the first time (the jobs published behind it were refused
+// in the same moment, and the server may store them now), then 100 ms apart doubling to 2 s,
+// for up to wait from the first refusal that made it wait; a job stored ends the wait. The
+// duplicate window keeps a job published twice (its first ack lost) stored once.
 type storeWaiter struct {
 	q      *queue.Queue
 	wait   time.Duration
@@ -354,6 +354,24 @@ type storeWaiter struct {
 // jobs: room that comes and goes (workers freeing it, results taking it) would otherwise
 // begin a wait, and a line, many times a second.
 const storeWaitSayEvery = 30 * time.Second
+
+// send publishes a job with publish (which returns its future), trying again while the
+// connection cannot take it now (a write that failed as its server went away, a reconnect
+// buffer that is full: queue.StoreUnavailable), as stored does for a refused job.
+func (w *storeWaiter) send(ctx context.Context, publish func() (jetstream.PubAckFuture, error)) (jetstream.PubAckFuture, error) {
+	for {
+		f, err := publish()
+		if err == nil {
+			return f, nil
+		}
+		if !queue.StoreUnavailable(err) {
+			return nil, err
+		}
+		if err := w.refusedAgain(ctx, err); err != nil {
+			return nil, err
+		}
+	}
+}
 
 // stored returns once the job of f is stored, or why it is not.
 func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) error {
@@ -371,26 +389,37 @@ func (w *storeWaiter) stored(ctx context.Context, f jetstream.PubAckFuture) erro
 			return fmt.Errorf("publish job: %w", err)
 		}
 		if refused > 0 { // refused again: the server still cannot store jobs
-			now := time.Now()
-			if w.since.IsZero() {
-				w.since, w.pause = now, 100*time.Millisecond
-				if w.said.IsZero() || now.Sub(w.said) >= storeWaitSayEvery {
-					w.said = now
-					fmt.Fprintf(w.stderr, "the NATS server cannot store jobs now (%v); trying again for up to %v\n", err, w.wait)
-				}
-			}
-			if now.Sub(w.since) >= w.wait {
-				return fmt.Errorf("%w (%w)", errCannotStore, err)
-			}
-			if err := pause(ctx, min(w.pause, w.wait-now.Sub(w.since))); err != nil {
+			if err := w.refusedAgain(ctx, err); err != nil {
 				return err
 			}
-			w.pause = min(2*w.pause, 2*time.Second)
 		}
-		if f, err = w.q.JS.PublishMsgAsync(f.Msg()); err != nil {
+		msg := f.Msg()
+		if f, err = w.send(ctx, func() (jetstream.PubAckFuture, error) { return w.q.JS.PublishMsgAsync(msg) }); err != nil {
 			return fmt.Errorf("publish job: %w", err)
 		}
 	}
+}
+
+// refusedAgain counts a job refused again, for err: it begins the wait (saying so, at most
+// every storeWaitSayEvery) if none is under way, ends it with errCannotStore once it has lasted
+// w.wait, and otherwise pauses before the next try.
+func (w *storeWaiter) refusedAgain(ctx context.Context, err error) error {
+	now := time.Now()
+	if w.since.IsZero() {
+		w.since, w.pause = now, 100*time.Millisecond
+		if w.said.IsZero() || now.Sub(w.said) >= storeWaitSayEvery {
+			w.said = now
+			fmt.Fprintf(w.stderr, "the NATS server cannot store jobs now (%v); trying again for up to %v\n", err, w.wait)
+		}
+	}
+	if now.Sub(w.since) >= w.wait {
+		return fmt.Errorf("%w (%w)", errCannotStore, err)
+	}
+	if err := pause(ctx, min(w.pause, w.wait-now.Sub(w.since))); err != nil {
+		return err
+	}
+	w.pause = min(2*w.pause, 2*time.Second)
+	return nil
 }
 
 // writeManifest writes m over revision rev (0 creates it), as queue.PutManifest does, trying
@@ -494,7 +523,9 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		if err != nil {
 			return err
 		}
-		fut, err := q.PublishJobAsync(batch, j.CustomID, data, republished)
+		fut, err := waiter.send(ctx, func() (jetstream.PubAckFuture, error) {
+			return q.PublishJobAsync(batch, j.CustomID, data, republished)
+		})
 		if err != nil {
 			return err
 		}

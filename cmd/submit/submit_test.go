@@ -885,6 +885,37 @@ func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
 	}
 }
 
+// TestPublishingRidesOutAFailedWrite: a job whose publish fails on the socket (its server
+// went away under the connection, as when the node submit is connected to stops) is published
+// again once nats.go has reconnected, and stored once.
+func TestPublishingRidesOutAFailedWrite(t *testing.T) {
+	t.Parallel()
+	var dialer fleettest.WriteCutter
+	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{}, nats.SetCustomDialer(&dialer))
+	ctx := context.Background()
+	if err := q.JS.Conn().Flush(); err != nil { // nothing left in nats.go's buffer to take the cut
+		t.Fatal(err)
+	}
+	// Larger than nats.go's 32 KiB write buffer, so the publish itself writes to the socket.
+	data := bytes.Repeat([]byte("x"), 40<<10)
+	var said bytes.Buffer
+	w := &storeWaiter{q: q, wait: 20 * time.Second, stderr: &said}
+	dialer.CutNextWrite()
+	f, err := w.send(ctx, func() (jetstream.PubAckFuture, error) { return q.PublishJobAsync("b1", "job-1", data, false) })
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if err := w.stored(ctx, f); err != nil {
+		t.Fatalf("stored: %v (said %q)", err, said.String())
+	}
+	if !strings.Contains(said.String(), "broken pipe") {
+		t.Errorf("said %q; want that it waits, and why", said.String())
+	}
+	if info, err := q.Jobs.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the stream holds %d jobs (%v), want 1", info.State.Msgs, err)
+	}
+}
+
 // TestManifestWriteRidesOutABucketWithoutLeader: a batch's manifest that the server cannot
 // store for a moment (its bucket answers nothing, as during a leader election) is written
 // again until it is stored.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,9 +157,10 @@ var errNoAck = errors.New("no ack from the stream")
 // resources, maximum bytes exceeded, JetStream unavailable), nobody answers for it (no
 // responders: no stream, or no leader during an election), its answer did not come in time
 // (the leader stopped with the message), or the connection dropped before it came (nats.go
-// fails every async publish waiting for an ack when it reconnects) or is down beyond what
-// nats.go buffers for the reconnect. Storing the message again later may work; storing
-// another would fail alike.
+// fails every async publish waiting for an ack when it reconnects), is down beyond what
+// nats.go buffers for the reconnect, or failed under the publish itself (a write to a server
+// gone away, a *net.OpError: nats.go reconnects). Storing the message again later may work;
+// storing another would fail alike.
 func StoreUnavailable(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
@@ -167,7 +169,7 @@ func StoreUnavailable(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, errNoAck) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, nats.ErrReconnectBufExceeded)
+		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.As(err, new(*net.OpError))
 }
 
 // position is the place in the group of the message an ack on subject answers.
