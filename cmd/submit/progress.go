@@ -19,19 +19,30 @@ type progress struct {
 	now      func() time.Time
 	last     time.Time
 
-	// The rate and ETA count from the first read (base, baseDone; base is zero before it),
-	// not from newProgress: that read brings at once the results stored while the batch was
-	// being published, or a resumed reader's backlog, which over the milliseconds since
-	// newProgress made a rate of tens of thousands a second.
-	base     time.Time
-	baseDone int
+	// The rate and ETA count over the last minute of reads (marks, oldest first, one a second
+	// at most), so that they follow a fleet that grows, shrinks or is throttled. They start at
+	// the first read, not at newProgress: that read brings at once the results stored while
+	// the batch was being published, or a resumed reader's backlog, which over the
+	// milliseconds since newProgress made a rate of tens of thousands a second. A stall that
+	// was shown starts them again when results come back: the minutes without any would
+	// otherwise hold the rate down, and the ETA up, for a minute more.
+	marks   []mark
+	restart bool // a shown stall ended: the next read starts the marks again
 
 	said       stallKind // the cause of the current stall last shown, stallNone if none
 	lastResult time.Time // when the last result came (newProgress's time before the first)
 }
 
-// rateWindow is the shortest time over which a rate is shown.
-const rateWindow = time.Second
+// mark is how many results were done at a read.
+type mark struct {
+	at   time.Time
+	done int
+}
+
+const (
+	rateWindow = time.Second // the shortest time over which a rate is shown
+	rateSpan   = time.Minute // the longest: the rate of the last minute
+)
 
 func newProgress(o progressOptions, env *environment, total int) *progress {
 	p := &progress{w: env.stderr, interval: o.interval, total: total, now: time.Now}
@@ -69,9 +80,7 @@ func (p *progress) update(s *summary) {
 		return
 	}
 	now := p.now()
-	if p.base.IsZero() {
-		p.base, p.baseDone = now, s.total()
-	}
+	p.mark(now, s.total())
 	if p.bar {
 		if now.Sub(p.last) < 100*time.Millisecond {
 			return
@@ -111,8 +120,31 @@ func (p *progress) stalled(kind stallKind, text string) {
 	fmt.Fprintln(p.w, text)
 }
 
-// resumed records that a result came: the next stall is shown whatever its cause.
-func (p *progress) resumed() { p.said, p.lastResult = stallNone, p.now() }
+// mark records done at now, at most once a second, and forgets the marks the last minute
+// does not need.
+func (p *progress) mark(now time.Time, done int) {
+	if p.restart {
+		p.marks, p.restart = p.marks[:0], false
+	}
+	if n := len(p.marks); n > 0 && now.Sub(p.marks[n-1].at) < time.Second {
+		return
+	}
+	p.marks = append(p.marks, mark{now, done})
+	drop := 0
+	for drop+1 < len(p.marks) && now.Sub(p.marks[drop+1].at) >= rateSpan {
+		drop++
+	}
+	p.marks = append(p.marks[:0], p.marks[drop:]...)
+}
+
+// resumed records that a result came: the next stall is shown whatever its cause, and one
+// that was shown ends (the rate starts again).
+func (p *progress) resumed() {
+	if p.said != stallNone {
+		p.restart = true
+	}
+	p.said, p.lastResult = stallNone, p.now()
+}
 
 // quiet is how long no result has come (since newProgress, before the first).
 func (p *progress) quiet() time.Duration { return p.now().Sub(p.lastResult) }
@@ -134,11 +166,11 @@ func (p *progress) line(s *summary, now time.Time, bar bool) string {
 	if s.cancelled > 0 {
 		fmt.Fprintf(&b, " cancelled %d", s.cancelled)
 	}
-	elapsed := now.Sub(p.base)
-	if p.base.IsZero() || elapsed < rateWindow {
+	if len(p.marks) == 0 || now.Sub(p.marks[0].at) < rateWindow {
 		return b.String()
 	}
-	if rate := float64(done-p.baseDone) / elapsed.Seconds(); rate > 0 {
+	since := p.marks[0]
+	if rate := float64(done-since.done) / now.Sub(since.at).Seconds(); rate > 0 {
 		fmt.Fprintf(&b, " | %.1f/s", rate)
 		if left := p.total - done; left > 0 && p.said == stallNone {
 			fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))

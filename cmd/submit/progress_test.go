@@ -77,3 +77,35 @@ func TestStalledProgressShowsHowLongNotWhen(t *testing.T) {
 		t.Fatalf("after a result: %q", line)
 	}
 }
+
+// TestProgressRateFollowsTheLastMinute: the rate is that of the last minute, so the ETA
+// follows a fleet that grows; and a stall that was shown does not hold it down once results
+// come again.
+func TestProgressRateFollowsTheLastMinute(t *testing.T) {
+	var out bytes.Buffer
+	clock := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	p := newProgress(progressOptions{mode: "lines", interval: 10 * time.Second}, &environment{stderr: &out}, 1_000_000)
+	p.now = func() time.Time { return clock }
+	s := summary{}
+	run := func(d time.Duration, perSecond int) { // results come for d at perSecond, read every 100 ms
+		for end := clock.Add(d); clock.Before(end); {
+			clock = clock.Add(100 * time.Millisecond)
+			s.ok += perSecond / 10
+			p.resumed()
+			p.update(&s)
+		}
+	}
+
+	run(10*time.Minute, 100) // one worker
+	run(2*time.Minute, 1000) // ten
+	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 1000.0/s | ETA 13m40s") {
+		t.Fatalf("two minutes after the fleet grew tenfold: %q; want the rate of ten workers", line)
+	}
+
+	clock = clock.Add(5 * time.Minute) // nothing for five minutes, said
+	p.stalled(stallNoWorker, "no result for 5m0s: no worker is taking jobs")
+	run(10*time.Second, 100)
+	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 100.0/s | ETA 2h16m30s") {
+		t.Fatalf("ten seconds after results came back at 100/s: %q; want that rate, not one held down by the stall", line)
+	}
+}
