@@ -294,9 +294,9 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, err error) error) error {
 	var r *jobs.Reader
 	for _, name := range files {
-		f, err := os.Open(name)
+		f, err := openInput(name)
 		if err != nil {
-			return fmt.Errorf("open input: %w", err)
+			return err
 		}
 		var in io.Reader = f
 		if hash != nil {

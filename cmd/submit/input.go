@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+// Compressed input is told by its first bytes, whatever the file is called: a JSONL line
+// begins with '{' or white space, never with these.
+var (
+	gzipMagic = []byte{0x1f, 0x8b}
+	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+	// Read as text, these would make a line error of every line.
+	xzMagic    = []byte{0xfd, '7', 'z', 'X', 'Z', 0x00}
+	bzip2Magic = []byte("BZh")
+)
+
+// zstdMaxWindow bounds the memory a zstd input may ask for: 128 MiB, the window of
+// `zstd --long`.
+const zstdMaxWindow = 128 << 20
+
+// inputFile is an input file opened for reading its lines, decompressed if it is gzip or zstd.
+type inputFile struct {
+	io.Reader
+	file  *os.File
+	close func() // releases the decompressor, if any
+}
+
+// openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,
+// line numbers and the batch's digest are those of the decompressed text, so a file
+// compressed again, another way, is the same batch.
+func openInput(name string) (*inputFile, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("open input: %w", err)
+	}
+	br := bufio.NewReaderSize(f, 64<<10)
+	in := &inputFile{Reader: br, file: f, close: func() {}}
+	head, _ := br.Peek(len(xzMagic)) // a shorter file is none of them
+	switch {
+	case bytes.HasPrefix(head, gzipMagic):
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open input %s: gzip: %w", name, err)
+		}
+		in.Reader = zr
+	case bytes.HasPrefix(head, zstdMagic):
+		zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(zstdMaxWindow))
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open input %s: zstd: %w", name, err)
+		}
+		in.Reader, in.close = zr, zr.Close
+	case bytes.HasPrefix(head, xzMagic):
+		f.Close()
+		return nil, unreadable(name, "xz")
+	case bytes.HasPrefix(head, bzip2Magic):
+		f.Close()
+		return nil, unreadable(name, "bzip2")
+	}
+	return in, nil
+}
+
+// unreadable is the error for an input compressed in a way submit does not read.
+func unreadable(name, kind string) error {
+	return fmt.Errorf("input %s is compressed with %s: give it as JSONL, or compressed with zstd or gzip", name, kind)
+}
+
+// Close releases the decompressor and closes the file.
+func (in *inputFile) Close() error {
+	in.close()
+	return in.file.Close()
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// compressed writes text to a file in a temporary directory, compressed as kind ("gzip" or
+// "zstd"), under a name that does not say so.
+func compressed(t *testing.T, kind, text string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	switch kind {
+	case "gzip":
+		w := gzip.NewWriter(&buf)
+		w.Write([]byte(text))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	case "zstd":
+		w, err := zstd.NewWriter(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(text))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "prompts.jsonl")
+	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestCompressedInputIsTheSameBatch: a gzip or zstd file is read as the JSONL it holds: its
+// jobs run, its bad lines are named by their line, and it is the same batch as the plain file
+// (the digest is the text's), so compressing a file does not sample it again.
+func TestCompressedInputIsTheSameBatch(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	lines := make([]string, 40)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	text := strings.Join(lines, "\n") + "\n"
+	plain := writeLines(t, lines)
+	ctx := context.Background()
+	batch, _, err := f.submit(ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.startWorker(16)
+	for _, kind := range []string{"gzip", "zstd"} {
+		out := filepath.Join(t.TempDir(), "results.jsonl")
+		got, stderr, err := f.submit(ctx, compressed(t, kind, text), "-o", out)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", kind, err, stderr)
+		}
+		if got != batch || !strings.Contains(stderr, "already submitted") {
+			t.Errorf("%s: batch %q (%s), want the plain file's %q, already submitted", kind, got, stderr, batch)
+		}
+		if res := readResults(t, out); len(res) != len(lines) {
+			t.Errorf("%s: %d results, want %d", kind, len(res), len(lines))
+		}
+	}
+	if got := f.sim.Stats().SamplesAccepted; got != int64(len(lines)) {
+		t.Errorf("the simulator sampled %d times for %d jobs", got, len(lines))
+	}
+
+	bad := compressed(t, "zstd", jobLine(0)+"\n"+`{"custom_id":"x","model":"Qwen/Qwen3-8B","prompt":"a","colour":"red"}`+"\n")
+	if _, stderr, err := f.submit(ctx, bad); !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, bad+":2: field colour: unknown field") {
+		t.Errorf("a bad line in a zstd file: %v, said %q; want it named by file, line and field", err, stderr)
+	}
+}
+
+// TestTruncatedCompressedInputPublishesNothing: a gzip file cut short is an error that names
+// it, found while the input is validated, before any job is published.
+func TestTruncatedCompressedInputPublishesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	lines := make([]string, 2000)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in := compressed(t, "gzip", strings.Join(lines, "\n")+"\n")
+	data, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(in, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := f.submit(context.Background(), in)
+	if err == nil || !strings.Contains(err.Error(), "read "+in+" after line ") || !strings.Contains(err.Error(), "unexpected EOF") {
+		t.Fatalf("err = %v (said %q); want a read error naming the file", err, stderr)
+	}
+	if got := jobsIn(t, bind(t, f)); got != 0 {
+		t.Errorf("%d jobs published from a truncated file", got)
+	}
+}
+
+// TestInputCompressedAnotherWayIsNamed: an xz or bzip2 file is refused with what to do, not
+// read as text (every line of it an invalid-UTF-8 error).
+func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	for kind, head := range map[string]string{"xz": "\xfd7zXZ\x00\x00\x04\xe6\xd6\xb4F", "bzip2": "BZh91AY&SY\x8a"} {
+		in := writeLines(t, []string{head})
+		_, stderr, err := f.submit(context.Background(), in)
+		if err == nil || !strings.Contains(err.Error(), in+" is compressed with "+kind+": give it as JSONL, or compressed with zstd or gzip") {
+			t.Errorf("%s: err = %v (said %q)", kind, err, stderr)
+		}
+	}
+}
