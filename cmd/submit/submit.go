@@ -22,9 +22,9 @@ import (
 
 const submitUsage = `usage: submit [flags] FILE...
 
-Validates every line of the JSONL files, then publishes one job per line as one batch.
-With -o (or --wait) it follows the results and writes them to a JSONL file; an
-interrupted wait resumes where it stopped when run again.
+Validates every line of the JSONL files (plain, or compressed with zstd or gzip), then
+publishes one job per line as one batch. With -o (or --wait) it follows the results and
+writes them to a JSONL file; an interrupted wait resumes where it stopped when run again.
 Without --nats-url it runs an embedded NATS server and a worker in this process.
 
 Subcommands: status BATCH, results BATCH, failed BATCH, cancel BATCH, list, tokenize (each
