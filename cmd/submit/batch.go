@@ -80,6 +80,8 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	switch {
 	case st.Done:
 		fmt.Fprintf(tw, "status\t%s: done, every job has its result\n", st.Status)
+	case st.Status == queue.BatchDeleted:
+		fmt.Fprintf(tw, "status\t%s %s: its jobs, results and dead letters are removed\n", st.Status, st.DeletedAt.Local().Format(time.DateTime))
 	case st.Status == queue.BatchPublishing:
 		fmt.Fprintf(tw, "status\t%s: its submit is publishing the jobs (if it was interrupted, run it again to finish)\n", st.Status)
 	default:
@@ -103,6 +105,9 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 		return batchStatus{}, err
 	}
 	st := batchStatus{Manifest: m}
+	if m.Status == queue.BatchDeleted {
+		return st, nil // nothing of it is left to count
+	}
 	// The jobs first: a job leaves the queue only once its result is stored, so the results
 	// counted after it include those of every job it no longer holds.
 	if st.Waiting, err = jobsWaiting(ctx, q, batch); err != nil {
@@ -159,6 +164,9 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	if m.Status == queue.BatchDeleted {
+		return deletedErr(m)
+	}
 	var sum summary
 	if output == "" {
 		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, progressOptions{mode: "none"}, env)
@@ -196,6 +204,8 @@ func runCancel(ctx context.Context, args []string, env *environment) error {
 	}
 	m, err := sess.q.UpdateManifest(ctx, batch, func(m *queue.Manifest) error {
 		switch {
+		case m.Status == queue.BatchDeleted:
+			return deletedErr(*m)
 		case m.Status == queue.BatchCancelled:
 			return errAlreadyCancelled
 		case batchDone(*m, results):
@@ -217,6 +227,39 @@ func runCancel(ctx context.Context, args []string, env *environment) error {
 	}
 	fmt.Fprintf(env.stderr, "batch %s cancelled: its jobs not yet sampled end as cancelled results\n", m.BatchID)
 	return nil
+}
+
+func runDelete(ctx context.Context, args []string, env *environment) error {
+	o, batch, err := batchCommand("delete", args, env, nil)
+	if err != nil {
+		return err
+	}
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return err
+	}
+	defer sess.close()
+	m, _, err := sess.q.GetManifest(ctx, batch)
+	if err != nil {
+		return err
+	}
+	results, err := sess.q.ResultsStored(ctx, batch)
+	if err != nil {
+		return err
+	}
+	if !m.Ended() && !batchDone(m, results) {
+		return fmt.Errorf("batch %s is not done (%d of %d results): cancel it first (submit cancel %s), or wait for its results", batch, results, m.Jobs, batch)
+	}
+	if err := sess.q.DeleteBatch(ctx, batch); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "batch %s deleted: its %d results, its jobs and dead letters are removed from the NATS server\n", batch, results)
+	return nil
+}
+
+// deletedErr says that the batch of m was deleted.
+func deletedErr(m queue.Manifest) error {
+	return fmt.Errorf("batch %s was deleted on %s: its results are gone", m.BatchID, m.DeletedAt.Local().Format(time.DateTime))
 }
 
 var (

@@ -40,6 +40,9 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	if m.Status == queue.BatchDeleted {
+		return deletedErr(m)
+	}
 	failed, err := failedJobs(ctx, sess.q, m, retryable)
 	if err != nil {
 		return err

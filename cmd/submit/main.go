@@ -65,6 +65,8 @@ func run(ctx context.Context, args []string, env *environment) error {
 			return runFailed(ctx, args[1:], env)
 		case "cancel":
 			return runCancel(ctx, args[1:], env)
+		case "delete":
+			return runDelete(ctx, args[1:], env)
 		case "list":
 			return runList(ctx, args[1:], env)
 		}
@@ -75,7 +77,7 @@ func run(ctx context.Context, args []string, env *environment) error {
 // isSubcommand reports whether name is one of submit's subcommands.
 func isSubcommand(name string) bool {
 	switch name {
-	case "tokenize", "status", "results", "failed", "cancel", "list":
+	case "tokenize", "status", "results", "failed", "cancel", "delete", "list":
 		return true
 	}
 	return false

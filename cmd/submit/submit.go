@@ -27,8 +27,8 @@ publishes one job per line as one batch. With -o (or --wait) it follows the resu
 writes them to a JSONL file; an interrupted wait resumes where it stopped when run again.
 Without --nats-url it runs an embedded NATS server and a worker in this process.
 
-Subcommands: status BATCH, results BATCH, failed BATCH, cancel BATCH, list, tokenize (each
-has -h).
+Subcommands: status BATCH, results BATCH, failed BATCH, cancel BATCH, delete BATCH, list,
+tokenize (each has -h).
 
 Flags:
 `
@@ -492,6 +492,8 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	case m.Digest != scan.digest:
 		return m, fmt.Errorf("batch id %s is already used by a batch of other input (created %s); choose another --batch-id",
 			batch, m.CreatedAt.Format(time.RFC3339))
+	case m.Status == queue.BatchDeleted:
+		return m, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
 	case m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled:
 		fmt.Fprintf(env.stderr, "batch %s was already submitted (%s); not publishing again\n", batch, m.Status)
 		return m, nil

@@ -85,7 +85,7 @@ func (f *fleet) submit(ctx context.Context, args ...string) (stdout, stderr stri
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errb, tty: 0}
 	flags := []string{"--nats-url", f.emb.ClientURL()}
 	switch args[0] {
-	case "status", "results", "failed", "cancel", "list":
+	case "status", "results", "failed", "cancel", "delete", "list":
 		args = append(append([]string{args[0]}, flags...), args[1:]...)
 	default:
 		args = append(append(flags, "--progress", "none"), args...)

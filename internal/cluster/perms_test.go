@@ -252,8 +252,28 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Errorf("worker met permission violations in normal work: %q", v)
 	}
 
+	// Deleting a batch purges streams: submit may not, and changes nothing; admin may.
+	delCtx, cancelDel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelDel()
+	if err := sub.DeleteBatch(delCtx, batch); err == nil || !strings.Contains(err.Error(), "needs a NATS user that may purge streams") {
+		t.Errorf("submit: delete: %v; want it refused, saying why", err)
+	}
+	if m, _, err := sub.GetManifest(ctx, batch); err != nil || m.Status == queue.BatchDeleted {
+		t.Errorf("submit's refused delete marked the batch: %+v, %v", m, err)
+	}
+
 	// admin can do what the others cannot.
 	adminJS, _ := connectAs(t, srv, "admin")
+	adminQ, err := queue.Bind(ctx, adminJS, queue.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adminQ.DeleteBatch(ctx, batch); err != nil {
+		t.Errorf("admin: delete batch: %v", err)
+	}
+	if n, err := adminQ.ResultsStored(ctx, batch); err != nil || n != 0 {
+		t.Errorf("%d results left after admin deleted the batch (%v)", n, err)
+	}
 	kv, err := adminJS.KeyValue(ctx, sub.Names.BackoffBucket())
 	if err != nil {
 		t.Fatal(err)

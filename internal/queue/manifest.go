@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -18,6 +20,11 @@ const (
 	BatchSubmitted = "submitted"
 	// BatchCancelled: workers end the batch's remaining jobs as cancelled results.
 	BatchCancelled = "cancelled"
+	// BatchDeleted: the batch's jobs, results and dead letters are removed (DeleteBatch).
+	// The manifest stays, so that the id is not used again while the stream's duplicate
+	// window may still drop its job ids, and workers end a job of it still at work as
+	// cancelled.
+	BatchDeleted = "deleted"
 )
 
 // Manifest is what the batches bucket records about one batch.
@@ -31,7 +38,12 @@ type Manifest struct {
 	CreatedAt   time.Time `json:"created_at"`
 	SubmittedAt time.Time `json:"submitted_at,omitzero"`
 	CancelledAt time.Time `json:"cancelled_at,omitzero"`
+	DeletedAt   time.Time `json:"deleted_at,omitzero"`
 }
+
+// Ended reports whether the batch's jobs are to be ended without sampling: it is cancelled
+// or deleted.
+func (m Manifest) Ended() bool { return m.Status == BatchCancelled || m.Status == BatchDeleted }
 
 // ErrNoBatch is returned for a batch id without a manifest.
 var ErrNoBatch = errors.New("no such batch")
@@ -86,6 +98,38 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 		}
 		return m, err
 	}
+}
+
+// DeleteBatch removes what the server holds of batch, its jobs still queued, its dead letters
+// and its results, and marks its manifest deleted. The jobs go first: a user who may not purge
+// streams (deploy/'s submit user) changes nothing. Then the mark, so that workers end a job of
+// it still at work as cancelled, without sampling; such a result, stored after the purge, is
+// kept until the results' max age. Deleting a deleted batch removes again whatever came since.
+func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
+	if err := q.Jobs.Purge(ctx, jetstream.WithPurgeSubject(q.Names.JobSubject(batch))); err != nil {
+		// A purge the user may not make is not answered: the request times out, and the
+		// server's reason arrives apart, as the connection's last error.
+		if last := q.JS.Conn().LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), ".STREAM.PURGE.") {
+			err = fmt.Errorf("%w (deleting a batch needs a NATS user that may purge streams, such as deploy/'s admin)", last)
+		}
+		return fmt.Errorf("delete batch %s: remove its jobs: %w", batch, err)
+	}
+	_, err := q.UpdateManifest(ctx, batch, func(m *Manifest) error {
+		if m.Status != BatchDeleted {
+			m.Status, m.DeletedAt = BatchDeleted, time.Now().UTC()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete batch %s: %w", batch, err)
+	}
+	if err := q.Dead.Purge(ctx, jetstream.WithPurgeSubject(q.Names.DeadSubject(batch))); err != nil {
+		return fmt.Errorf("delete batch %s: remove its dead letters: %w", batch, err)
+	}
+	if err := q.Results.Purge(ctx, jetstream.WithPurgeSubject(q.Names.ResultsFilter(batch))); err != nil {
+		return fmt.Errorf("delete batch %s: remove its results: %w", batch, err)
+	}
+	return nil
 }
 
 // Manifests lists every batch manifest, oldest write first. One watch of the bucket delivers

@@ -104,7 +104,8 @@ func (c *modelCache) maxContext(ctx context.Context, model string) (int, error) 
 	return m.MaxContextLength, nil
 }
 
-// cancelSet is the set of cancelled batches, kept current by watching the batches bucket.
+// cancelSet is the set of cancelled (or deleted) batches, kept current by watching the
+// batches bucket.
 type cancelSet struct {
 	mu  sync.RWMutex
 	ids map[string]bool
@@ -176,7 +177,7 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 			}
 			var m queue.Manifest
 			if json.Unmarshal(e.Value(), &m) == nil {
-				s.set(e.Key(), m.Status == queue.BatchCancelled)
+				s.set(e.Key(), m.Ended())
 			}
 		}
 	}

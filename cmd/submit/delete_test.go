@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// TestDeleteRemovesABatchAndOnlyIt: delete removes a done batch's results from the server and
+// leaves another batch's alone; the deleted batch says so wherever it is named, and its files
+// run again only under another batch id (its job ids may still be in the duplicate window,
+// which would drop every job of a batch published again under the same id).
+func TestDeleteRemovesABatchAndOnlyIt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	f.startWorker(16)
+	ctx := context.Background()
+	lines := make([]string, 30)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in, other := writeLines(t, lines), writeLines(t, lines[:10])
+	dir := t.TempDir()
+	batch, stderr, err := f.submit(ctx, in, "-o", filepath.Join(dir, "a.jsonl"))
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	batch = strings.TrimSpace(batch)
+	kept, stderr, err := f.submit(ctx, other, "-o", filepath.Join(dir, "b.jsonl"))
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	kept = strings.TrimSpace(kept)
+
+	if _, stderr, err = f.submit(ctx, "delete", batch); err != nil || !strings.Contains(stderr, "batch "+batch+" deleted: its 30 results") {
+		t.Fatalf("delete: %v, said %q", err, stderr)
+	}
+	q := bind(t, f)
+	if n, err := q.ResultsStored(ctx, batch); err != nil || n != 0 {
+		t.Errorf("%d results of the deleted batch left (%v)", n, err)
+	}
+	if n, err := q.ResultsStored(ctx, kept); err != nil || n != 10 {
+		t.Errorf("the other batch has %d results (%v), want its 10", n, err)
+	}
+
+	if out, _, err := f.submit(ctx, "status", batch); err != nil || !strings.Contains(out, "deleted") {
+		t.Errorf("status: %v\n%s", err, out)
+	}
+	for _, cmd := range [][]string{{"results", batch}, {"failed", batch}, {"cancel", batch}} {
+		if _, _, err := f.submit(ctx, cmd...); err == nil || !strings.Contains(err.Error(), "batch "+batch+" was deleted on ") {
+			t.Errorf("%s of a deleted batch: %v", cmd[0], err)
+		}
+	}
+	if _, _, err := f.submit(ctx, in); err == nil || !strings.Contains(err.Error(), "another --batch-id") {
+		t.Errorf("submitting the deleted batch's files again: %v", err)
+	}
+	out := filepath.Join(dir, "again.jsonl")
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "again", "-o", out); err != nil {
+		t.Fatalf("the same files as another batch: %v: %s", err, stderr)
+	}
+	if res := readResults(t, out); len(res) != 30 {
+		t.Errorf("%d results under another batch id, want 30", len(res))
+	}
+}
+
+// TestDeleteEndsWhatIsLeftOfABatch: a batch not done is deleted only once cancelled; its
+// queued jobs are removed with it, and a job of it that reaches a worker afterwards (one that
+// was at work during the delete) ends as cancelled, without sampling.
+func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	ctx := context.Background()
+	lines := make([]string, 20)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	if _, stderr, err := f.submit(ctx, "--batch-id", "unfinished", writeLines(t, lines)); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	if _, _, err := f.submit(ctx, "delete", "unfinished"); err == nil || !strings.Contains(err.Error(), "not done (0 of 20 results): cancel it first") {
+		t.Fatalf("deleting a batch not done: %v", err)
+	}
+	for _, cmd := range []string{"cancel", "delete"} {
+		if _, stderr, err := f.submit(ctx, cmd, "unfinished"); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, stderr)
+		}
+	}
+	q := bind(t, f)
+	if n := jobsIn(t, q); n != 0 {
+		t.Errorf("%d jobs of the deleted batch still queued", n)
+	}
+
+	mt := 4
+	fleettest.Publish(t, q, "unfinished", []jobs.Job{{CustomID: "late", Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1, Params: jobs.SamplingParams{MaxTokens: &mt}}})
+	f.startWorker(4)
+	res, _ := fleettest.Results(t, q, "unfinished", 1, 30*time.Second)
+	if r := res["late"]; r.Status != jobs.StatusCancelled {
+		t.Errorf("a job of the deleted batch ended %q, want cancelled", r.Status)
+	}
+	if n := f.sim.Stats().SamplesAccepted; n != 0 {
+		t.Errorf("%d samples for a deleted batch", n)
+	}
+}
