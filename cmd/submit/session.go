@@ -55,6 +55,16 @@ func (o *localOptions) register(s *envflag.Set) {
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model")
 }
 
+// tokenizerOptions are where the local worker (and --dry-run) finds tokenizers: as a worker
+// does, unless --tokenizer-dir says.
+func (o *localOptions) tokenizerOptions(env *environment) tokenizer.Options {
+	opts := tokenizer.OptionsFromEnv(env.getenv)
+	if o.tokenizerDir != "" {
+		opts.Dir = o.tokenizerDir
+	}
+	return opts
+}
+
 // jobAckTimeout is how long submit waits for the stream to acknowledge a job it published
 // before it takes the job for not stored.
 const jobAckTimeout = 5 * time.Second
@@ -141,10 +151,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		ShutdownGrace: 5 * time.Second,
 		Logger:        s.log,
 	}
-	tokOpts := tokenizer.OptionsFromEnv(env.getenv)
-	if o.tokenizerDir != "" {
-		tokOpts.Dir = o.tokenizerDir
-	}
+	tokOpts := o.tokenizerOptions(env)
 	if o.simulate {
 		key := "tml-simulated-" + randomHex(16)
 		// The worker long-polls each future from the moment it is accepted, so a result is

@@ -18,6 +18,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
 const submitUsage = `usage: submit [flags] FILE...
@@ -39,6 +40,7 @@ type submitOptions struct {
 	local       localOptions
 	batchID     string
 	skipInvalid bool
+	dryRun      bool
 	rejects     string
 	wait        bool
 	output      string
@@ -60,6 +62,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	o.progress.register(s)
 	s.String(&o.batchID, "batch-id", "TINKERFLEET_BATCH_ID", "", "batch id (default: derived from the input's digest, so re-running the same files is the same batch)")
 	s.Bool(&o.skipInvalid, "skip-invalid", "TINKERFLEET_SKIP_INVALID", false, "publish the valid lines and write the rejected ones to --rejects")
+	s.Bool(&o.dryRun, "dry-run", "TINKERFLEET_DRY_RUN", false, "validate the lines and print what they would ask of the service (jobs, samples and prompt tokens per model); publish nothing, need no NATS server")
 	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (implies --wait)")
@@ -119,12 +122,28 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if rejectsTmp != nil {
 		rejectsOut = rejectsTmp
 	}
-	scan, err := validate(files, o.limits, env.stderr, rejectsOut)
+	var est *estimate
+	var onJob func(jobs.Job)
+	if o.dryRun {
+		est = newEstimate(ctx, tokenizer.NewRegistry(o.local.tokenizerOptions(env)))
+		onJob = est.add
+	}
+	scan, err := validate(files, o.limits, env.stderr, rejectsOut, onJob)
 	if err != nil {
 		return err
 	}
 	if o.batchID == "" {
 		o.batchID = "b-" + scan.digest[:16]
+	}
+	if o.dryRun {
+		fmt.Fprintf(env.stdout, "batch %s (dry run: nothing is published): %d valid lines, %d invalid\n", o.batchID, scan.accepted, scan.rejected)
+		if err := est.print(env.stdout); err != nil {
+			return err
+		}
+		if scan.rejected > 0 && !o.skipInvalid {
+			return fmt.Errorf("%d of %d lines are invalid (fix them or use --skip-invalid): %w", scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
+		}
+		return nil
 	}
 	if scan.rejected > 0 && !o.skipInvalid {
 		return fmt.Errorf("%d of %d lines are invalid (nothing was published; fix them or use --skip-invalid): %w",
@@ -240,9 +259,9 @@ type scanResult struct {
 }
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,
-// all of them to rejects when it is not nil) and computes the input digest. Memory: the
-// custom_id set.
-func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer) (*scanResult, error) {
+// all of them to rejects when it is not nil), computes the input digest and, when onJob is not
+// nil, calls it with every valid job. Memory: the custom_id set.
+func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer, onJob func(jobs.Job)) (*scanResult, error) {
 	res := &scanResult{}
 	var rejectsOut *bufio.Writer
 	var enc *json.Encoder
@@ -251,11 +270,14 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	err := eachJob(files, limits, h, func(_ jobs.Job, _ []byte, err error) error {
+	err := eachJob(files, limits, h, func(j jobs.Job, _ []byte, err error) error {
 		var le *jobs.LineError
 		switch {
 		case err == nil:
 			res.accepted++
+			if onJob != nil {
+				onJob(j)
+			}
 		case errors.As(err, &le):
 			res.rejected++
 			if res.rejected <= maxReported {

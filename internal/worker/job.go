@@ -360,10 +360,22 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 		return job.PromptTokens, nil, tok, nil // text of samples is best effort here
 	case tokErr != nil:
 		return nil, nil, nil, &tokenizerError{fmt.Errorf("tokenizer for %s: %w", baseModel, tokErr)}
+	}
+	ids, stops, err := PromptTokens(job, baseModel, tok)
+	return ids, stops, tok, err
+}
+
+// PromptTokens returns the prompt tokens a worker samples job with on baseModel, whose
+// tokenizer is tok: its token ids as given, its messages rendered with the model's chat
+// template (with that template's stop tokens), or its text encoded.
+func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids, stops []int, err error) {
+	switch {
+	case len(job.PromptTokens) > 0:
+		return job.PromptTokens, nil, nil
 	case len(job.Messages) > 0:
 		renderer, err := tokenizer.RendererFor(baseModel, tok, tokenizer.RenderOptions{})
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		msgs := make([]tokenizer.Message, len(job.Messages))
 		for i, m := range job.Messages {
@@ -371,11 +383,11 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 		}
 		ids, err := renderer.Render(msgs)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("render chat for %s: %w", baseModel, err)
+			return nil, nil, fmt.Errorf("render chat for %s: %w", baseModel, err)
 		}
-		return ids, renderer.StopTokens(), tok, nil
+		return ids, renderer.StopTokens(), nil
 	default:
-		return tok.Encode(job.Prompt), nil, tok, nil
+		return tok.Encode(job.Prompt), nil, nil
 	}
 }
 

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+)
+
+// TestDryRunCountsWhatABatchAsksAndPublishesNothing: --dry-run validates, counts jobs, samples,
+// prompt tokens as the worker sends them (text encoded, token ids as given, chat rendered with
+// the template: "Hi" as a Qwen3 user turn is 13 tokens) and the most tokens sampled, per
+// model, and needs no NATS server; a bad line is reported and fails it as a real submit would.
+func TestDryRunCountsWhatABatchAsksAndPublishesNothing(t *testing.T) {
+	t.Parallel()
+	lines := []string{
+		`{"custom_id":"a","model":"Qwen/Qwen3-8B","prompt":"Hello, world","sampling_params":{"max_tokens":10}}`,
+		`{"custom_id":"b","model":"Qwen/Qwen3-8B","prompt_tokens":[9707,11,1879,0,1],"num_samples":3,"sampling_params":{"max_tokens":20}}`,
+		`{"custom_id":"c","model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"sampling_params":{"max_tokens":5}}`,
+		`{"custom_id":"d","model_path":"tinker://run-1:train:0/sampler_weights/final","prompt":"Hi","sampling_params":{"max_tokens":7}}`,
+		`{"custom_id":"e","model":"Qwen/Qwen3-30B-A3B","prompt":"Hi"}`,
+	}
+	dryRun := func(lines ...string) (string, string, error) {
+		var stdout, stderr bytes.Buffer
+		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr}
+		err := run(context.Background(), []string{"--dry-run", "--nats-url", fleettest.ClosedURL(t), writeLines(t, lines)}, env)
+		return stdout.String(), stderr.String(), err
+	}
+	out, stderr, err := dryRun(lines...)
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, stderr)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && !strings.HasSuffix(f[0], ":") {
+			rows[f[0]] = f[1:]
+		}
+	}
+	for model, want := range map[string]string{
+		"Qwen/Qwen3-8B": "3 5 21 13 75", // prompts 3 + 5 + 13 tokens; sampled 10 + 3 x 20 + 5
+		"tinker://run-1:train:0/sampler_weights/final": "1 1 - - 7",
+		"Qwen/Qwen3-30B-A3B":                           "1 1 1 1 no bound",
+		"all":                                          "models 5 7 22 (4 jobs) 13 no bound",
+	} {
+		if got := strings.Join(rows[model], " "); got != want {
+			t.Errorf("%s: %q, want %q\n%s", model, got, want, out)
+		}
+	}
+	for _, want := range []string{
+		"dry run: nothing is published): 5 valid lines, 0 invalid",
+		"tinker://run-1:train:0/sampler_weights/final: prompt tokens not counted for 1 of 1 jobs: the base model of a tinker:// path is known to the service only",
+		"Qwen/Qwen3-30B-A3B: 1 of 1 jobs set no max_tokens",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the dry run does not say %q:\n%s", want, out)
+		}
+	}
+
+	out, stderr, err = dryRun(lines[1], `{"custom_id":"f","model":"Qwen/Qwen3-8B","prompt":"x","colour":"red"}`)
+	if !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, ":2: field colour: unknown field") || !strings.Contains(out, "1 valid lines, 1 invalid") {
+		t.Errorf("a bad line: %v, said %q, printed %q", err, stderr, out)
+	}
+}
