@@ -16,7 +16,6 @@ import (
 // prompt tokens (as the worker would send them: chat templates applied, with the same
 // tokenizers) and the most tokens it may sample. It is what `submit --dry-run` prints.
 type estimate struct {
-	ctx    context.Context
 	tokens *tokenizer.Registry
 	models map[string]*modelEstimate
 	order  []string // models as they first appear
@@ -33,12 +32,12 @@ type modelEstimate struct {
 	notCounted    error // why some prompts are not counted (the first reason)
 }
 
-func newEstimate(ctx context.Context, tokens *tokenizer.Registry) *estimate {
-	return &estimate{ctx: ctx, tokens: tokens, models: make(map[string]*modelEstimate)}
+func newEstimate(tokens *tokenizer.Registry) *estimate {
+	return &estimate{tokens: tokens, models: make(map[string]*modelEstimate)}
 }
 
-// add counts job j.
-func (e *estimate) add(j jobs.Job) {
+// add counts job j (ctx bounds finding its model's tokenizer).
+func (e *estimate) add(ctx context.Context, j jobs.Job) {
 	name := j.Model
 	if name == "" {
 		name = j.ModelPath
@@ -56,7 +55,7 @@ func (e *estimate) add(j jobs.Job) {
 	} else {
 		m.unbounded++
 	}
-	n, err := e.promptLen(j)
+	n, err := e.promptLen(ctx, j)
 	if err != nil {
 		if m.notCounted == nil {
 			m.notCounted = err
@@ -69,14 +68,14 @@ func (e *estimate) add(j jobs.Job) {
 }
 
 // promptLen is the number of prompt tokens of j.
-func (e *estimate) promptLen(j jobs.Job) (int, error) {
+func (e *estimate) promptLen(ctx context.Context, j jobs.Job) (int, error) {
 	if len(j.PromptTokens) > 0 {
 		return len(j.PromptTokens), nil
 	}
 	if j.Model == "" {
 		return 0, fmt.Errorf("the base model of a tinker:// path is known to the service only")
 	}
-	tok, err := e.tokens.ForModel(e.ctx, j.Model)
+	tok, err := e.tokens.ForModel(ctx, j.Model)
 	if err != nil {
 		return 0, fmt.Errorf("tokenizer: %w", err)
 	}

@@ -125,8 +125,8 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	var est *estimate
 	var onJob func(jobs.Job)
 	if o.dryRun {
-		est = newEstimate(ctx, tokenizer.NewRegistry(o.local.tokenizerOptions(env)))
-		onJob = est.add
+		est = newEstimate(tokenizer.NewRegistry(o.local.tokenizerOptions(env)))
+		onJob = func(j jobs.Job) { est.add(ctx, j) }
 	}
 	scan, err := validate(files, o.limits, env.stderr, rejectsOut, onJob)
 	if err != nil {
