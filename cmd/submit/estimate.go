@@ -30,6 +30,9 @@ type modelEstimate struct {
 	sampled       int64 // the sum of max_tokens x num_samples over the jobs that set max_tokens
 	unbounded     int   // jobs without max_tokens
 	notCounted    error // why some prompts are not counted (the first reason)
+
+	tok    *tokenizer.Tokenizer // the model's tokenizer, once found
+	tokErr error                // why it was not: asked once, not for every job
 }
 
 func newEstimate(tokens *tokenizer.Registry) *estimate {
@@ -55,7 +58,7 @@ func (e *estimate) add(ctx context.Context, j jobs.Job) {
 	} else {
 		m.unbounded++
 	}
-	n, err := e.promptLen(ctx, j)
+	n, err := e.promptLen(ctx, m, j)
 	if err != nil {
 		if m.notCounted == nil {
 			m.notCounted = err
@@ -68,18 +71,22 @@ func (e *estimate) add(ctx context.Context, j jobs.Job) {
 }
 
 // promptLen is the number of prompt tokens of j.
-func (e *estimate) promptLen(ctx context.Context, j jobs.Job) (int, error) {
+func (e *estimate) promptLen(ctx context.Context, m *modelEstimate, j jobs.Job) (int, error) {
 	if len(j.PromptTokens) > 0 {
 		return len(j.PromptTokens), nil
 	}
 	if j.Model == "" {
 		return 0, fmt.Errorf("the base model of a tinker:// path is known to the service only")
 	}
-	tok, err := e.tokens.ForModel(ctx, j.Model)
-	if err != nil {
-		return 0, fmt.Errorf("tokenizer: %w", err)
+	if m.tok == nil && m.tokErr == nil {
+		if m.tok, m.tokErr = e.tokens.ForModel(ctx, j.Model); m.tokErr != nil {
+			m.tokErr = fmt.Errorf("tokenizer: %w", m.tokErr)
+		}
 	}
-	ids, _, err := worker.PromptTokens(j, j.Model, tok)
+	if m.tokErr != nil {
+		return 0, m.tokErr
+	}
+	ids, _, err := worker.PromptTokens(j, j.Model, m.tok)
 	return len(ids), err
 }
 

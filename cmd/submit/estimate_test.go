@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
@@ -62,5 +66,34 @@ func TestDryRunCountsWhatABatchAsksAndPublishesNothing(t *testing.T) {
 	out, stderr, err = dryRun(lines[1], `{"custom_id":"f","model":"Qwen/Qwen3-8B","prompt":"x","colour":"red"}`)
 	if !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, ":2: field colour: unknown field") || !strings.Contains(out, "1 valid lines, 1 invalid") {
 		t.Errorf("a bad line: %v, said %q, printed %q", err, stderr, out)
+	}
+}
+
+// TestDryRunAsksForAMissingTokenizerOnce: a model whose tokenizer cannot be had is asked for
+// once, not once per job (a million downloads that fail alike), and its prompts are said to
+// be not counted, with why.
+func TestDryRunAsksForAMissingTokenizerOnce(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Int32
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		http.NotFound(w, r)
+	}))
+	defer hub.Close()
+	lines := make([]string, 50)
+	for i := range lines {
+		lines[i] = fmt.Sprintf(`{"custom_id":"j%d","model":"meta-llama/Llama-3.1-8B","prompt":"Hello %d","sampling_params":{"max_tokens":8}}`, i, i)
+	}
+	vars := map[string]string{"HF_ENDPOINT": hub.URL, "HF_HOME": t.TempDir()}
+	var stdout, stderr bytes.Buffer
+	env := &environment{getenv: func(k string) string { return vars[k] }, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr}
+	if err := run(context.Background(), []string{"--dry-run", writeLines(t, lines)}, env); err != nil {
+		t.Fatalf("dry run: %v\n%s", err, stderr.String())
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the hub was asked %d times for one model's tokenizer", n)
+	}
+	if want := "meta-llama/Llama-3.1-8B: prompt tokens not counted for 50 of 50 jobs: tokenizer:"; !strings.Contains(stdout.String(), want) {
+		t.Errorf("the dry run does not say %q:\n%s", want, stdout.String())
 	}
 }
