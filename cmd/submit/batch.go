@@ -160,12 +160,9 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	defer sess.close()
-	m, _, err := sess.q.GetManifest(ctx, batch)
+	m, err := resultsManifest(ctx, sess.q, batch)
 	if err != nil {
 		return err
-	}
-	if m.Status == queue.BatchDeleted {
-		return deletedErr(m)
 	}
 	var sum summary
 	if output == "" {
@@ -255,6 +252,16 @@ func runDelete(ctx context.Context, args []string, env *environment) error {
 	}
 	fmt.Fprintf(env.stderr, "batch %s deleted: its %d results, its jobs and dead letters are removed from the NATS server\n", batch, results)
 	return nil
+}
+
+// resultsManifest reads the manifest of batch for a command that reads its results: a
+// deleted batch is an error (deletedErr).
+func resultsManifest(ctx context.Context, q *queue.Queue, batch string) (queue.Manifest, error) {
+	m, _, err := q.GetManifest(ctx, batch)
+	if err == nil && m.Status == queue.BatchDeleted {
+		err = deletedErr(m)
+	}
+	return m, err
 }
 
 // deletedErr says that the batch of m was deleted.

@@ -36,12 +36,9 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	defer sess.close()
-	m, _, err := sess.q.GetManifest(ctx, batch)
+	m, err := resultsManifest(ctx, sess.q, batch)
 	if err != nil {
 		return err
-	}
-	if m.Status == queue.BatchDeleted {
-		return deletedErr(m)
 	}
 	failed, err := failedJobs(ctx, sess.q, m, retryable)
 	if err != nil {
