@@ -141,7 +141,7 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	)
 	o, batch, err := batchCommand("results", args, env, func(fs *flag.FlagSet, s *envflag.Set) {
 		po.register(s)
-		fs.StringVar(&output, "o", "", "write the results to this JSONL file, resuming it if it exists (default standard output)")
+		fs.StringVar(&output, "o", "", "write the results to this JSONL file (.zst, .gz: compressed), resuming it if it exists (default standard output)")
 		s.Bool(&wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 		registerResultFormat(s, &format)
 	})

@@ -113,9 +113,8 @@ func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path st
 	if err != nil {
 		return sum, err
 	}
-	defer out.Close()
 	got, err := followFrom(ctx, q, m, out, f, seen, sum, wait, po, env)
-	if cerr := out.Sync(); err == nil && cerr != nil {
+	if cerr := out.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("write %s: %w", path, cerr)
 	}
 	return got, err
@@ -140,6 +139,15 @@ const flushEvery = 100 * time.Millisecond
 // counted in sum.
 func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
 	var out *bufio.Writer
+	flush := func() error { // what out holds, readable in w
+		if err := out.Flush(); err != nil {
+			return err
+		}
+		if f, ok := w.(interface{ Flush() error }); ok {
+			return f.Flush()
+		}
+		return nil
+	}
 	if w != nil {
 		out = bufio.NewWriterSize(w, 256<<10)
 		defer out.Flush()
@@ -184,7 +192,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			return sum, ctx.Err()
 		case errors.Is(err, nats.ErrTimeout):
 			if out != nil {
-				if err := out.Flush(); err != nil {
+				if err := flush(); err != nil {
 					return sum, fmt.Errorf("write results: %w", err)
 				}
 			}
@@ -225,7 +233,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 				return sum, fmt.Errorf("write results: %w", err)
 			}
 			if now := time.Now(); now.Sub(lastFlush) >= flushEvery {
-				if err := out.Flush(); err != nil {
+				if err := flush(); err != nil {
 					return sum, fmt.Errorf("write results: %w", err)
 				}
 				lastFlush = now
@@ -233,55 +241,6 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		}
 		prog.update(&sum)
 	}
-}
-
-// openOutput opens the output file for appending, after reading the custom ids it already
-// holds, so that an interrupted run resumes without writing any result twice. Lines may be
-// tinkerfleet result lines or OpenAI Batch output lines (see outputLine.status), and must be
-// results of batch: a file that holds another batch's results (the same prompts file once
-// edited is another batch) is refused, or its stale lines would pass for this batch's. A last
-// line cut short by the interruption is dropped.
-func openOutput(path, batch string, seen map[string]bool, sum *summary) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("output: %w", err)
-	}
-	br := bufio.NewReaderSize(f, 1<<20)
-	var keep int64
-	for {
-		line, err := br.ReadBytes('\n')
-		if errors.Is(err, io.EOF) {
-			break // a line without its newline was cut short: dropped below
-		}
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("read %s: %w", path, err)
-		}
-		r, status, ok := parseOutputLine(line)
-		if !ok {
-			f.Close()
-			return nil, fmt.Errorf("%s holds a line that is not a result (line ending at byte %d); give another -o file", path, keep+int64(len(line)))
-		}
-		if err := r.ofBatch(path, batch); err != nil {
-			f.Close()
-			return nil, err
-		}
-		token := queue.JobToken(r.CustomID)
-		if !seen[token] {
-			seen[token] = true
-			sum.add(status)
-		}
-		keep += int64(len(line))
-	}
-	if err := f.Truncate(keep); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("output: %w", err)
-	}
-	if _, err := f.Seek(keep, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("output: %w", err)
-	}
-	return f, nil
 }
 
 // outputLine is what openOutput reads of a line of the output file: a tinkerfleet result line
@@ -330,7 +289,18 @@ func checkOutput(path, batch string) error {
 		return fmt.Errorf("output: %w", err)
 	}
 	defer f.Close()
-	line, err := bufio.NewReaderSize(f, 64<<10).ReadBytes('\n')
+	var in io.Reader = f
+	if kind := outputCompression(path); kind != "" {
+		if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+			r, release, err := decompressedAs(path, kind, bufio.NewReaderSize(f, 64<<10))
+			if err != nil {
+				return err
+			}
+			defer release()
+			in = r
+		}
+	}
+	line, err := bufio.NewReaderSize(in, 64<<10).ReadBytes('\n')
 	if err != nil {
 		return nil // empty, or one line cut short: openOutput drops it
 	}

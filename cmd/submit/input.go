@@ -28,8 +28,8 @@ const zstdMaxWindow = 128 << 20
 // inputFile is an input file opened for reading its lines, decompressed if it is gzip or zstd.
 type inputFile struct {
 	io.Reader
-	file  *os.File
-	close func() // releases the decompressor, if any
+	file    *os.File
+	release func() // releases the decompressor
 }
 
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,
@@ -40,41 +40,47 @@ func openInput(name string) (*inputFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open input: %w", err)
 	}
-	br := bufio.NewReaderSize(f, 64<<10)
-	in := &inputFile{Reader: br, file: f, close: func() {}}
+	r, _, release, err := decompressed(name, bufio.NewReaderSize(f, 64<<10))
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &inputFile{Reader: r, file: f, release: release}, nil
+}
+
+// Close releases the decompressor and closes the file.
+func (in *inputFile) Close() error {
+	in.release()
+	return in.file.Close()
+}
+
+// decompressed reads br, the file name, as the text it holds: br itself, or its gzip or zstd
+// stream decompressed, told by its first bytes (kind: "gzip", "zstd" or ""). release frees
+// the decompressor.
+func decompressed(name string, br *bufio.Reader) (r io.Reader, kind string, release func(), err error) {
 	head, _ := br.Peek(len(xzMagic)) // a shorter file is none of them
 	switch {
 	case bytes.HasPrefix(head, gzipMagic):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("open input %s: gzip: %w", name, err)
+			return nil, "", nil, fmt.Errorf("open %s: gzip: %w", name, err)
 		}
-		in.Reader = zr
+		return zr, "gzip", func() {}, nil
 	case bytes.HasPrefix(head, zstdMagic):
 		zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(zstdMaxWindow))
 		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("open input %s: zstd: %w", name, err)
+			return nil, "", nil, fmt.Errorf("open %s: zstd: %w", name, err)
 		}
-		in.Reader, in.close = zr, zr.Close
+		return zr, "zstd", zr.Close, nil
 	case bytes.HasPrefix(head, xzMagic):
-		f.Close()
-		return nil, unreadable(name, "xz")
+		return nil, "", nil, unreadable(name, "xz")
 	case bytes.HasPrefix(head, bzip2Magic):
-		f.Close()
-		return nil, unreadable(name, "bzip2")
+		return nil, "", nil, unreadable(name, "bzip2")
 	}
-	return in, nil
+	return br, "", func() {}, nil
 }
 
-// unreadable is the error for an input compressed in a way submit does not read.
+// unreadable is the error for a file compressed in a way submit does not read.
 func unreadable(name, kind string) error {
-	return fmt.Errorf("input %s is compressed with %s: give it as JSONL, or compressed with zstd or gzip", name, kind)
-}
-
-// Close releases the decompressor and closes the file.
-func (in *inputFile) Close() error {
-	in.close()
-	return in.file.Close()
+	return fmt.Errorf("%s is compressed with %s: give it as JSONL, or compressed with zstd or gzip", name, kind)
 }

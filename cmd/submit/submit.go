@@ -65,7 +65,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	s.Bool(&o.dryRun, "dry-run", "TINKERFLEET_DRY_RUN", false, "validate the lines and print what they would ask of the service (jobs, samples and prompt tokens per model); publish nothing, need no NATS server")
 	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
-	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (implies --wait)")
+	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (.zst, .gz: compressed; implies --wait)")
 	s.Duration(&o.storeWait, "store-wait", "TINKERFLEET_STORE_WAIT", 15*time.Second,
 		"how long publishing waits for a NATS server that cannot store jobs (a stream leader election; workers freeing room) before it stops")
 	registerResultFormat(s, &o.format)

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// outputFile is the results file of -o: JSONL, compressed with zstd or gzip when its name ends
+// in .zst or .gz.
+type outputFile struct {
+	file  *os.File
+	w     io.Writer    // file, or the compressor writing to it
+	flush func() error // makes what the compressor holds readable in the file
+	end   func() error // ends the compressed stream
+}
+
+func (o *outputFile) Write(p []byte) (int, error) { return o.w.Write(p) }
+
+// Flush makes what was written readable in the file: a compressor ends its block.
+func (o *outputFile) Flush() error { return o.flush() }
+
+// Close ends the compressed stream, then syncs and closes the file.
+func (o *outputFile) Close() error {
+	err := o.end()
+	if serr := o.file.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := o.file.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// outputCompression is how an output file named path is compressed: "zstd", "gzip" or "".
+func outputCompression(path string) string {
+	switch {
+	case strings.HasSuffix(path, ".zst"), strings.HasSuffix(path, ".zstd"):
+		return "zstd"
+	case strings.HasSuffix(path, ".gz"):
+		return "gzip"
+	}
+	return ""
+}
+
+// decompressedAs is decompressed for an output file whose name says it is compressed as kind:
+// one that is not (results appended compressed would follow other text) is an error.
+func decompressedAs(path, kind string, br *bufio.Reader) (io.Reader, func(), error) {
+	r, got, release, err := decompressed(path, br)
+	if err == nil && got != kind {
+		release()
+		err = fmt.Errorf("%s is not compressed with %s, as its name says: give another -o file", path, kind)
+	}
+	return r, release, err
+}
+
+// compressTo returns a compressor of kind writing to f, as an output file.
+func compressTo(f *os.File, kind string) (*outputFile, error) {
+	o := &outputFile{file: f, w: f, flush: func() error { return nil }, end: func() error { return nil }}
+	switch kind {
+	case "zstd":
+		zw, err := zstd.NewWriter(f)
+		if err != nil {
+			return nil, err
+		}
+		o.w, o.flush, o.end = zw, zw.Flush, zw.Close
+	case "gzip":
+		zw := gzip.NewWriter(f)
+		o.w, o.flush, o.end = zw, zw.Flush, zw.Close
+	}
+	return o, nil
+}
+
+// openOutput opens the output file for appending, after reading the custom ids it already
+// holds, so that an interrupted run resumes without writing any result twice. Lines may be
+// tinkerfleet result lines or OpenAI Batch output lines (see outputLine.status), and must be
+// results of batch: a file that holds another batch's results (the same prompts file once
+// edited is another batch) is refused, or its stale lines would pass for this batch's. A last
+// line cut short by the interruption is dropped.
+//
+// A compressed file resumes with a stream of its own appended (concatenated zstd frames and
+// gzip members read as one). One that a crash cut short (its stream does not end, or ends in
+// a line cut short) is written again with its whole lines first.
+func openOutput(path, batch string, seen map[string]bool, sum *summary) (*outputFile, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	kind := outputCompression(path)
+	var in io.Reader = f
+	release := func() {}
+	if kind != "" {
+		if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+			in, release, err = decompressedAs(path, kind, bufio.NewReaderSize(f, 64<<10))
+			if err != nil {
+				f.Close()
+				return nil, err
+			}
+		}
+	}
+	lines, keep, readErr := readOutput(in, path, batch, seen, sum)
+	release()
+	if readErr != nil && (kind == "" || errors.Is(readErr, errOtherBatch) || errors.Is(readErr, errNotResults)) {
+		f.Close()
+		return nil, readErr
+	}
+	if kind == "" {
+		if err := f.Truncate(keep); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		if _, err := f.Seek(keep, io.SeekStart); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		return compressTo(f, "")
+	}
+	f.Close()
+	if readErr != nil || lines.cut {
+		return rewriteOutput(path, kind, lines.whole)
+	}
+	if f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	return compressTo(f, kind)
+}
+
+// outputRead is what readOutput found: how many whole lines, and whether a last line was
+// cut short.
+type outputRead struct {
+	whole int
+	cut   bool
+}
+
+// readOutput reads the result lines of an output file (as text) from r, recording each custom
+// id in seen and its status in sum; it returns the lines and the bytes of the whole lines. Its
+// error is a line that is not a result (errNotResults), a result of another batch
+// (errOtherBatch), or r's.
+func readOutput(r io.Reader, path, batch string, seen map[string]bool, sum *summary) (outputRead, int64, error) {
+	var lines outputRead
+	var keep int64
+	br := bufio.NewReaderSize(r, 1<<20)
+	for {
+		line, err := br.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			lines.cut = len(line) > 0 // dropped by the caller
+			return lines, keep, nil
+		}
+		if err != nil {
+			return lines, keep, fmt.Errorf("read %s: %w", path, err)
+		}
+		r, status, ok := parseOutputLine(line)
+		if !ok {
+			return lines, keep, fmt.Errorf("%s holds a line that is not a result (line %d); give another -o file: %w", path, lines.whole+1, errNotResults)
+		}
+		if err := r.ofBatch(path, batch); err != nil {
+			return lines, keep, err
+		}
+		token := queue.JobToken(r.CustomID)
+		if !seen[token] {
+			seen[token] = true
+			sum.add(status)
+		}
+		keep += int64(len(line))
+		lines.whole++
+	}
+}
+
+// errNotResults is the error of an output file that holds a line that is no result.
+var errNotResults = errors.New("the output file holds other lines than results")
+
+// rewriteOutput writes the first n lines of the compressed output file at path, which a crash
+// cut short, into a new file compressed as kind, and puts it in its place: the returned output
+// goes on after them.
+func rewriteOutput(path, kind string, n int) (*outputFile, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	defer src.Close()
+	in, release, err := decompressedAs(path, kind, bufio.NewReaderSize(src, 64<<10))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	out, err := compressTo(tmp, kind)
+	if err == nil {
+		br := bufio.NewReaderSize(in, 1<<20)
+		for i := 0; i < n && err == nil; i++ {
+			var line []byte
+			if line, err = br.ReadBytes('\n'); err == nil {
+				_, err = out.Write(line)
+			}
+		}
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return nil, fmt.Errorf("output: write again the whole lines of %s, cut short: %w", path, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// compressor writes a zstd or gzip stream to w.
+type compressor interface {
+	io.WriteCloser
+	Flush() error
+}
+
+func newCompressor(t *testing.T, kind string, w io.Writer) compressor {
+	t.Helper()
+	if kind == "gzip" {
+		return gzip.NewWriter(w)
+	}
+	zw, err := zstd.NewWriter(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zw
+}
+
+// decompress reads the whole compressed file at path, failing on a stream that does not end.
+func decompress(t *testing.T, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var r io.Reader
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = zr
+	} else {
+		zr, err := zstd.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("%s does not decompress whole: %v", path, err)
+	}
+	return data
+}
+
+// TestCompressedOutputIsWrittenAndResumed: -o FILE.zst and FILE.gz write the results
+// compressed; a file interrupted cleanly resumes with a stream appended, and one a crash cut
+// short (its stream never ended, its last line half written) is written again with its whole
+// lines first. Either way the file ends with exactly one line per job, and decompresses whole.
+func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	f.startWorker(16)
+	ctx := context.Background()
+	lines := make([]string, 60)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	in, dir := writeLines(t, lines), t.TempDir()
+	plain := filepath.Join(dir, "results.jsonl")
+	batch, stderr, err := f.submit(ctx, in, "-o", plain)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	batch = strings.TrimSpace(batch)
+	data, err := os.ReadFile(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := bytes.SplitAfter(data, []byte("\n"))[:60]
+
+	for _, kind := range []string{"zstd", "gzip"} {
+		ext := map[string]string{"zstd": ".zst", "gzip": ".gz"}[kind]
+		// Written whole.
+		whole := filepath.Join(dir, "whole.jsonl"+ext)
+		if _, stderr, err := f.submit(ctx, "results", batch, "-o", whole); err != nil {
+			t.Fatalf("%s: %v: %s", kind, err, stderr)
+		}
+		if got := outputLines(t, decompress(t, whole)); len(got) != 60 {
+			t.Errorf("%s: %d results, want 60", kind, len(got))
+		}
+
+		// Interrupted cleanly after 20 results; then cut short by a crash after 20 more and
+		// half a line.
+		clean, crashed := filepath.Join(dir, "clean.jsonl"+ext), filepath.Join(dir, "crashed.jsonl"+ext)
+		var buf bytes.Buffer
+		zw := newCompressor(t, kind, &buf)
+		zw.Write(bytes.Join(results[:20], nil))
+		zw.Close()
+		if err := os.WriteFile(clean, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		zw = newCompressor(t, kind, &buf) // a second stream, never ended
+		zw.Write(bytes.Join(results[20:40], nil))
+		zw.Write(results[40][:len(results[40])/2])
+		zw.Flush()
+		if err := os.WriteFile(crashed, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{clean, crashed} {
+			if _, stderr, err := f.submit(ctx, "results", batch, "-o", path); err != nil {
+				t.Fatalf("%s: resume %s: %v: %s", kind, filepath.Base(path), err, stderr)
+			}
+			if got := outputLines(t, decompress(t, path)); len(got) != 60 {
+				t.Errorf("%s: resumed %s: %d results, want 60", kind, filepath.Base(path), len(got))
+			}
+		}
+	}
+
+	// A file whose name says it is compressed, but is not, is refused: results appended
+	// compressed would follow its text.
+	notGzip := filepath.Join(dir, "plain.jsonl.gz")
+	if err := os.WriteFile(notGzip, bytes.Join(results[:5], nil), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.submit(ctx, "results", batch, "-o", notGzip); err == nil || !strings.Contains(err.Error(), "is not compressed with gzip, as its name says") {
+		t.Errorf("a plain file named .gz: %v", err)
+	}
+}
