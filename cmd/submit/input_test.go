@@ -9,9 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
-
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -21,22 +18,10 @@ import (
 func compressed(t *testing.T, kind, text string) string {
 	t.Helper()
 	var buf bytes.Buffer
-	switch kind {
-	case "gzip":
-		w := gzip.NewWriter(&buf)
-		w.Write([]byte(text))
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
-	case "zstd":
-		w, err := zstd.NewWriter(&buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Write([]byte(text))
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
+	w := newCompressor(t, kind, &buf)
+	w.Write([]byte(text))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
 	}
 	p := filepath.Join(t.TempDir(), "prompts.jsonl")
 	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
