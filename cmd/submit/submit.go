@@ -356,13 +356,14 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 	return nil
 }
 
-// storeWaiter publishes jobs and waits for the stream to store each. While the server cannot
-// store anything (queue.StoreUnavailable: no stream leader during an election, out of room
-// until workers take jobs, the connection lost under a publish), it publishes the job again:
-// a job the stream refused at once the first time (the jobs published behind it were refused
-// in the same moment, and the server may store them now), then 100 ms apart doubling to 2 s,
-// for up to wait from the first refusal that made it wait; a job stored ends the wait. The
-// duplicate window keeps a job published twice (its first ack lost) stored once.
+// storeWaiter publishes jobs (and writes the batch's manifest) and waits for the server to
+// store each. While the server cannot store anything (queue.StoreUnavailable: no stream
+// leader during an election, out of room until workers take jobs, the connection lost under
+// a publish), it tries again: a job the stream refused at once the first time (the jobs
+// published behind it were refused in the same moment, and the server may store them now),
+// then 100 ms apart doubling to 2 s, for up to wait from the first refusal that made it wait;
+// anything stored ends the wait. The duplicate window keeps a job published twice (its first
+// ack lost) stored once.
 type storeWaiter struct {
 	q      *queue.Queue
 	wait   time.Duration
@@ -444,30 +445,30 @@ func (w *storeWaiter) refusedAgain(ctx context.Context, err error) error {
 	return nil
 }
 
-// writeManifest writes m over revision rev (0 creates it), as queue.PutManifest does, trying
-// again while the server cannot store it (the bucket's leader election: no answer, or none in
-// time) for up to wait, 100 ms apart doubling to 2 s. A write tried again that finds m already
-// there (its first try was stored and the answer lost) has succeeded.
-func writeManifest(ctx context.Context, q *queue.Queue, m queue.Manifest, rev uint64, wait time.Duration) (uint64, error) {
-	start, delay := time.Now(), 100*time.Millisecond
+// writeManifest writes m over revision rev (0 creates it), as queue.PutManifest does, waiting
+// as for a job while the server cannot store it (the bucket's leader election: no answer, or
+// none in time). A write tried again that finds m already there (its first try was stored
+// and the answer lost) has succeeded.
+func (w *storeWaiter) writeManifest(ctx context.Context, m queue.Manifest, rev uint64) (uint64, error) {
 	for tried := false; ; tried = true {
-		newRev, err := q.PutManifest(ctx, m, rev)
+		newRev, err := w.q.PutManifest(ctx, m, rev)
 		if err == nil {
+			w.since = time.Time{}
 			return newRev, nil
 		}
 		if tried && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
-			if cur, curRev, gerr := q.GetManifest(ctx, m.BatchID); gerr == nil && cur.Status == m.Status && cur.Digest == m.Digest {
+			if cur, curRev, gerr := w.q.GetManifest(ctx, m.BatchID); gerr == nil && cur.Status == m.Status && cur.Digest == m.Digest {
+				w.since = time.Time{}
 				return curRev, nil
 			}
 		}
 		timedOut := ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)
-		if !queue.StoreUnavailable(err) && !timedOut || ctx.Err() != nil || time.Since(start) >= wait {
+		if !queue.StoreUnavailable(err) && !timedOut || ctx.Err() != nil {
 			return 0, err
 		}
-		if err := pause(ctx, min(delay, wait-time.Since(start))); err != nil {
+		if err := w.refusedAgain(ctx, err); err != nil {
 			return 0, err
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
 
@@ -500,13 +501,14 @@ type rejectLine struct {
 // publishing was interrupted is published again, and the duplicate window (and the workers'
 // result check) drop what was already there.
 func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, env *environment) (queue.Manifest, error) {
+	waiter := &storeWaiter{q: q, wait: storeWait, stderr: env.stderr}
 	m, rev, err := q.GetManifest(ctx, batch)
 	republished := err == nil // an earlier publish of this batch was interrupted
 	switch {
 	case errors.Is(err, queue.ErrNoBatch):
 		m = queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: files, Digest: scan.digest,
 			Jobs: scan.accepted, Rejected: scan.rejected, CreatedAt: time.Now().UTC()}
-		if rev, err = writeManifest(ctx, q, m, 0, storeWait); err != nil {
+		if rev, err = waiter.writeManifest(ctx, m, 0); err != nil {
 			return m, err
 		}
 	case err != nil:
@@ -522,7 +524,6 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	}
 
 	var pending []jetstream.PubAckFuture
-	waiter := &storeWaiter{q: q, wait: storeWait, stderr: env.stderr}
 	settle := func() error {
 		for _, f := range pending {
 			if err := waiter.stored(ctx, f); err != nil {
@@ -569,7 +570,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 			accepted, scan.accepted, batch, queue.BatchPublishing)
 	}
 	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
-	if _, err := writeManifest(ctx, q, m, rev, storeWait); err != nil {
+	if _, err := waiter.writeManifest(ctx, m, rev); err != nil {
 		// Someone cancelled it meanwhile: keep their status.
 		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil {
 			return cur, nil

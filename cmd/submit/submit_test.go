@@ -939,7 +939,8 @@ func TestManifestWriteRidesOutABucketWithoutLeader(t *testing.T) {
 		}
 	}()
 	m := queue.Manifest{BatchID: "b-later", Status: queue.BatchPublishing, Digest: "d", Jobs: 3}
-	rev, err := writeManifest(ctx, q, m, 0, 20*time.Second)
+	w := &storeWaiter{q: q, wait: 20 * time.Second, stderr: io.Discard}
+	rev, err := w.writeManifest(ctx, m, 0)
 	if err != nil {
 		t.Fatalf("writeManifest: %v", err)
 	}
@@ -947,7 +948,7 @@ func TestManifestWriteRidesOutABucketWithoutLeader(t *testing.T) {
 	if err != nil || gotRev != rev || got.Status != m.Status || got.Jobs != 3 {
 		t.Fatalf("manifest %+v at revision %d (%v); want %+v at %d", got, gotRev, err, m, rev)
 	}
-	if _, err := writeManifest(ctx, q, m, 0, 20*time.Second); !errors.Is(err, jetstream.ErrKeyExists) {
+	if _, err := w.writeManifest(ctx, m, 0); !errors.Is(err, jetstream.ErrKeyExists) {
 		t.Errorf("creating the manifest again: %v, want ErrKeyExists at once (it is not a retry)", err)
 	}
 }
