@@ -140,14 +140,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		if err := est.print(env.stdout); err != nil {
 			return err
 		}
-		if scan.rejected > 0 && !o.skipInvalid {
-			return fmt.Errorf("%d of %d lines are invalid (fix them or use --skip-invalid): %w", scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
-		}
-		return nil
 	}
 	if scan.rejected > 0 && !o.skipInvalid {
 		return fmt.Errorf("%d of %d lines are invalid (nothing was published; fix them or use --skip-invalid): %w",
 			scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
+	}
+	if o.dryRun {
+		return nil
 	}
 	if scan.rejected > 0 {
 		path := o.rejects
