@@ -63,8 +63,8 @@ func decompressedAs(path, kind string, br *bufio.Reader) (io.Reader, func(), err
 	return r, release, err
 }
 
-// compressTo returns a compressor of kind writing to f, as an output file.
-func compressTo(f *os.File, kind string) (*outputFile, error) {
+// newOutputFile writes to f through a compressor of kind ("" for none).
+func newOutputFile(f *os.File, kind string) (*outputFile, error) {
 	o := &outputFile{file: f, w: f, flush: func() error { return nil }, end: func() error { return nil }}
 	switch kind {
 	case "zstd":
@@ -122,7 +122,7 @@ func openOutput(path, batch string, seen map[string]bool, sum *summary) (*output
 			f.Close()
 			return nil, fmt.Errorf("output: %w", err)
 		}
-		return compressTo(f, "")
+		return newOutputFile(f, "")
 	}
 	f.Close()
 	if readErr != nil || lines.cut {
@@ -131,7 +131,7 @@ func openOutput(path, batch string, seen map[string]bool, sum *summary) (*output
 	if f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 		return nil, fmt.Errorf("output: %w", err)
 	}
-	return compressTo(f, kind)
+	return newOutputFile(f, kind)
 }
 
 // outputRead is what readOutput found: how many whole lines, and whether a last line was
@@ -196,7 +196,7 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("output: %w", err)
 	}
-	out, err := compressTo(tmp, kind)
+	out, err := newOutputFile(tmp, kind)
 	if err == nil {
 		br := bufio.NewReaderSize(in, 1<<20)
 		for i := 0; i < n && err == nil; i++ {
