@@ -22,8 +22,8 @@ const (
 	BatchCancelled = "cancelled"
 	// BatchDeleted: the batch's jobs, results and dead letters are removed (DeleteBatch).
 	// The manifest stays, so that the id is not used again while the stream's duplicate
-	// window may still drop its job ids, and workers end a job of it still at work as
-	// cancelled.
+	// window may still drop its job ids, and workers end a job of it that they have not begun
+	// to sample as cancelled.
 	BatchDeleted = "deleted"
 )
 
@@ -103,8 +103,9 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 // DeleteBatch removes what the server holds of batch, its jobs still queued, its dead letters
 // and its results, and marks its manifest deleted. The jobs go first: a user who may not purge
 // streams (deploy/'s submit user) changes nothing. Then the mark, so that workers end a job of
-// it still at work as cancelled, without sampling; such a result, stored after the purge, is
-// kept until the results' max age. Deleting a deleted batch removes again whatever came since.
+// it they took but have not begun to sample as cancelled, without sampling; a job already
+// sampling finishes. Either result, stored after the purge, is kept until the results' max
+// age. Deleting a deleted batch removes again whatever came since.
 func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
 	if err := q.Jobs.Purge(ctx, jetstream.WithPurgeSubject(q.Names.JobSubject(batch))); err != nil {
 		// A purge the user may not make is not answered: the request times out, and the
