@@ -108,3 +108,37 @@ func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
 		t.Errorf("%d samples for a deleted batch", n)
 	}
 }
+
+// TestAFollowerOfADeletedBatchStops: a reader waiting for a batch's results (results --wait,
+// or submit itself following) stops, saying why, once the batch is deleted: the results it
+// waits for are gone and will not come.
+func TestAFollowerOfADeletedBatchStops(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	ctx := context.Background()
+	lines := make([]string, 10)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	if _, stderr, err := f.submit(ctx, "--batch-id", "gone", writeLines(t, lines)); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	followed := make(chan error, 1)
+	go func() {
+		_, _, err := f.submit(ctx, "results", "gone", "--wait", "-o", filepath.Join(t.TempDir(), "out.jsonl"))
+		followed <- err
+	}()
+	for _, cmd := range []string{"cancel", "delete"} {
+		if _, stderr, err := f.submit(ctx, cmd, "gone"); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, stderr)
+		}
+	}
+	select {
+	case err := <-followed:
+		if err == nil || !strings.Contains(err.Error(), "batch gone was deleted on ") {
+			t.Errorf("the follower of a deleted batch ended with %v; want that the batch was deleted", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the follower of a deleted batch still waits 30 s after the delete")
+	}
+}

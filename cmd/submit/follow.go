@@ -131,6 +131,10 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 // shows progress.
 const idleWait = time.Second
 
+// deletedLook is how often a reader that waits, and gets no result, asks whether its batch
+// was deleted (submit delete): the results it waits for would then never come.
+const deletedLook = 3 * time.Second
+
 // flushEvery is how often the output is flushed while results come in, so that a reader of
 // the file sees them within that.
 const flushEvery = 100 * time.Millisecond
@@ -181,6 +185,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	var line []byte // reused for every output line
 	lastFlush := time.Now()
 	var lastLook time.Time // when the server was last asked why no result comes
+	lastDeletedLook := time.Now()
 	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
@@ -199,6 +204,12 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			if quiet := prog.quiet(); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
 				lastLook = time.Now()
 				prog.stalled(explain(ctx, q, m, sum.total(), po.held, quiet))
+			}
+			if wait && time.Since(lastDeletedLook) >= deletedLook {
+				lastDeletedLook = time.Now()
+				if latest, _, err := q.GetManifest(ctx, m.BatchID); err == nil && latest.Status == queue.BatchDeleted {
+					return sum, deletedErr(latest)
+				}
 			}
 			prog.update(&sum)
 			if idle++; !wait && idle >= maxIdle {
