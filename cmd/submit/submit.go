@@ -518,7 +518,11 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	case m.Status == queue.BatchDeleted:
 		return m, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
 	case m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled:
-		fmt.Fprintf(env.stderr, "batch %s was already submitted (%s); not publishing again\n", batch, m.Status)
+		what := "already submitted"
+		if m.Status == queue.BatchCancelled {
+			what = "already submitted, and cancelled"
+		}
+		fmt.Fprintf(env.stderr, "batch %s was %s on %s: not publishing it again\n", batch, what, m.CreatedAt.Local().Format(time.DateTime))
 		return m, nil
 	}
 
