@@ -17,7 +17,8 @@ import (
 // TestDryRunCountsWhatABatchAsksAndPublishesNothing: --dry-run validates, counts jobs, samples,
 // prompt tokens as the worker sends them (text encoded, token ids as given, chat rendered with
 // the template: "Hi" as a Qwen3 user turn is 13 tokens) and the most tokens sampled, per
-// model, and needs no NATS server; a bad line is reported and fails it as a real submit would.
+// model, and needs no NATS server; a bad line, or no job line at all, fails it as a real
+// submit would.
 func TestDryRunCountsWhatABatchAsksAndPublishesNothing(t *testing.T) {
 	t.Parallel()
 	lines := []string{
@@ -66,6 +67,9 @@ func TestDryRunCountsWhatABatchAsksAndPublishesNothing(t *testing.T) {
 	out, stderr, err = dryRun(lines[1], `{"custom_id":"f","model":"Qwen/Qwen3-8B","prompt":"x","colour":"red"}`)
 	if !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, ":2: field colour: unknown field") || !strings.Contains(out, "1 valid lines, 1 invalid") {
 		t.Errorf("a bad line: %v, said %q, printed %q", err, stderr, out)
+	}
+	if _, stderr, err = dryRun(); !errors.Is(err, errInvalidInput) || !strings.Contains(err.Error(), "no valid lines") {
+		t.Errorf("a file without job lines: %v, said %q; want no valid lines, as a real submit", err, stderr)
 	}
 }
 

@@ -145,10 +145,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		return fmt.Errorf("%d of %d lines are invalid (nothing was published; fix them or use --skip-invalid): %w",
 			scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
 	}
-	if o.dryRun {
-		return nil
-	}
-	if scan.rejected > 0 {
+	if scan.rejected > 0 && !o.dryRun {
 		path := o.rejects
 		if path == "" {
 			path = o.batchID + ".rejects.jsonl"
@@ -163,6 +160,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	}
 	if scan.accepted == 0 {
 		return fmt.Errorf("no valid lines to publish: %w", errInvalidInput)
+	}
+	if o.dryRun {
+		return nil
 	}
 	if o.output != "" {
 		if err := checkOutput(o.output, o.batchID); err != nil {
