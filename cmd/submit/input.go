@@ -40,6 +40,10 @@ func openInput(name string) (*inputFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open input: %w", err)
 	}
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		f.Close()
+		return nil, fmt.Errorf("open input: %s is a directory: give the JSONL files in it", name)
+	}
 	r, _, release, err := decompressed(name, bufio.NewReaderSize(f, 64<<10))
 	if err != nil {
 		f.Close()

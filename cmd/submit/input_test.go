@@ -98,8 +98,9 @@ func TestTruncatedCompressedInputPublishesNothing(t *testing.T) {
 	}
 }
 
-// TestInputCompressedAnotherWayIsNamed: an xz or bzip2 file is refused with what to do, not
-// read as text (every line of it an invalid-UTF-8 error).
+// TestInputCompressedAnotherWayIsNamed: an xz or bzip2 file, or a directory, is refused with
+// what to do, not read as text (every line of it an invalid-UTF-8 error, or "is a directory"
+// after line 0).
 func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -109,5 +110,9 @@ func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), in+" is compressed with "+kind+": give it as JSONL, or compressed with zstd or gzip") {
 			t.Errorf("%s: err = %v (said %q)", kind, err, stderr)
 		}
+	}
+	dir := t.TempDir()
+	if _, _, err := f.submit(context.Background(), dir); err == nil || !strings.Contains(err.Error(), dir+" is a directory: give the JSONL files in it") {
+		t.Errorf("a directory: err = %v", err)
 	}
 }
