@@ -85,6 +85,10 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if retryable {
 		which = "errors marked retryable"
 	}
+	if written == 0 {
+		fmt.Fprintf(env.stderr, "batch %s has no results that are %s: nothing to try again\n", batch, which)
+		return nil
+	}
 	fmt.Fprintf(env.stderr, "%d lines of batch %s whose results are %s; submit them as a new batch to try them again\n",
 		written, batch, which)
 	return nil

@@ -59,8 +59,8 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	if !slices.Equal(gotLines, want) {
 		t.Errorf("failed wrote %d lines:\n%s\nwant the %d input lines of the errors:\n%s", len(gotLines), got, len(want), strings.Join(want, "\n"))
 	}
-	if got, _, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != "" {
-		t.Errorf("failed --retryable: %q, %v; want nothing (refused prompts are not retryable)", got, err)
+	if got, said, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != "" || !strings.Contains(said, "no results that are errors marked retryable: nothing to try again") {
+		t.Errorf("failed --retryable: %q, %v, said %q; want nothing (refused prompts are not retryable), and that", got, err, said)
 	}
 
 	if err := os.WriteFile(in, []byte(strings.Join(lines[1:], "\n")+"\n"), 0o644); err != nil {
