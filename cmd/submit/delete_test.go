@@ -72,7 +72,8 @@ func TestDeleteRemovesABatchAndOnlyIt(t *testing.T) {
 
 // TestDeleteEndsWhatIsLeftOfABatch: a batch not done is deleted only once cancelled; its
 // queued jobs are removed with it, and a job of it that reaches a worker afterwards (one that
-// was at work during the delete) ends as cancelled, without sampling.
+// was at work during the delete) is acked without sampling and without a result, which
+// nobody could read.
 func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
@@ -97,16 +98,52 @@ func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
 		t.Errorf("%d jobs of the deleted batch still queued", n)
 	}
 
+	// One job slot: the worker takes the next batch's job only once the late job is settled.
+	fleettest.Publish(t, q, "unfinished", []jobs.Job{deleteTestJob("late")})
+	fleettest.Publish(t, q, "next", []jobs.Job{deleteTestJob("after")})
+	f.startWorker(1)
+	fleettest.Results(t, q, "next", 1, 30*time.Second)
+	if n, err := q.ResultsStored(ctx, "unfinished"); err != nil || n != 0 {
+		t.Errorf("%d results stored for the deleted batch (%v), want none", n, err)
+	}
+	if n := jobsIn(t, q); n != 0 {
+		t.Errorf("%d jobs left in the queue; want the late one acked", n)
+	}
+	if n := f.sim.Stats().SamplesAccepted; n != 1 {
+		t.Errorf("%d samples; want 1, the next batch's", n)
+	}
+}
+
+// TestDeleteDropsTheResultOfAJobAtWork: a job of a batch deleted while it is sampling is
+// acked when it finishes, and its result is not stored: the batch's results were purged, and
+// this one would stay until --results-max-age with nobody to read it.
+func TestDeleteDropsTheResultOfAJobAtWork(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: 2 * time.Second})
+	ctx := context.Background()
+	q := bind(t, f)
+	fleettest.Publish(t, q, "gone", []jobs.Job{deleteTestJob("at-work")})
+	if _, err := q.PutManifest(ctx, queue.Manifest{BatchID: "gone", Status: queue.BatchSubmitted, Jobs: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.startWorker(1) // one job slot: the next batch's job waits for the first to be settled
+	fleettest.Eventually(t, 10*time.Second, "the job sampling", func() bool { return f.sim.Stats().SamplesAccepted == 1 })
+	for _, cmd := range []string{"cancel", "delete"} {
+		if _, stderr, err := f.submit(ctx, cmd, "gone"); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, stderr)
+		}
+	}
+	fleettest.Publish(t, q, "next", []jobs.Job{deleteTestJob("after")})
+	fleettest.Results(t, q, "next", 1, 30*time.Second)
+	if n, err := q.ResultsStored(ctx, "gone"); err != nil || n != 0 {
+		t.Errorf("%d results stored for the deleted batch (%v), want none", n, err)
+	}
+}
+
+// deleteTestJob is a small valid job.
+func deleteTestJob(id string) jobs.Job {
 	mt := 4
-	fleettest.Publish(t, q, "unfinished", []jobs.Job{{CustomID: "late", Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1, Params: jobs.SamplingParams{MaxTokens: &mt}}})
-	f.startWorker(4)
-	res, _ := fleettest.Results(t, q, "unfinished", 1, 30*time.Second)
-	if r := res["late"]; r.Status != jobs.StatusCancelled {
-		t.Errorf("a job of the deleted batch ended %q, want cancelled", r.Status)
-	}
-	if n := f.sim.Stats().SamplesAccepted; n != 0 {
-		t.Errorf("%d samples for a deleted batch", n)
-	}
+	return jobs.Job{CustomID: id, Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1, Params: jobs.SamplingParams{MaxTokens: &mt}}
 }
 
 // TestAFollowerOfADeletedBatchStops: a reader waiting for a batch's results (results --wait,

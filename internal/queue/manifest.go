@@ -102,10 +102,11 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 
 // DeleteBatch removes what the server holds of batch, its jobs still queued, its dead letters
 // and its results, and marks its manifest deleted. The jobs go first: a user who may not purge
-// streams (deploy/'s submit user) changes nothing. Then the mark, so that workers end a job of
-// it they took but have not begun to sample as cancelled, without sampling; a job already
-// sampling finishes. Either result, stored after the purge, is kept until the results' max
-// age. Deleting a deleted batch removes again whatever came since.
+// streams (deploy/'s submit user) changes nothing. Then the mark, so that workers ack a job of
+// it they took without sampling it (one already sampling finishes), and store no result of
+// it: one stored after the purge would stay until the results' max age, with nobody to read
+// it. Only a result stored in the moment between the mark and a worker hearing of it can
+// outlive the purge; deleting a deleted batch removes again whatever came since.
 func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
 	if err := q.Jobs.Purge(ctx, jetstream.WithPurgeSubject(q.Names.JobSubject(batch))); err != nil {
 		// A purge the user may not make is not answered: the request times out, and the

@@ -108,23 +108,33 @@ func (c *modelCache) maxContext(ctx context.Context, model string) (int, error) 
 // batches bucket.
 type cancelSet struct {
 	mu  sync.RWMutex
-	ids map[string]bool
+	ids map[string]bool // batch id → deleted (not only cancelled)
 }
 
+// has reports whether batch was cancelled or deleted.
 func (s *cancelSet) has(batch string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.ids[batch]
+	return ok
+}
+
+// deleted reports whether batch was deleted (submit delete): its results are purged.
+func (s *cancelSet) deleted(batch string) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.ids[batch]
 }
 
-func (s *cancelSet) set(batch string, cancelled bool) {
+// set records the state of batch from its manifest m; nil m: the manifest is gone.
+func (s *cancelSet) set(batch string, m *queue.Manifest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ids == nil {
 		s.ids = make(map[string]bool)
 	}
-	if cancelled {
-		s.ids[batch] = true
+	if m != nil && m.Ended() {
+		s.ids[batch] = m.Status == queue.BatchDeleted
 	} else {
 		delete(s.ids, batch)
 	}
@@ -172,12 +182,12 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
-				s.set(e.Key(), false)
+				s.set(e.Key(), nil)
 				continue
 			}
 			var m queue.Manifest
 			if json.Unmarshal(e.Value(), &m) == nil {
-				s.set(e.Key(), m.Ended())
+				s.set(e.Key(), &m)
 			}
 		}
 	}

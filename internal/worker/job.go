@@ -54,6 +54,11 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	w.alive.add(msg)
 	out := w.work(ctx, msg, batch, customID, delivered, r)
 	w.alive.remove(msg)
+	if out.settle != settleNak && w.cancelled.deleted(batch) {
+		// The batch was deleted while its job was at work: its results are purged, and this
+		// one, stored now, would stay until the results' max age with nobody to read it.
+		out = outcome{settle: settleAck}
+	}
 
 	if out.result != nil {
 		out.result.LatencyMS = time.Since(start).Milliseconds()
