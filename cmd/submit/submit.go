@@ -183,6 +183,10 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		o.progress.held = sess.held
 	}
 
+	if err := checkJobSizes(files, o.limits, scan.longest, sess.q.JS.Conn().MaxPayload(), env.stderr); err != nil {
+		return err
+	}
+
 	// 2. Publish, unless this batch was fully submitted before.
 	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
 	switch {
@@ -255,6 +259,7 @@ func outputNote(path string) string {
 type scanResult struct {
 	accepted, rejected int
 	digest             string // hex sha256 over the input files, in order
+	longest            int    // the longest valid line, in bytes
 }
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,
@@ -269,11 +274,12 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	err := eachJob(files, limits, h, func(j jobs.Job, _ []byte, err error) error {
+	err := eachJob(files, limits, h, func(j jobs.Job, line []byte, _ lineAt, err error) error {
 		var le *jobs.LineError
 		switch {
 		case err == nil:
 			res.accepted++
+			res.longest = max(res.longest, len(line))
 			if onJob != nil {
 				onJob(j)
 			}
@@ -307,12 +313,20 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 	return res, nil
 }
 
+// lineAt is where a line is: its file and 1-based line number.
+type lineAt struct {
+	file string
+	line int
+}
+
+func (at lineAt) String() string { return fmt.Sprintf("%s:%d", at.file, at.line) }
+
 // eachJob reads files in order as one batch (one custom_id set, line numbers per file) and
-// calls fn with each line's job and the line as read (valid until fn returns), or its error
-// (*jobs.LineError, or jobs.ErrEmptyFile for a file without job lines); fn's error stops the
-// reading. hash, when not nil, sees every byte read
-// and a zero byte after each file, so that moving a line to another file changes the digest.
-func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, err error) error) error {
+// calls fn with each line's job, the line as read (valid until fn returns) and where it is, or
+// its error (*jobs.LineError, or jobs.ErrEmptyFile for a file without job lines); fn's error
+// stops the reading. hash, when not nil, sees every byte read and a zero byte after each
+// file, so that moving a line to another file changes the digest.
+func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, at lineAt, err error) error) error {
 	var r *jobs.Reader
 	for _, name := range files {
 		f, err := openInput(name)
@@ -342,7 +356,7 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 			if err == nil {
 				line = r.Raw()
 			}
-			if err := fn(j, line, err); err != nil {
+			if err := fn(j, line, lineAt{name, r.Line()}, err); err != nil {
 				f.Close()
 				return err
 			}
@@ -537,7 +551,7 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		return nil
 	}
 	var accepted, rejected int
-	err = eachJob(files, limits, nil, func(j jobs.Job, _ []byte, err error) error {
+	err = eachJob(files, limits, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
 		var le *jobs.LineError
 		switch {
 		case errors.As(err, &le):

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+)
+
+// jobHeaderRoom is the most a job message's headers take of the server's max payload: its
+// Nats-Msg-Id (a batch id of up to 64 bytes, a custom_id of up to 256), its custom_id again,
+// the republished mark, and the header block's framing.
+const jobHeaderRoom = 1024
+
+// checkJobSizes returns an error, naming each line, when jobs of files are larger than a NATS
+// server whose max_payload is maxPayload accepts. Such a job cannot be published at all: found
+// while publishing, it would stop the batch halfway. The embedded server and deploy/'s take
+// 8 MiB and never need the pass; a stock nats-server takes 1 MiB. longest is the longest valid
+// line: a job's encoding is at most about twice its line (only characters that JSON may hold
+// raw but that the encoding escapes, U+2028 and U+2029, grow it), so unless that could be too
+// large the files are not read again.
+func checkJobSizes(files []string, limits jobs.Limits, longest int, maxPayload int64, stderr io.Writer) error {
+	if maxPayload <= 0 || int64(2*longest+jobHeaderRoom) <= maxPayload {
+		return nil
+	}
+	over := 0
+	err := eachJob(files, limits, nil, func(j jobs.Job, _ []byte, at lineAt, err error) error {
+		if err != nil {
+			return nil // reported by the validation pass
+		}
+		data, err := j.Encode()
+		if err != nil {
+			return err
+		}
+		if int64(len(data)+jobHeaderRoom) > maxPayload {
+			if over++; over <= maxReported {
+				fmt.Fprintf(stderr, "%s: the job is %d bytes, over the %d the NATS server accepts in a message (its max_payload, less %d for headers)\n",
+					at, len(data), maxPayload, jobHeaderRoom)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if over > maxReported {
+		fmt.Fprintf(stderr, "… and %d more jobs too large\n", over-maxReported)
+	}
+	if over > 0 {
+		return fmt.Errorf("%d jobs are larger than the NATS server accepts (nothing was published): raise max_payload in its configuration (deploy/nats/cluster.conf sets 8MB), or shorten those lines: %w",
+			over, errJobsTooLarge)
+	}
+	return nil
+}
+
+// errJobsTooLarge says that jobs are larger than the NATS server accepts in a message.
+var errJobsTooLarge = errors.New("jobs too large for the NATS server")

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// TestJobsTooLargeForTheServerPublishNothing: against a NATS server that takes smaller
+// messages than a job (a stock nats-server takes 1 MiB; a line may be as long), submit names
+// the line and the server's limit and publishes nothing, rather than stopping halfway with
+// "maximum payload exceeded" from the publish.
+func TestJobsTooLargeForTheServerPublishNothing(t *testing.T) {
+	t.Parallel()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: -1, MaxPayload: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	f := &fleet{t: t, emb: emb}
+	// A million characters (the prompt limit), some of two bytes: a line just under 1 MiB.
+	big := `{"custom_id":"big","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("x", 951560) + strings.Repeat("é", 48440) + `"}`
+	in := writeLines(t, []string{jobLine(0), big, jobLine(1)})
+	_, stderr, err := f.submit(context.Background(), "--batch-id", "big", in)
+	if !errors.Is(err, errJobsTooLarge) || !strings.Contains(stderr, in+":2: the job is ") || !strings.Contains(stderr, " bytes, over the 1048576 the NATS server accepts") {
+		t.Fatalf("err = %v, said %q; want line 2 named, too large for the server", err, stderr)
+	}
+	q := bind(t, f)
+	if n := jobsIn(t, q); n != 0 {
+		t.Errorf("%d jobs published", n)
+	}
+	if _, _, err := q.GetManifest(context.Background(), "big"); !errors.Is(err, queue.ErrNoBatch) {
+		t.Errorf("a manifest was written (%v)", err)
+	}
+}
