@@ -237,6 +237,9 @@ func serveHealth(addr string, reg *prometheus.Registry, running func() *runningW
 		_, _ = io.WriteString(rw, "ready\n")
 	})
 	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, "", fmt.Errorf("metrics listener: %w (another worker on this machine? give each its own --metrics-addr, or an empty one to serve none)", err)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("metrics listener: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -271,5 +272,26 @@ func TestRunSaysWhatFailedOnce(t *testing.T) {
 		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey + ".refused"}), io.Discard)
 	if err == nil || !strings.HasPrefix(err.Error(), "tinker session: ") {
 		t.Fatalf("run = %v, want an error starting with the session that failed", err)
+	}
+}
+
+// TestRunOnATakenMetricsPortSaysWhatToDo: a second worker on one machine, whose metrics
+// address the first holds, stops at once with what to do about it.
+func TestRunOnATakenMetricsPortSaysWhatToDo(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	u, err := url.Parse(fleettest.ClosedURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"--nats-url", "nats://" + u.Host, "--metrics-addr", taken.Addr().String()},
+		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "give each its own --metrics-addr") {
+		t.Fatalf("run = %v, want that the address is taken, and what to do", err)
 	}
 }
