@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,11 +161,18 @@ func TestAFollowerOfADeletedBatchStops(t *testing.T) {
 	if _, stderr, err := f.submit(ctx, "--batch-id", "gone", writeLines(t, lines)); err != nil {
 		t.Fatalf("%v: %s", err, stderr)
 	}
+	out := filepath.Join(t.TempDir(), "out.jsonl")
 	followed := make(chan error, 1)
 	go func() {
-		_, _, err := f.submit(ctx, "results", "gone", "--wait", "-o", filepath.Join(t.TempDir(), "out.jsonl"))
+		_, _, err := f.submit(ctx, "results", "gone", "--wait", "-o", out)
 		followed <- err
 	}()
+	// The output file is made once the batch's manifest is read: the follower is waiting,
+	// not refused at the start as a deleted batch's reader is.
+	fleettest.Eventually(t, 10*time.Second, "the follower following", func() bool {
+		_, err := os.Stat(out)
+		return err == nil
+	})
 	for _, cmd := range []string{"cancel", "delete"} {
 		if _, stderr, err := f.submit(ctx, cmd, "gone"); err != nil {
 			t.Fatalf("%s: %v: %s", cmd, err, stderr)
