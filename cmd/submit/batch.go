@@ -41,6 +41,17 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 	return o, rest[0], queue.ValidateBatchID(rest[0])
 }
 
+// openBatch is batchCommand, then open: for a subcommand on one batch with no checks of its
+// own before it connects. The caller closes the session.
+func openBatch(ctx context.Context, name string, args []string, env *environment, extra func(*flag.FlagSet, *envflag.Set)) (*session, string, error) {
+	o, batch, err := batchCommand(name, args, env, extra)
+	if err != nil {
+		return nil, "", err
+	}
+	sess, err := open(ctx, o, env)
+	return sess, batch, err
+}
+
 // batchStatus is what `submit status` prints (as JSON with --json).
 type batchStatus struct {
 	queue.Manifest
@@ -57,13 +68,9 @@ type batchStatus struct {
 
 func runStatus(ctx context.Context, args []string, env *environment) error {
 	var asJSON bool
-	o, batch, err := batchCommand("status", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
+	sess, batch, err := openBatch(ctx, "status", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 	})
-	if err != nil {
-		return err
-	}
-	sess, err := open(ctx, o, env)
 	if err != nil {
 		return err
 	}
@@ -186,11 +193,7 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 }
 
 func runCancel(ctx context.Context, args []string, env *environment) error {
-	o, batch, err := batchCommand("cancel", args, env, nil)
-	if err != nil {
-		return err
-	}
-	sess, err := open(ctx, o, env)
+	sess, batch, err := openBatch(ctx, "cancel", args, env, nil)
 	if err != nil {
 		return err
 	}
@@ -227,11 +230,7 @@ func runCancel(ctx context.Context, args []string, env *environment) error {
 }
 
 func runDelete(ctx context.Context, args []string, env *environment) error {
-	o, batch, err := batchCommand("delete", args, env, nil)
-	if err != nil {
-		return err
-	}
-	sess, err := open(ctx, o, env)
+	sess, batch, err := openBatch(ctx, "delete", args, env, nil)
 	if err != nil {
 		return err
 	}

@@ -24,14 +24,10 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 		output    string
 		retryable bool
 	)
-	o, batch, err := batchCommand("failed", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
+	sess, batch, err := openBatch(ctx, "failed", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
 		fs.StringVar(&output, "o", "", "write the lines to this file (default standard output)")
 		fs.BoolVar(&retryable, "retryable", false, "only the errors marked retryable (the same job may succeed)")
 	})
-	if err != nil {
-		return err
-	}
-	sess, err := open(ctx, o, env)
 	if err != nil {
 		return err
 	}
