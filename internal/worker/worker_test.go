@@ -431,9 +431,30 @@ func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
 	// A capacity-bound batch: 2 workers with 64 slots each against a service that runs 8
 	// samples at once. Refilling after every pause (the SDK's way, CapacityTTL < 0) runs into
 	// the ceiling again after each one; learning the capacity from the first 429 stays under
-	// it. Counted: the fleet's pauses (each is one write of the backoff key, bursts coalesce).
-	pauses := func(ttl time.Duration) uint64 {
+	// it. Counted: the fleet's pauses, as a fleet that only watches the backoff key sees them
+	// begin. A write that extends a running pause is not a new one: on a loaded machine the
+	// 429s of one burst come further apart than a signal coalesces, and counting writes once
+	// read 4 for learning.
+	pauses := func(ttl time.Duration) int {
 		b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: 50 * time.Millisecond})
+		var mu sync.Mutex
+		var began int
+		var until time.Time
+		watcher, err := backoff.Open(context.Background(), b.results.JS, backoff.Config{
+			Bucket: b.results.Names.BackoffBucket(), Account: backoff.AccountKey(b.simURL, fleettest.APIKey),
+			OnChange: func(st backoff.State) {
+				mu.Lock()
+				defer mu.Unlock()
+				if !time.Now().Before(until) {
+					began++
+				}
+				until = st.Until
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer watcher.Close()
 		var js []jobs.Job
 		for i := range 96 {
 			js = append(js, jobs.Job{CustomID: fmt.Sprintf("cap-%03d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1,
@@ -451,7 +472,9 @@ func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
 				t.Fatalf("result %+v", r)
 			}
 		}
-		return ws[0].Backoff().(*backoff.Fleet).State().Revision
+		mu.Lock()
+		defer mu.Unlock()
+		return began
 	}
 	learned, refill := pauses(time.Minute), pauses(-1)
 	t.Logf("fleet pauses for 96 samples at capacity 8: learning %d, refilling %d", learned, refill)
