@@ -117,7 +117,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 	}
 	// The jobs first: a job leaves the queue only once its result is stored, so the results
 	// counted after it include those of every job it no longer holds.
-	if st.Waiting, err = jobsWaiting(ctx, q, batch); err != nil {
+	if st.Waiting, _, err = jobsWaiting(ctx, q, batch); err != nil {
 		return st, err
 	}
 	sum, err := follow(ctx, q, m, nil, resultNative, false, progressOptions{mode: "none"}, &environment{})

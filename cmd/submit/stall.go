@@ -26,9 +26,11 @@ type stall struct {
 	maxInFlight int  // the consumer's cap on jobs in flight (MaxAckPending)
 	pulls       int  // pull requests waiting at the server: workers with room for jobs
 
-	pause *backoff.Pause // the latest account backoff, if any
-	local bool           // the worker runs in this process (submit --local)
-	held  int            // results the in-process worker cannot store
+	pause *backoff.Pause   // the latest account backoff, if any
+	retry *queue.RetryNote // why a worker last put off a job of the batch, if one did
+	now   time.Time        // the server's clock when it was asked
+	local bool             // the worker runs in this process (submit --local)
+	held  int              // results the in-process worker cannot store
 }
 
 // explain asks the server why batch m, of whose results got have been read, has had none for
@@ -57,14 +59,15 @@ func explain(ctx context.Context, q *queue.Queue, m queue.Manifest, got int, hel
 	return kind, fmt.Sprintf("no result for %s: %s", quiet.Round(time.Second), why)
 }
 
-// jobsWaiting counts the jobs of batch still in the jobs stream, at a worker or not.
-func jobsWaiting(ctx context.Context, q *queue.Queue, batch string) (int, error) {
+// jobsWaiting counts the jobs of batch still in the jobs stream, at a worker or not, and says
+// when the server counted them, in its clock.
+func jobsWaiting(ctx context.Context, q *queue.Queue, batch string) (n int, at time.Time, err error) {
 	subject := q.Names.JobSubject(batch)
 	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
-		return 0, fmt.Errorf("jobs stream: %w", err)
+		return 0, at, fmt.Errorf("jobs stream: %w", err)
 	}
-	return int(info.State.Subjects[subject]), nil
+	return int(info.State.Subjects[subject]), info.TimeStamp, nil
 }
 
 // examine asks the server about batch m and the fleet; held, if not nil, counts the results
@@ -78,7 +81,7 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 		s.publishing = latest.Status == queue.BatchPublishing
 	}
 	var err error
-	if s.waiting, err = jobsWaiting(ctx, q, m.BatchID); err != nil {
+	if s.waiting, s.now, err = jobsWaiting(ctx, q, m.BatchID); err != nil {
 		return s, err
 	}
 	switch cons, err := q.Consumer(ctx); {
@@ -103,6 +106,9 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 			s.pause = &pauses[i]
 		}
 	}
+	if note, ok, _ := q.LastRetry(bctx, m.BatchID); ok {
+		s.retry = &note
+	}
 	return s, nil
 }
 
@@ -121,6 +127,7 @@ const (
 	stallGone
 	stallNoConsumer
 	stallNoWorker
+	stallRetrying
 	stallAtWorkers
 )
 
@@ -146,6 +153,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
 	case s.inFlight == 0 && s.pulls == 0:
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
+	case s.retrying(since):
+		return stallRetrying, fmt.Sprintf("%d jobs at the workers; some of its jobs failed and wait to be tried again, %s", s.inFlight, retryPhrase(*s.retry, s.now))
 	}
 	text := fmt.Sprintf("%d jobs at the workers", s.inFlight)
 	if s.maxInFlight > 0 && s.inFlight >= s.maxInFlight {
@@ -155,6 +164,24 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		text += fmt.Sprintf("; %d jobs of other batches queued or at work", others)
 	}
 	return stallAtWorkers, text
+}
+
+// retrying reports whether a worker put off a job of the batch lately: within since, or
+// for a wait that has not ended since.
+func (s stall) retrying(since time.Duration) bool {
+	return s.retry != nil && s.now.Sub(s.retry.At) <= s.retry.RetryIn()+since
+}
+
+// retryPhrase words a retry note as seen at now, in the server's clock: the job, its
+// delivery, when it is due again and why it failed.
+func retryPhrase(n queue.RetryNote, now time.Time) string {
+	ago := max(now.Sub(n.At), 0)
+	next := "due now"
+	if left := n.RetryIn() - ago; left >= time.Second {
+		next = "again in " + left.Round(time.Second).String()
+	}
+	return fmt.Sprintf("the last %s ago: %q on delivery %d of %d, %s: %s",
+		ago.Round(time.Second), n.CustomID, n.Delivery, n.MaxDeliver, next, n.Error)
 }
 
 // pauseCause says what a backoff's reason means.

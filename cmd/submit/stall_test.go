@@ -206,3 +206,23 @@ func TestStallWithoutBackoffPermissionStillSaysWhy(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestStalledBatchSaysWhyJobsAreTriedAgain: a batch whose jobs fail and wait for another
+// delivery says why, in the words of the failure the worker met: its log may be on another
+// machine, and the jobs are tried again for some twenty minutes before they end.
+func TestStalledBatchSaysWhyJobsAreTriedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{
+		{Kind: tinkersim.FaultFailed, Category: "server", Reason: "the backend fell over"}}})
+	f.startWorker(4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stderr, done := watchedSubmit(t, ctx, f, 2)
+	waitSaid(t, stderr, "2 jobs at the workers; some of its jobs failed and wait to be tried again, the last ")
+	out := stderr.String()
+	if !regexp.MustCompile(`the last \d+s ago: "job-0000[01]" on delivery 1 of 10, again in [1-5]s: .*the backend fell over`).MatchString(out) {
+		t.Errorf("the retry is not named with its job, delivery, wait and cause:\n%s", out)
+	}
+	cancel()
+	<-done
+}

@@ -244,6 +244,14 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if err := board.Close(ctx); err != nil {
 		t.Errorf("worker: close share board: %v", err)
 	}
+	// A job put off after a failure: the worker notes why, and submit reads the note.
+	if err := wq.NoteRetry(batch, queue.RetryNote{CustomID: "j-1", Delivery: 1, MaxDeliver: 10, RetryInMS: 5000, Error: "hub down"}); err != nil {
+		t.Errorf("worker: note a retry: %v", err)
+	}
+	fleettest.Eventually(t, 10*time.Second, "submit reading the worker's retry note", func() bool {
+		n, ok, err := sub.LastRetry(ctx, batch)
+		return err == nil && ok && n.Error == "hub down"
+	})
 	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
 	if v := subV.list()[subBefore:]; len(v) > 0 {
 		t.Errorf("submit met permission violations in normal work: %q", v)
@@ -273,6 +281,9 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	}
 	if n, err := adminQ.ResultsStored(ctx, batch); err != nil || n != 0 {
 		t.Errorf("%d results left after admin deleted the batch (%v)", n, err)
+	}
+	if n, ok, err := adminQ.LastRetry(ctx, batch); ok || err != nil {
+		t.Errorf("the retry note left after admin deleted the batch: %+v (%v)", n, err)
 	}
 	kv, err := adminJS.KeyValue(ctx, sub.Names.BackoffBucket())
 	if err != nil {

@@ -11,6 +11,7 @@
 //	stream P_DEAD     subjects p.dead.<batch>               payloads of jobs that exhausted MaxDeliver
 //	KV p_batches      <batch> -> manifest (counts, digest, status)
 //	KV p_backoff      <account> -> fleet backoff deadline (owned by internal/backoff)
+//	                  retry.<batch> -> why a worker last put off a job of the batch (RetryNote)
 //
 // <job> is a digest of the custom_id (custom ids may hold characters that subjects cannot), so a
 // result can be looked up by subject, and a repeated result is refused rather than added or put

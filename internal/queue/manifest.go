@@ -100,8 +100,8 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 	}
 }
 
-// DeleteBatch removes what the server holds of batch, its jobs still queued, its dead letters
-// and its results, and marks its manifest deleted. The jobs go first: a user who may not purge
+// DeleteBatch removes what the server holds of batch, its jobs still queued, its dead letters,
+// its results and its retry note, and marks its manifest deleted. The jobs go first: a user who may not purge
 // streams (deploy/'s submit user) changes nothing. Then the mark, so that workers ack a job of
 // it they took without sampling it (one already sampling finishes), and store no result of
 // it: one stored after the purge would stay until the results' max age, with nobody to read
@@ -130,6 +130,9 @@ func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
 	}
 	if err := q.Results.Purge(ctx, jetstream.WithPurgeSubject(q.Names.ResultsFilter(batch))); err != nil {
 		return fmt.Errorf("delete batch %s: remove its results: %w", batch, err)
+	}
+	if err := q.forgetRetries(ctx, batch); err != nil {
+		return fmt.Errorf("delete batch %s: %w", batch, err)
 	}
 	return nil
 }

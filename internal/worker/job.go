@@ -100,6 +100,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 			delay = w.retryDelay(delivered)
 		}
 		log().Info("job will be retried", "delay", delay, "err", out.err)
+		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)
 	case settleNak:
 		<-w.pullDone
@@ -272,7 +273,7 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	}
 	if left := time.Until(w.backoff.Until()); left > w.cfg.NakAbove {
 		// A long pause (billing, a paused queue): leave the job in the stream, not in memory.
-		return outcome{settle: settleRetry, delay: left, err: errors.New("the fleet is backing off")}
+		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
 
 	st := &sampleState{reservation: r}

@@ -41,6 +41,7 @@ type Worker struct {
 	samplers    samplerCache
 	models      modelCache
 	cancelled   cancelSet
+	retryNotes  retryNotes
 	maxDeliver  int
 	maxPayload  int64
 	settler     *settler         // set by Run

@@ -1,0 +1,78 @@
+package queue
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted: the latest note of a batch is the one
+// read, with the server's time of storing it; a long error is cut on a character boundary;
+// a deleted batch's note goes with it, and other batches keep theirs.
+func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, ok, err := b.q.LastRetry(ctx, "b-1"); ok || err != nil {
+		t.Fatalf("without the backoff bucket: ok %v, err %v; want none", ok, err)
+	}
+	// The bucket is the fleet's backoff bucket, which the workers' internal/backoff creates.
+	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	long := strings.Repeat("é", maxRetryError) // two bytes each
+	notes := []struct {
+		batch string
+		note  RetryNote
+	}{
+		{"b-1", RetryNote{CustomID: "q-1", Delivery: 1, MaxDeliver: 10, RetryInMS: 5000, Error: "first"}},
+		{"b-2", RetryNote{CustomID: "q-9", Delivery: 2, MaxDeliver: 10, RetryInMS: 10000, Error: "other batch"}},
+		{"b-1", RetryNote{CustomID: "q-2", Delivery: 3, MaxDeliver: 10, RetryInMS: 20000, Error: "x" + long}},
+	}
+	for _, n := range notes {
+		if err := b.q.NoteRetry(n.batch, n.note); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got RetryNote
+	for deadline := time.Now().Add(10 * time.Second); got.CustomID != "q-2"; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if got, _, err = b.q.LastRetry(ctx, "b-1"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the latest note of b-1 never came: %+v", got)
+		}
+	}
+	if got.Delivery != 3 || got.MaxDeliver != 10 || got.RetryIn() != 20*time.Second {
+		t.Errorf("note = %+v", got)
+	}
+	if got.At.Before(before.Add(-time.Minute)) || got.At.After(time.Now().Add(time.Minute)) {
+		t.Errorf("stored at %v, want about now", got.At)
+	}
+	if !utf8.ValidString(got.Error) || len(got.Error) > maxRetryError+len("…") || !strings.HasPrefix(got.Error, "xé") || !strings.HasSuffix(got.Error, "é…") {
+		t.Errorf("a long error is kept as %d bytes: %.20q…", len(got.Error), got.Error)
+	}
+
+	if _, err := b.q.PutManifest(ctx, Manifest{BatchID: "b-1", Status: BatchSubmitted, Jobs: 2}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.DeleteBatch(ctx, "b-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok, err := b.q.LastRetry(ctx, "b-1"); ok || err != nil {
+		t.Errorf("after the delete: %+v, ok %v, err %v; want none", n, ok, err)
+	}
+	if n, ok, err := b.q.LastRetry(ctx, "b-2"); !ok || err != nil || n.Error != "other batch" {
+		t.Errorf("another batch's note after the delete: %+v, ok %v, err %v", n, ok, err)
+	}
+}

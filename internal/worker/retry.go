@@ -1,0 +1,59 @@
+package worker
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// errBackingOff is why a job waits out a long pause of the fleet in the stream.
+var errBackingOff = errors.New("the fleet is backing off")
+
+// retryNoteEvery is how often at most this worker notes a retry of one batch.
+const retryNoteEvery = time.Second
+
+// retryNotes holds this worker's retry notes (queue.RetryNote) to one per batch a second: a
+// burst of failures, such as every job of a batch meeting a tokenizer hub that is down, costs
+// the NATS server a note a second.
+type retryNotes struct {
+	mu   sync.Mutex
+	last map[string]time.Time // batch -> when this worker last noted a retry of it
+}
+
+// due reports whether a retry of batch at now is to be noted and, if it is, counts it as
+// noted.
+func (n *retryNotes) due(batch string, now time.Time) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if t, ok := n.last[batch]; ok && now.Sub(t) < retryNoteEvery {
+		return false
+	}
+	if n.last == nil {
+		n.last = make(map[string]time.Time)
+	}
+	for b, t := range n.last { // forget the batches not noted lately
+		if now.Sub(t) >= retryNoteEvery {
+			delete(n.last, b)
+		}
+	}
+	n.last[batch] = now
+	return true
+}
+
+// noteRetry tells whoever waits on batch's results, through its retry note, why a job of it
+// waits delay for another delivery. A wait for a pause of the fleet is not noted: submit
+// reads the pause itself.
+func (w *Worker) noteRetry(batch, customID string, delivered uint64, delay time.Duration, why error) {
+	if why == nil || errors.Is(why, errBackingOff) || !w.retryNotes.due(batch, time.Now()) {
+		return
+	}
+	err := w.cfg.Queue.NoteRetry(batch, queue.RetryNote{
+		CustomID: customID, Delivery: delivered, MaxDeliver: w.maxDeliver,
+		RetryInMS: delay.Milliseconds(), Error: why.Error(),
+	})
+	if err != nil {
+		w.jobLog(batch, customID, delivered).Debug("note the retry for submit", "err", err)
+	}
+}

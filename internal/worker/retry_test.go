@@ -1,0 +1,75 @@
+package worker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// TestRetryNotesAreHeldToOneABatchASecond: a burst of retries of one batch is noted once a
+// second; another batch has its own second; batches not noted lately are forgotten.
+func TestRetryNotesAreHeldToOneABatchASecond(t *testing.T) {
+	t.Parallel()
+	var n retryNotes
+	t0 := time.Unix(1_000_000, 0)
+	steps := []struct {
+		batch string
+		at    time.Duration
+		due   bool
+	}{
+		{"a", 0, true},
+		{"a", 10 * time.Millisecond, false},
+		{"b", 500 * time.Millisecond, true},
+		{"a", 999 * time.Millisecond, false},
+		{"a", time.Second, true},
+		{"b", 1200 * time.Millisecond, false},
+		{"b", 1500 * time.Millisecond, true},
+		{"c", 5 * time.Second, true},
+	}
+	for _, s := range steps {
+		if got := n.due(s.batch, t0.Add(s.at)); got != s.due {
+			t.Errorf("%s at %v: due %v, want %v", s.batch, s.at, got, s.due)
+		}
+	}
+	if len(n.last) != 1 {
+		t.Errorf("remembers %d batches, want only the one noted last second", len(n.last))
+	}
+}
+
+// TestRetryNotesLeaveOutPausesOfTheFleet: a job put off for a pause of the fleet is not
+// noted (submit reads the pause itself); one that failed is, with its delivery and wait.
+func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	nc := b.results.JS.Conn()
+	sub, err := nc.SubscribeSync("$KV." + b.results.Names.BackoffBucket() + ".retry.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{cfg: Config{Queue: b.results}, maxDeliver: 7}
+	w.noteRetry("b-paused", "q-1", 2, time.Minute, fmt.Errorf("job: %w", errBackingOff))
+	w.noteRetry("b-failed", "q-2", 3, 20*time.Second, errors.New("tokenizer hub unreachable"))
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var note queue.RetryNote
+	if err := json.Unmarshal(msg.Data, &note); err != nil {
+		t.Fatal(err)
+	}
+	want := queue.RetryNote{CustomID: "q-2", Delivery: 3, MaxDeliver: 7, RetryInMS: 20000, Error: "tokenizer hub unreachable"}
+	if msg.Subject != "$KV."+b.results.Names.BackoffBucket()+".retry.b-failed" || note != want {
+		t.Errorf("noted %s %+v, want b-failed's %+v", msg.Subject, note, want)
+	}
+	if more, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+		t.Errorf("noted more: %s %s", more.Subject, more.Data)
+	}
+}
