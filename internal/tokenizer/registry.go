@@ -299,6 +299,9 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 	req.Header.Set("User-Agent", "tinkerfleet-tokenizer")
 	resp, err := r.opts.HTTPClient.Do(req)
 	if err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err // its text repeats the method and the URL
+		}
 		return nil, "", fmt.Errorf("download %s: %w", u, err)
 	}
 	defer resp.Body.Close()

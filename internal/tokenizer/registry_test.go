@@ -196,6 +196,13 @@ func TestRegistryHubErrors(t *testing.T) {
 	if _, err := NewRegistry(Options{}).ForID(context.Background(), "org/mini"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("no dir, no cache: want ErrNotFound, got %v", err)
 	}
+	// A hub that cannot be reached: the URL is named once, with why.
+	gone := httptest.NewServer(h)
+	gone.Close()
+	_, err = NewRegistry(Options{HFHome: t.TempDir(), Endpoint: gone.URL}).ForID(context.Background(), "org/mini")
+	if err == nil || strings.Count(err.Error(), gone.URL) != 1 || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("an unreachable hub: want its URL once and the refusal, got %v", err)
+	}
 }
 
 func TestRegistryLocalDir(t *testing.T) {
