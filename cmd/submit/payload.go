@@ -16,7 +16,8 @@ const jobHeaderRoom = 1024
 // checkJobSizes returns an error, naming each line, when jobs of files are larger than a NATS
 // server whose max_payload is maxPayload accepts. Such a job cannot be published at all: found
 // while publishing, it would stop the batch halfway. The embedded server and deploy/'s take
-// 8 MiB and never need the pass; a stock nats-server takes 1 MiB. longest is the longest valid
+// 8 MiB and need the pass only for lines over 4 MiB; a stock nats-server takes 1 MiB, as long
+// as a line of a long prompt. longest is the longest valid
 // line: a job's encoding is at most about twice its line (only characters that JSON may hold
 // raw but that the encoding escapes, U+2028 and U+2029, grow it), so unless that could be too
 // large the files are not read again.

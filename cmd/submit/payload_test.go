@@ -10,7 +10,7 @@ import (
 )
 
 // TestJobsTooLargeForTheServerPublishNothing: against a NATS server that takes smaller
-// messages than a job (a stock nats-server takes 1 MiB; a line may be as long), submit names
+// messages than a job (a stock nats-server takes 1 MiB; a line may be 8), submit names
 // the line and the server's limit and publishes nothing, rather than stopping halfway with
 // "maximum payload exceeded" from the publish.
 func TestJobsTooLargeForTheServerPublishNothing(t *testing.T) {

@@ -292,7 +292,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		`{"custom_id":"x","model":"Qwen/Qwen3-8B","prompt":"a","sampling_params":{"temperature":"hot"}}`,
 		"{not json",
 		`{"custom_id":"y","model":"Qwen/Qwen3-8B","prompt":"a","colour":"red"}`,
-		`{"custom_id":"z","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", 2<<20) + `"}`,
+		`{"custom_id":"z","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", 9<<20) + `"}`,
 		"{\"custom_id\":\"u\",\"model\":\"Qwen/Qwen3-8B\",\"prompt\":\"\xff\xfe\"}",
 		jobLine(7),
 	})

@@ -2,8 +2,11 @@ package jobs
 
 // Defaults applied to zero (or negative) Limits fields.
 const (
-	// DefaultMaxLineBytes bounds one JSONL line (without its line end) and the Reader's buffer.
-	DefaultMaxLineBytes = 1 << 20
+	// DefaultMaxLineBytes bounds one JSONL line (without its line end): 8 MiB, the largest
+	// message of the embedded NATS server and deploy/'s. A prompt at MaxPromptChars fits in it
+	// however it is escaped (Python's json.dumps writes each non-ASCII character of the BMP
+	// as a 6-byte \uXXXX), so the prompt limit, not the line's, is the one a user meets.
+	DefaultMaxLineBytes = 8 << 20
 	// DefaultMaxPromptChars bounds the prompt text in Unicode code points (for messages: the sum of
 	// all contents). One million is far above any context window we sample with; it exists to stop
 	// pathological lines early, the worker's context check after tokenizing is the real bound.
@@ -36,8 +39,8 @@ const (
 type Limits struct {
 	// MaxCustomIDLen is the longest custom_id, in bytes (default 256).
 	MaxCustomIDLen int
-	// MaxLineBytes is the longest input line, in bytes without the line end (default 1 MiB). The
-	// Reader's buffer is this big; longer lines are skipped without being read into memory.
+	// MaxLineBytes is the longest input line, in bytes without the line end (default 8 MiB).
+	// Longer lines are skipped, kept in memory no further than this.
 	MaxLineBytes int
 	// MaxMaxTokens is the largest max_tokens a job may ask for (default 32768).
 	MaxMaxTokens int

@@ -9,9 +9,10 @@ import (
 	"strconv"
 )
 
-// Reader reads jobs from a JSONL input, one line at a time, through a buffer of
-// Limits.MaxLineBytes (+2 for the line end): memory does not grow with the file, except for the
-// set of custom_ids seen (about 40 bytes plus the id's length per job, see idSet).
+// Reader reads jobs from a JSONL input, one line at a time, through a buffer of readBuffer
+// bytes; a longer line is gathered in a second buffer, which grows to the longest line read
+// (at most Limits.MaxLineBytes). Memory does not grow with the file, except for the set of
+// custom_ids seen (about 40 bytes plus the id's length per job, see idSet).
 //
 // A line may be a native tinkerfleet job or an OpenAI Batch API request (detected per line by the
 // presence of body, url or method). Blank lines are skipped, CRLF line ends and a UTF-8 byte order
@@ -26,14 +27,19 @@ type Reader struct {
 	line     int    // number of the last line read
 	nonBlank int    // lines that were not blank
 	raw      []byte // the last valid line, as read
+	long     []byte // a line longer than br's buffer, gathered
 }
+
+// readBuffer is the size of a Reader's buffer: lines up to it are parsed where they were
+// read.
+const readBuffer = 256 << 10
 
 // NewReader returns a Reader of r. file names the input in errors (it may be empty); zero fields
 // of l take their defaults.
 func NewReader(r io.Reader, file string, l Limits) *Reader {
 	l = l.withDefaults()
 	return &Reader{
-		br:     bufio.NewReaderSize(r, l.MaxLineBytes+2),
+		br:     bufio.NewReaderSize(r, min(l.MaxLineBytes+2, readBuffer)),
 		file:   file,
 		files:  []string{file},
 		ids:    newIDSet(),
@@ -65,7 +71,7 @@ func (r *Reader) Line() int { return r.line }
 // an input without a single non-blank line, where it first returns an error wrapping ErrEmptyFile.
 // A failure of the underlying reader is returned wrapped, and again on every later call.
 //
-// Bad lines include: oversize lines (skipped up to the next newline without being buffered),
+// Bad lines include: oversize lines (skipped up to the next newline, kept no further than the limit),
 // invalid UTF-8, malformed JSON, a line that is not an object, unknown, repeated or mistyped
 // fields, values out of range, both or neither of model and model_path, zero or several prompt
 // kinds, and a custom_id already used by an earlier valid line of this Reader (the error names the
@@ -144,23 +150,36 @@ func (r *Reader) lineErr(fe *FieldError) *LineError {
 func (r *Reader) readLine() (line []byte, tooLong bool, err error) {
 	line, err = r.br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
-		for errors.Is(err, bufio.ErrBufferFull) {
-			_, err = r.br.ReadSlice('\n')
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil // the long line was the last one; the next call sees EOF
-		}
-		return nil, err == nil, err
+		line, err = r.readLong(line)
 	}
 	if err != nil {
 		if !errors.Is(err, io.EOF) || len(line) == 0 {
 			return nil, false, err
 		}
-		err = nil // a last line without a line end
+		err = nil // a last line without a line end; the next call sees EOF
 	}
 	line = bytes.TrimSuffix(line, []byte("\n"))
 	line = bytes.TrimSuffix(line, []byte("\r"))
-	return line, len(line) > r.limits.MaxLineBytes, nil
+	if len(line) > r.limits.MaxLineBytes {
+		return nil, true, nil
+	}
+	return line, false, nil
+}
+
+// readLong reads the rest of a line longer than the buffer, which began with head, into
+// r.long. Of a line over MaxLineBytes it keeps only enough to tell that it is: MaxLineBytes
+// plus a line end (2) plus one byte.
+func (r *Reader) readLong(head []byte) ([]byte, error) {
+	r.long = append(r.long[:0], head...)
+	for {
+		part, err := r.br.ReadSlice('\n')
+		if room := r.limits.MaxLineBytes + 3 - len(r.long); room > 0 {
+			r.long = append(r.long, part[:min(len(part), room)]...)
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return r.long, err
+		}
+	}
 }
 
 // trimASCIISpace trims JSON whitespace from both ends.

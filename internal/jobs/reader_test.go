@@ -469,3 +469,31 @@ func TestPromptLimitCountsCharactersNotBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestReaderTakesLinesLongerThanItsBuffer: lines longer than the read buffer are gathered
+// whole, up to the line limit. The default limit takes a prompt at the prompt limit written
+// as Python's json.dumps writes CJK text (a 6-byte \uXXXX per character); a line over the
+// limit is refused, and the lines after it, the last without a line end, still read.
+func TestReaderTakesLinesLongerThanItsBuffer(t *testing.T) {
+	t.Parallel()
+	escaped := `{"custom_id":"cjk","model":"m","prompt":"` + strings.Repeat(`\u4e2d`, DefaultMaxPromptChars) + `"}`
+	over := `{"custom_id":"over","model":"m","prompt":"` + strings.Repeat("a", DefaultMaxLineBytes) + `"}`
+	last := `{"custom_id":"last","model":"m","prompt":"` + strings.Repeat("b", 3*readBuffer) + `"}`
+	items, err := readString(t, escaped+"\n"+over+"\r\n"+goodA+"\n"+last, Limits{})
+	mustEOF(t, err)
+	if len(items) != 4 {
+		t.Fatalf("got %d outcomes, want 4: %+v", len(items), items)
+	}
+	if j := items[0].job; items[0].lerr != nil || j.CustomID != "cjk" || j.Prompt != strings.Repeat("中", DefaultMaxPromptChars) {
+		t.Errorf("line 1 (%d bytes): %v, custom_id %q, prompt of %d bytes", len(escaped), items[0].lerr, j.CustomID, len(j.Prompt))
+	}
+	if le := items[1].lerr; le == nil || le.Line != 2 || !strings.Contains(le.Msg, "longer than the limit") {
+		t.Errorf("line 2, over the limit: %+v", items[1])
+	}
+	if items[2].lerr != nil || items[2].job.CustomID != "good-a" {
+		t.Errorf("line 3: %+v", items[2])
+	}
+	if j := items[3].job; items[3].lerr != nil || j.CustomID != "last" || len(j.Prompt) != 3*readBuffer {
+		t.Errorf("line 4: %v, custom_id %q, prompt of %d bytes", items[3].lerr, j.CustomID, len(j.Prompt))
+	}
+}
