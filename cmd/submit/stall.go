@@ -26,11 +26,12 @@ type stall struct {
 	maxInFlight int  // the consumer's cap on jobs in flight (MaxAckPending)
 	pulls       int  // pull requests waiting at the server: workers with room for jobs
 
-	pause *backoff.Pause   // the latest account backoff, if any
-	retry *queue.RetryNote // why a worker last put off a job of the batch, if one did
-	now   time.Time        // the server's clock when it was asked
-	local bool             // the worker runs in this process (submit --local)
-	held  int              // results the in-process worker cannot store
+	pause   *backoff.Pause     // the latest account backoff, if any
+	retry   *queue.RetryNote   // why a worker last put off a job of the batch, if one did
+	trouble *queue.ServiceNote // what a worker's Tinker client last retried, if anything
+	now     time.Time          // the server's clock when it was asked
+	local   bool               // the worker runs in this process (submit --local)
+	held    int                // results the in-process worker cannot store
 }
 
 // explain asks the server why batch m, of whose results got have been read, has had none for
@@ -109,6 +110,9 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 	if note, ok, _ := q.LastRetry(bctx, m.BatchID); ok {
 		s.retry = &note
 	}
+	if note, ok, _ := q.LastServiceRetry(bctx); ok {
+		s.trouble = &note
+	}
 	return s, nil
 }
 
@@ -128,6 +132,7 @@ const (
 	stallNoConsumer
 	stallNoWorker
 	stallRetrying
+	stallServiceFails
 	stallAtWorkers
 )
 
@@ -155,6 +160,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	case s.retrying(since):
 		return stallRetrying, fmt.Sprintf("%d jobs at the workers; some of its jobs failed and wait to be tried again, %s", s.inFlight, retryPhrase(*s.retry, s.now))
+	case s.trouble != nil && s.now.Sub(s.trouble.At) <= s.trouble.RetryIn()+since:
+		return stallServiceFails, fmt.Sprintf("%d jobs at the workers; the Tinker service fails requests, which the workers try again: %s", s.inFlight, troublePhrase(*s.trouble, s.now))
 	}
 	text := fmt.Sprintf("%d jobs at the workers", s.inFlight)
 	if s.maxInFlight > 0 && s.inFlight >= s.maxInFlight {
@@ -182,6 +189,21 @@ func retryPhrase(n queue.RetryNote, now time.Time) string {
 	}
 	return fmt.Sprintf("the last %s ago: %q on delivery %d of %d, %s: %s",
 		ago.Round(time.Second), n.CustomID, n.Delivery, n.MaxDeliver, next, n.Error)
+}
+
+// troublePhrase words a service note as seen at now, in the server's clock: the request,
+// what became of it, when it is tried again and the error.
+func troublePhrase(n queue.ServiceNote, now time.Time) string {
+	ago := max(now.Sub(n.At), 0)
+	what := fmt.Sprintf("%s answered %d", n.Endpoint, n.Status)
+	if n.Status == 0 {
+		what = n.Endpoint + " did not reach it"
+	}
+	next := "due now"
+	if left := n.RetryIn() - ago; left >= time.Second {
+		next = "again in " + left.Round(time.Second).String()
+	}
+	return fmt.Sprintf("the last %s ago, %s, %s: %s", ago.Round(time.Second), what, next, n.Error)
 }
 
 // pauseCause says what a backoff's reason means.

@@ -226,3 +226,22 @@ func TestStalledBatchSaysWhyJobsAreTriedAgain(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestStalledBatchSaysTheServiceFailsRequests: a service that answers 503 keeps a batch's
+// jobs at the workers, whose client retries the requests for minutes; submit says so, with
+// the request and the service's answer.
+func TestStalledBatchSaysTheServiceFailsRequests(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{
+		{Kind: tinkersim.FaultServerError, Status: 503, Endpoints: []string{"asample"}}}})
+	f.startWorker(4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stderr, done := watchedSubmit(t, ctx, f, 2)
+	waitSaid(t, stderr, "2 jobs at the workers; the Tinker service fails requests, which the workers try again: the last ")
+	if out := stderr.String(); !regexp.MustCompile(`the last \d+s ago, asample answered 503, (again in \d+s|due now): tinker: POST asample: error code 503`).MatchString(out) {
+		t.Errorf("the failing request is not named with the service's answer:\n%s", out)
+	}
+	cancel()
+	<-done
+}

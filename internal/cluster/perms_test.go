@@ -244,13 +244,18 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if err := board.Close(ctx); err != nil {
 		t.Errorf("worker: close share board: %v", err)
 	}
-	// A job put off after a failure: the worker notes why, and submit reads the note.
+	// A job put off after a failure, and a request the service failed: the worker notes why,
+	// and submit reads the notes.
 	if err := wq.NoteRetry(batch, queue.RetryNote{CustomID: "j-1", Delivery: 1, MaxDeliver: 10, RetryInMS: 5000, Error: "hub down"}); err != nil {
 		t.Errorf("worker: note a retry: %v", err)
 	}
-	fleettest.Eventually(t, 10*time.Second, "submit reading the worker's retry note", func() bool {
+	if err := wq.NoteServiceRetry(queue.ServiceNote{Endpoint: "asample", Status: 503, RetryInMS: 1000, Error: "unavailable"}); err != nil {
+		t.Errorf("worker: note a service failure: %v", err)
+	}
+	fleettest.Eventually(t, 10*time.Second, "submit reading the worker's retry and service notes", func() bool {
 		n, ok, err := sub.LastRetry(ctx, batch)
-		return err == nil && ok && n.Error == "hub down"
+		s, sok, serr := sub.LastServiceRetry(ctx)
+		return err == nil && ok && n.Error == "hub down" && serr == nil && sok && s.Status == 503
 	})
 	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
 	if v := subV.list()[subBefore:]; len(v) > 0 {

@@ -29,30 +29,41 @@ type RetryNote struct {
 // RetryIn is how long the job waited, from At, for its next delivery.
 func (n RetryNote) RetryIn() time.Duration { return time.Duration(n.RetryInMS) * time.Millisecond }
 
-// maxRetryError bounds a note's error text, in bytes.
-const maxRetryError = 1024
+// ServiceNote says what a worker's Tinker client last retried: a request the service failed
+// (5xx) or that did not reach it. The client retries such requests inside a job for minutes
+// (the SDK's retry layers, §6 of the wire notes) before the job fails, so without the note a
+// user waiting on a batch sees only that its jobs are at the workers. The latest note of the
+// fleet is kept, whichever worker and account it came from.
+type ServiceNote struct {
+	Endpoint  string `json:"endpoint"`    // the request retried: asample, retrieve_future, …
+	Status    int    `json:"status"`      // its HTTP status; 0: it did not reach the service
+	RetryInMS int64  `json:"retry_in_ms"` // how long the client waits before it tries again
+	Error     string `json:"error"`
+	// At is when the note was stored, in the NATS server's clock (set by LastServiceRetry).
+	At time.Time `json:"-"`
+}
+
+// RetryIn is how long the client waited, from At, to try the request again.
+func (n ServiceNote) RetryIn() time.Duration { return time.Duration(n.RetryInMS) * time.Millisecond }
+
+// maxNoteError bounds a note's error text, in bytes.
+const maxNoteError = 1024
 
 // retryNoteKey is the key of batch's retry note in the backoff bucket: two tokens, apart
 // from the accounts' keys (one token) and their capacity reports (three).
 func retryNoteKey(batch string) string { return "retry." + batch }
+
+// serviceNoteKey is the key of the fleet's service note: two tokens, and no batch's, whose
+// notes begin with "retry.".
+const serviceNoteKey = "service.retry"
 
 // NoteRetry stores n as batch's latest retry note. It does not wait for the server, nor
 // learn whether it stored the note (a publish to the bucket's subject): a note is a hint,
 // and the job it is about is settled without waiting. Without the bucket (a fleet that
 // backs off per process), nothing is stored.
 func (q *Queue) NoteRetry(batch string, n RetryNote) error {
-	if len(n.Error) > maxRetryError {
-		cut := maxRetryError
-		for cut > 0 && !utf8.RuneStart(n.Error[cut]) {
-			cut--
-		}
-		n.Error = n.Error[:cut] + "…"
-	}
-	data, err := json.Marshal(n)
-	if err != nil {
-		return fmt.Errorf("retry note of batch %s: %w", batch, err)
-	}
-	if err := q.JS.Conn().Publish("$KV."+q.Names.BackoffBucket()+"."+retryNoteKey(batch), data); err != nil {
+	n.Error = clip(n.Error)
+	if err := q.publishNote(retryNoteKey(batch), n); err != nil {
 		return fmt.Errorf("retry note of batch %s: %w", batch, err)
 	}
 	return nil
@@ -60,25 +71,73 @@ func (q *Queue) NoteRetry(batch string, n RetryNote) error {
 
 // LastRetry reads batch's latest retry note; ok is false when it has none.
 func (q *Queue) LastRetry(ctx context.Context, batch string) (n RetryNote, ok bool, err error) {
+	n.At, ok, err = q.readNote(ctx, retryNoteKey(batch), &n)
+	if err != nil {
+		return n, false, fmt.Errorf("retry note of batch %s: %w", batch, err)
+	}
+	return n, ok, nil
+}
+
+// NoteServiceRetry stores n as the fleet's latest service note, as NoteRetry does.
+func (q *Queue) NoteServiceRetry(n ServiceNote) error {
+	n.Error = clip(n.Error)
+	if err := q.publishNote(serviceNoteKey, n); err != nil {
+		return fmt.Errorf("service note: %w", err)
+	}
+	return nil
+}
+
+// LastServiceRetry reads the fleet's latest service note; ok is false when it has none.
+func (q *Queue) LastServiceRetry(ctx context.Context) (n ServiceNote, ok bool, err error) {
+	n.At, ok, err = q.readNote(ctx, serviceNoteKey, &n)
+	if err != nil {
+		return n, false, fmt.Errorf("service note: %w", err)
+	}
+	return n, ok, nil
+}
+
+// clip bounds a note's error text to maxNoteError bytes, cut at a character's start.
+func clip(s string) string {
+	if len(s) <= maxNoteError {
+		return s
+	}
+	cut := maxNoteError
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// publishNote publishes v, as JSON, to key's subject in the backoff bucket.
+func (q *Queue) publishNote(key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return q.JS.Conn().Publish("$KV."+q.Names.BackoffBucket()+"."+key, data)
+}
+
+// readNote reads the note under key into v and says when it was stored; ok is false when
+// there is none (nor a bucket).
+func (q *Queue) readNote(ctx context.Context, key string, v any) (at time.Time, ok bool, err error) {
 	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return n, false, nil
+		return at, false, nil
 	}
 	if err != nil {
-		return n, false, fmt.Errorf("retry note of batch %s: %w", batch, err)
+		return at, false, err
 	}
-	e, err := kv.Get(ctx, retryNoteKey(batch))
+	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return n, false, nil
+		return at, false, nil
 	}
 	if err != nil {
-		return n, false, fmt.Errorf("retry note of batch %s: %w", batch, err)
+		return at, false, err
 	}
-	if err := json.Unmarshal(e.Value(), &n); err != nil {
-		return n, false, fmt.Errorf("retry note of batch %s: %w", batch, err)
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return at, false, err
 	}
-	n.At = e.Created()
-	return n, true, nil
+	return e.Created(), true, nil
 }
 
 // forgetRetries removes batch's retry note, if it has one.

@@ -26,7 +26,7 @@ func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := time.Now()
-	long := strings.Repeat("é", maxRetryError) // two bytes each
+	long := strings.Repeat("é", maxNoteError) // two bytes each
 	notes := []struct {
 		batch string
 		note  RetryNote
@@ -59,7 +59,7 @@ func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 	if got.At.Before(before.Add(-time.Minute)) || got.At.After(time.Now().Add(time.Minute)) {
 		t.Errorf("stored at %v, want about now", got.At)
 	}
-	if !utf8.ValidString(got.Error) || len(got.Error) > maxRetryError+len("…") || !strings.HasPrefix(got.Error, "xé") || !strings.HasSuffix(got.Error, "é…") {
+	if !utf8.ValidString(got.Error) || len(got.Error) > maxNoteError+len("…") || !strings.HasPrefix(got.Error, "xé") || !strings.HasSuffix(got.Error, "é…") {
 		t.Errorf("a long error is kept as %d bytes: %.20q…", len(got.Error), got.Error)
 	}
 

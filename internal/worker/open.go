@@ -225,6 +225,7 @@ func (w *Worker) onEvent(observer *backoff.QueueStateObserver) func(tinker.Event
 	return func(e tinker.Event) {
 		w.metrics.event(e)
 		w.health.observe(e)
+		w.noteServiceRetry(e)
 		if e.Kind != tinker.EventQueueState {
 			return
 		}

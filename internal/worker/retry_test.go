@@ -1,13 +1,17 @@
 package worker
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
@@ -71,5 +75,53 @@ func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
 	}
 	if more, err := sub.NextMsg(200 * time.Millisecond); err == nil {
 		t.Errorf("noted more: %s %s", more.Subject, more.Data)
+	}
+}
+
+// TestServiceNotesLeaveOut429sAndComeOnceASecond: a retry of a request the service failed is
+// noted with the service's status, also when only the error carries it, and warned of in the
+// log; a 429 (a pause of the fleet) and requests that were not retried are not; a second
+// retry within the second is counted, not noted.
+func TestServiceNotesLeaveOut429sAndComeOnceASecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	nc := b.results.JS.Conn()
+	sub, err := nc.SubscribeSync("$KV." + b.results.Names.BackoffBucket() + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	w := &Worker{cfg: Config{Queue: b.results}, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	unavailable := &tinker.StatusError{Method: "POST", Endpoint: "asample", StatusCode: 503, Body: "down"}
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", StatusCode: 429, Delay: time.Second, Err: errors.New("rate limited")})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", Delay: time.Second,
+		Err: &tinker.StatusError{Method: "POST", Endpoint: "asample", StatusCode: 429}})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRequest, Endpoint: "asample", StatusCode: 503, Err: unavailable})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", Delay: 2 * time.Second, Err: unavailable})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "retrieve_future", Delay: time.Second, Err: errors.New("connection reset")})
+
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var note queue.ServiceNote
+	if err := json.Unmarshal(msg.Data, &note); err != nil {
+		t.Fatal(err)
+	}
+	want := queue.ServiceNote{Endpoint: "asample", Status: 503, RetryInMS: 2000, Error: unavailable.Error()}
+	if !strings.HasSuffix(msg.Subject, ".service.retry") || note != want {
+		t.Errorf("noted %s %+v, want %+v", msg.Subject, note, want)
+	}
+	if more, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+		t.Errorf("noted more: %s %s", more.Subject, more.Data)
+	}
+	if n := strings.Count(logs.String(), "the Tinker service fails requests"); n != 1 || !strings.Contains(logs.String(), "status=503") {
+		t.Errorf("warned %d times, want once with the status:\n%s", n, logs.String())
+	}
+	if got := w.service.retries.Load(); got != 1 {
+		t.Errorf("%d retries counted since the warning, want the one after it", got)
 	}
 }

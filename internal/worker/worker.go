@@ -42,6 +42,7 @@ type Worker struct {
 	models      modelCache
 	cancelled   cancelSet
 	retryNotes  retryNotes
+	service     serviceNotes
 	maxDeliver  int
 	maxPayload  int64
 	settler     *settler         // set by Run
