@@ -92,12 +92,12 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	case st.Status == queue.BatchPublishing:
 		fmt.Fprintf(tw, "status\t%s: its submit is publishing the jobs (if it was interrupted, run it again to finish)\n", st.Status)
 	default:
-		fmt.Fprintf(tw, "status\t%s: %d jobs without a result yet\n", st.Status, st.Jobs-st.Results)
+		fmt.Fprintf(tw, "status\t%s: %s without a result yet\n", st.Status, plural(st.Jobs-st.Results, "job"))
 	}
 	fmt.Fprintf(tw, "created\t%s\n", st.CreatedAt.Local().Format(time.DateTime))
 	fmt.Fprintf(tw, "jobs\t%d (%d lines rejected)\n", st.Jobs, st.Rejected)
 	fmt.Fprintf(tw, "results\t%d of %d: ok %d, error %d, cancelled %d\n", st.Results, st.Jobs, st.OK, st.Failed, st.Cancelled)
-	fmt.Fprintf(tw, "waiting\t%d jobs in the queue\n", st.Waiting)
+	fmt.Fprintf(tw, "waiting\t%s in the queue\n", plural(st.Waiting, "job"))
 	if st.Activity != "" {
 		fmt.Fprintf(tw, "activity\t%s\n", st.Activity)
 	}

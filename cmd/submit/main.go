@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 )
 
@@ -101,4 +102,13 @@ func exitCode(err error) int {
 	default:
 		return 1
 	}
+}
+
+// plural says n of a thing, in the singular for one: plural(1, "job") is "1 job",
+// plural(3, "job") "3 jobs".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
 }

@@ -143,7 +143,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.missing <= 0:
 		return stallNone, "" // every result is stored; the reader has yet to read the last
 	case s.held > 0:
-		return stallHeld, fmt.Sprintf("the worker holds %d results that the NATS server cannot store (is its disk full?)", s.held)
+		return stallHeld, fmt.Sprintf("the worker holds %s that the NATS server cannot store (is its disk full?)", plural(s.held, "result"))
 	case s.pause != nil && s.pause.Left >= time.Second:
 		return stallPaused, fmt.Sprintf("the fleet is paused for %s more: %s", s.pause.Left.Round(time.Second), pauseCause(s.pause.Reason))
 	case s.pause != nil && -s.pause.Left < since: // short pauses, one after another
@@ -153,22 +153,22 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.waiting == 0:
 		return stallGone, fmt.Sprintf("none of its jobs is left in the queue, so the %d missing results will not come (removed, or expired after --results-max-age?)", s.missing)
 	case s.noConsumer:
-		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %d jobs wait; start one (worker --nats-url)", s.waiting)
+		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
 	case s.inFlight == 0 && s.pulls == 0 && s.local:
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
 	case s.inFlight == 0 && s.pulls == 0:
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	case s.retrying(since):
-		return stallRetrying, fmt.Sprintf("%d jobs at the workers; some of its jobs failed and wait to be tried again, %s", s.inFlight, retryPhrase(*s.retry, s.now))
+		return stallRetrying, fmt.Sprintf("%s at the workers; some of its jobs failed and wait to be tried again, %s", plural(s.inFlight, "job"), retryPhrase(*s.retry, s.now))
 	case s.trouble != nil && s.now.Sub(s.trouble.At) <= s.trouble.RetryIn()+since:
-		return stallServiceFails, fmt.Sprintf("%d jobs at the workers; the Tinker service fails requests, which the workers try again: %s", s.inFlight, troublePhrase(*s.trouble, s.now))
+		return stallServiceFails, fmt.Sprintf("%s at the workers; the Tinker service fails requests, which the workers try again: %s", plural(s.inFlight, "job"), troublePhrase(*s.trouble, s.now))
 	}
-	text := fmt.Sprintf("%d jobs at the workers", s.inFlight)
+	text := plural(s.inFlight, "job") + " at the workers"
 	if s.maxInFlight > 0 && s.inFlight >= s.maxInFlight {
 		text += ", the fleet's cap (--max-ack-pending)"
 	}
 	if others := s.queued + s.inFlight - s.waiting; others > 0 {
-		text += fmt.Sprintf("; %d jobs of other batches queued or at work", others)
+		text += fmt.Sprintf("; %s of other batches queued or at work", plural(others, "job"))
 	}
 	return stallAtWorkers, text
 }

@@ -245,3 +245,16 @@ func TestStalledBatchSaysTheServiceFailsRequests(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestStallCountsInTheSingular: one job is "1 job", not "1 jobs".
+func TestStallCountsInTheSingular(t *testing.T) {
+	t.Parallel()
+	s := stall{missing: 1, waiting: 1, inFlight: 1, maxInFlight: 1000, queued: 1}
+	if _, text := s.why(10 * time.Second); text != "1 job at the workers; 1 job of other batches queued or at work" {
+		t.Errorf("one job at the workers and one of another batch: %q", text)
+	}
+	s = stall{missing: 2, waiting: 2, noConsumer: true}
+	if _, text := s.why(10 * time.Second); !strings.Contains(text, ": 2 jobs wait;") {
+		t.Errorf("two jobs waiting: %q", text)
+	}
+}

@@ -203,7 +203,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %d jobs submitted\n", m.BatchID, m.Jobs)
+	fmt.Fprintf(env.stderr, "batch %s: %s submitted\n", m.BatchID, plural(m.Jobs, "job"))
 	fmt.Fprintln(env.stdout, m.BatchID)
 	if !o.wait {
 		if local {
