@@ -460,11 +460,8 @@ func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
 			js = append(js, jobs.Job{CustomID: fmt.Sprintf("cap-%03d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1,
 				Params: jobs.SamplingParams{MaxTokens: intp(2)}})
 		}
-		var ws []*Worker
 		for range 2 {
-			w := b.open(t, b.connect(t), Config{Concurrency: 64, CapacityTTL: ttl})
-			run(t, w)
-			ws = append(ws, w)
+			run(t, b.open(t, b.connect(t), Config{Concurrency: 64, CapacityTTL: ttl}))
 		}
 		publishJobs(t, b.results, "cap", js)
 		for _, r := range waitResults(t, b.results, "cap", len(js), 2*time.Minute) {
