@@ -249,7 +249,7 @@ func runDelete(ctx context.Context, args []string, env *environment) error {
 	if err := sess.q.DeleteBatch(ctx, batch); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s deleted: its %d results, its jobs and dead letters are removed from the NATS server\n", batch, results)
+	fmt.Fprintf(env.stderr, "batch %s deleted: its %s, its jobs and dead letters are removed from the NATS server\n", batch, plural(results, "result"))
 	return nil
 }
 

@@ -229,8 +229,8 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %d results (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
-		sum.total(), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
+	fmt.Fprintf(env.stderr, "batch %s: %s (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
+		plural(sum.total(), "result"), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
 	return nil
 }
 

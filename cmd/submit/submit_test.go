@@ -1358,3 +1358,16 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		}
 	}
 }
+
+// TestOneJobIsCountedInTheSingular: a batch of one job says "1 job" and "1 result".
+func TestOneJobIsCountedInTheSingular(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	f.startWorker(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, stderr, err := f.submit(ctx, writeLines(t, []string{jobLine(0)}), "-o", filepath.Join(t.TempDir(), "out.jsonl"))
+	if err != nil || !strings.Contains(stderr, ": 1 job submitted\n") || !strings.Contains(stderr, ": 1 result (1 ok, 0 error, 0 cancelled)") {
+		t.Errorf("err %v, said:\n%s", err, stderr)
+	}
+}
