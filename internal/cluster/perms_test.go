@@ -265,11 +265,17 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Errorf("worker met permission violations in normal work: %q", v)
 	}
 
-	// Deleting a batch purges streams: submit may not, and changes nothing; admin may.
-	delCtx, cancelDel := context.WithTimeout(ctx, 5*time.Second)
+	// Deleting a batch purges streams: submit may not, and changes nothing; admin may. The
+	// server does not answer a refused request: submit learns of the refusal from the
+	// connection's error, well before the request's deadline.
+	delCtx, cancelDel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancelDel()
-	if err := sub.DeleteBatch(delCtx, batch); err == nil || !strings.Contains(err.Error(), "needs a NATS user that may purge streams") {
+	start := time.Now()
+	if err := sub.DeleteBatch(delCtx, batch); err == nil || !strings.Contains(err.Error(), "needs a NATS user that may purge streams") || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("submit: delete: %v; want it refused, saying why", err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("submit's refused delete took %v: it waited for the request's deadline", took)
 	}
 	if m, _, err := sub.GetManifest(ctx, batch); err != nil || m.Status == queue.BatchDeleted {
 		t.Errorf("submit's refused delete marked the batch: %+v, %v", m, err)

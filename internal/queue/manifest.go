@@ -108,12 +108,7 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 // it. Only a result stored in the moment between the mark and a worker hearing of it can
 // outlive the purge; deleting a deleted batch removes again whatever came since.
 func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
-	if err := q.Jobs.Purge(ctx, jetstream.WithPurgeSubject(q.Names.JobSubject(batch))); err != nil {
-		// A purge the user may not make is not answered: the request times out, and the
-		// server's reason arrives apart, as the connection's last error.
-		if last := q.JS.Conn().LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), ".STREAM.PURGE.") {
-			err = fmt.Errorf("%w (deleting a batch needs a NATS user that may purge streams, such as deploy/'s admin)", last)
-		}
+	if err := q.purgeJobs(ctx, batch); err != nil {
 		return fmt.Errorf("delete batch %s: remove its jobs: %w", batch, err)
 	}
 	_, err := q.UpdateManifest(ctx, batch, func(m *Manifest) error {
@@ -136,6 +131,53 @@ func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
 	}
 	return nil
 }
+
+// purgeJobs removes batch's jobs from the jobs stream. A purge the user may not make is not
+// answered, and its request would wait for ctx's deadline: the server's refusal arrives apart,
+// as the connection's last error, which is watched meanwhile so that the refusal ends the
+// request at once and says what to do.
+func (q *Queue) purgeJobs(ctx context.Context, batch string) error {
+	nc := q.JS.Conn()
+	before := nc.LastError()
+	refused := func() error {
+		if last := nc.LastError(); last != before && errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), ".STREAM.PURGE.") {
+			return fmt.Errorf("%w (deleting a batch needs a NATS user that may purge streams, such as deploy/'s admin)", last)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	purged := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(refusalLook)
+		defer tick.Stop()
+		for {
+			select {
+			case <-purged:
+				return
+			case <-tick.C:
+				if err := refused(); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}
+	}()
+	err := q.Jobs.Purge(ctx, jetstream.WithPurgeSubject(q.Names.JobSubject(batch)))
+	close(purged)
+	<-watched
+	if err != nil {
+		if why := refused(); why != nil {
+			return why
+		}
+	}
+	return err
+}
+
+// refusalLook is how often purgeJobs looks for the server's refusal.
+const refusalLook = 20 * time.Millisecond
 
 // Manifests lists every batch manifest, oldest write first. One watch of the bucket delivers
 // them all with their values: no request per batch, which a remote server would make a round
