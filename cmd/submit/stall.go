@@ -154,13 +154,15 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallGone, fmt.Sprintf("none of its jobs is left in the queue, so the %d missing results will not come (removed, or expired after --results-max-age?)", s.missing)
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
+	case s.inFlight == 0 && s.pulls == 0 && s.troubled(since):
+		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s wait, and the Tinker service fails the workers' requests: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
 	case s.inFlight == 0 && s.pulls == 0 && s.local:
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
 	case s.inFlight == 0 && s.pulls == 0:
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	case s.retrying(since):
 		return stallRetrying, fmt.Sprintf("%s at the workers; some of its jobs failed and wait to be tried again, %s", plural(s.inFlight, "job"), retryPhrase(*s.retry, s.now))
-	case s.trouble != nil && s.now.Sub(s.trouble.At) <= s.trouble.RetryIn()+since:
+	case s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("%s at the workers; the Tinker service fails requests, which the workers try again: %s", plural(s.inFlight, "job"), troublePhrase(*s.trouble, s.now))
 	}
 	text := plural(s.inFlight, "job") + " at the workers"
@@ -189,6 +191,12 @@ func retryPhrase(n queue.RetryNote, now time.Time) string {
 	}
 	return fmt.Sprintf("the last %s ago: %q on delivery %d of %d, %s: %s",
 		ago.Round(time.Second), n.CustomID, n.Delivery, n.MaxDeliver, next, n.Error)
+}
+
+// troubled reports whether a worker's client retried a request the service failed lately:
+// within since, or for a wait that has not ended since.
+func (s stall) troubled(since time.Duration) bool {
+	return s.trouble != nil && s.now.Sub(s.trouble.At) <= s.trouble.RetryIn()+since
 }
 
 // troublePhrase words a service note as seen at now, in the server's clock: the request,

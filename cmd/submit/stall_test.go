@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
 
 // watchedSubmit runs submit of n jobs into f's server in the background, with progress lines
@@ -257,4 +260,31 @@ func TestStallCountsInTheSingular(t *testing.T) {
 	if _, text := s.why(10 * time.Second); !strings.Contains(text, ": 2 jobs wait;") {
 		t.Errorf("two jobs waiting: %q", text)
 	}
+}
+
+// TestStalledBatchSaysTheWorkersCannotReachTheService: a worker that cannot reach the Tinker
+// service retries its start for minutes and takes no jobs; submit says both.
+func TestStalledBatchSaysTheWorkersCannotReachTheService(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{}) // set up by the worker before it dials Tinker
+	opened := make(chan struct{})
+	go func() { // Open retries the service until ctx ends
+		defer close(opened)
+		if w, err := worker.Open(ctx, worker.Config{Queue: q, TinkerBaseURL: gone.URL, TinkerAPIKey: fleettest.APIKey, Tokenizers: f.tok}); err == nil {
+			w.Close()
+		}
+	}()
+	stderr, done := watchedSubmit(t, ctx, f, 2)
+	waitSaid(t, stderr, "no worker is taking jobs: 2 jobs wait, and the Tinker service fails the workers' requests: the last ")
+	if out := stderr.String(); !strings.Contains(out, "client/config did not reach it") || !strings.Contains(out, "connection refused") {
+		t.Errorf("the request and why it failed are not named:\n%s", out)
+	}
+	cancel()
+	<-done
+	<-opened
 }

@@ -94,10 +94,14 @@ func (w *Worker) noteServiceRetry(e tinker.Event) {
 		return
 	}
 	now := time.Now()
-	w.service.retries.Add(1)
-	if take(&w.service.warned, now, serviceWarnEvery) {
-		w.log.Warn("the Tinker service fails requests; the client retries them",
-			"endpoint", e.Endpoint, "status", status, "retried", w.service.retries.Swap(0), "err", e.Err)
+	// The client logs the retries of its session's own calls; those of samples, a line each
+	// in an outage, it leaves to its events: they are warned of here, in sum.
+	if e.SamplerID != "" {
+		w.service.retries.Add(1)
+		if take(&w.service.warned, now, serviceWarnEvery) {
+			w.log.Warn("the Tinker service fails requests; the client retries them",
+				"endpoint", e.Endpoint, "status", status, "retried", w.service.retries.Swap(0), "err", e.Err)
+		}
 	}
 	if !take(&w.service.noted, now, retryNoteEvery) {
 		return

@@ -79,9 +79,10 @@ func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
 }
 
 // TestServiceNotesLeaveOut429sAndComeOnceASecond: a retry of a request the service failed is
-// noted with the service's status, also when only the error carries it, and warned of in the
-// log; a 429 (a pause of the fleet) and requests that were not retried are not; a second
-// retry within the second is counted, not noted.
+// noted with the service's status, also when only the error carries it, and a sample's is
+// warned of in the log; a 429 (a pause of the fleet) and requests that were not retried are
+// not; a second retry within the second is counted, not noted; the retry of a session call,
+// which the client logs itself, is noted but not counted.
 func TestServiceNotesLeaveOut429sAndComeOnceASecond(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
@@ -100,8 +101,10 @@ func TestServiceNotesLeaveOut429sAndComeOnceASecond(t *testing.T) {
 	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", Delay: time.Second,
 		Err: &tinker.StatusError{Method: "POST", Endpoint: "asample", StatusCode: 429}})
 	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRequest, Endpoint: "asample", StatusCode: 503, Err: unavailable})
-	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", Delay: 2 * time.Second, Err: unavailable})
-	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "retrieve_future", Delay: time.Second, Err: errors.New("connection reset")})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "asample", SamplerID: "s-1", Delay: 2 * time.Second, Err: unavailable})
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "retrieve_future", SamplerID: "s-1", Delay: time.Second, Err: errors.New("connection reset")})
+	// The session's own calls: the client logs their retries itself.
+	w.noteServiceRetry(tinker.Event{Kind: tinker.EventRetry, Endpoint: "session_heartbeat", Delay: time.Second, Err: errors.New("connection reset")})
 
 	msg, err := sub.NextMsg(5 * time.Second)
 	if err != nil {
