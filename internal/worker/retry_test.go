@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -45,19 +47,26 @@ func TestRetryNotesAreHeldToOneABatchASecond(t *testing.T) {
 	}
 }
 
-// TestRetryNotesLeaveOutPausesOfTheFleet: a job put off for a pause of the fleet is not
-// noted (submit reads the pause itself); one that failed is, with its delivery and wait.
-func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
-	t.Parallel()
-	b := setup(t, queue.Config{}, tinkersim.Config{})
-	nc := b.results.JS.Conn()
-	sub, err := nc.SubscribeSync("$KV." + b.results.Names.BackoffBucket() + ".retry.>")
+// watchNotes subscribes to the messages published under keys in q's backoff bucket.
+func watchNotes(t *testing.T, q *queue.Queue, keys string) *nats.Subscription {
+	t.Helper()
+	nc := q.JS.Conn()
+	sub, err := nc.SubscribeSync("$KV." + q.Names.BackoffBucket() + "." + keys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	return sub
+}
+
+// TestRetryNotesLeaveOutPausesOfTheFleet: a job put off for a pause of the fleet is not
+// noted (submit reads the pause itself); one that failed is, with its delivery and wait.
+func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	sub := watchNotes(t, b.results, "retry.>")
 	w := &Worker{cfg: Config{Queue: b.results}, maxDeliver: 7}
 	w.noteRetry("b-paused", "q-1", 2, time.Minute, fmt.Errorf("job: %w", errBackingOff))
 	w.noteRetry("b-failed", "q-2", 3, 20*time.Second, errors.New("tokenizer hub unreachable"))
@@ -86,14 +95,7 @@ func TestRetryNotesLeaveOutPausesOfTheFleet(t *testing.T) {
 func TestServiceNotesLeaveOut429sAndComeOnceASecond(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
-	nc := b.results.JS.Conn()
-	sub, err := nc.SubscribeSync("$KV." + b.results.Names.BackoffBucket() + ".>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	sub := watchNotes(t, b.results, ">")
 	var logs bytes.Buffer
 	w := &Worker{cfg: Config{Queue: b.results}, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	unavailable := &tinker.StatusError{Method: "POST", Endpoint: "asample", StatusCode: 503, Body: "down"}
