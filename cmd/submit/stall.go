@@ -107,11 +107,8 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 			s.pause = &pauses[i]
 		}
 	}
-	if note, ok, _ := q.LastRetry(bctx, m.BatchID); ok {
-		s.retry = &note
-	}
-	if note, ok, _ := q.LastServiceRetry(bctx); ok {
-		s.trouble = &note
+	if notes, err := q.ReadNotes(bctx, m.BatchID); err == nil {
+		s.retry, s.trouble = notes.Retry, notes.Service
 	}
 	return s, nil
 }

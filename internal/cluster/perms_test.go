@@ -253,9 +253,8 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Errorf("worker: note a service failure: %v", err)
 	}
 	fleettest.Eventually(t, 10*time.Second, "submit reading the worker's retry and service notes", func() bool {
-		n, ok, err := sub.LastRetry(ctx, batch)
-		s, sok, serr := sub.LastServiceRetry(ctx)
-		return err == nil && ok && n.Error == "hub down" && serr == nil && sok && s.Status == 503
+		n, err := sub.ReadNotes(ctx, batch)
+		return err == nil && n.Retry != nil && n.Retry.Error == "hub down" && n.Service != nil && n.Service.Status == 503
 	})
 	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
 	if v := subV.list()[subBefore:]; len(v) > 0 {
@@ -293,8 +292,8 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if n, err := adminQ.ResultsStored(ctx, batch); err != nil || n != 0 {
 		t.Errorf("%d results left after admin deleted the batch (%v)", n, err)
 	}
-	if n, ok, err := adminQ.LastRetry(ctx, batch); ok || err != nil {
-		t.Errorf("the retry note left after admin deleted the batch: %+v (%v)", n, err)
+	if n, err := adminQ.ReadNotes(ctx, batch); n.Retry != nil || err != nil {
+		t.Errorf("the retry note left after admin deleted the batch: %+v (%v)", n.Retry, err)
 	}
 	kv, err := adminJS.KeyValue(ctx, sub.Names.BackoffBucket())
 	if err != nil {

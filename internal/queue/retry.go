@@ -22,7 +22,7 @@ type RetryNote struct {
 	MaxDeliver int    `json:"max_deliver"` // its last delivery, which ends it as a dead letter
 	RetryInMS  int64  `json:"retry_in_ms"` // how long the job waits for its next delivery
 	Error      string `json:"error"`
-	// At is when the note was stored, in the NATS server's clock (set by LastRetry).
+	// At is when the note was stored, in the NATS server's clock (set by ReadNotes).
 	At time.Time `json:"-"`
 }
 
@@ -39,7 +39,7 @@ type ServiceNote struct {
 	Status    int    `json:"status"`      // its HTTP status; 0: it did not reach the service
 	RetryInMS int64  `json:"retry_in_ms"` // how long the client waits before it tries again
 	Error     string `json:"error"`
-	// At is when the note was stored, in the NATS server's clock (set by LastServiceRetry).
+	// At is when the note was stored, in the NATS server's clock (set by ReadNotes).
 	At time.Time `json:"-"`
 }
 
@@ -69,15 +69,6 @@ func (q *Queue) NoteRetry(batch string, n RetryNote) error {
 	return nil
 }
 
-// LastRetry reads batch's latest retry note; ok is false when it has none.
-func (q *Queue) LastRetry(ctx context.Context, batch string) (n RetryNote, ok bool, err error) {
-	n.At, ok, err = q.readNote(ctx, retryNoteKey(batch), &n)
-	if err != nil {
-		return n, false, fmt.Errorf("retry note of batch %s: %w", batch, err)
-	}
-	return n, ok, nil
-}
-
 // NoteServiceRetry stores n as the fleet's latest service note, as NoteRetry does.
 func (q *Queue) NoteServiceRetry(n ServiceNote) error {
 	n.Error = clip(n.Error)
@@ -87,13 +78,38 @@ func (q *Queue) NoteServiceRetry(n ServiceNote) error {
 	return nil
 }
 
-// LastServiceRetry reads the fleet's latest service note; ok is false when it has none.
-func (q *Queue) LastServiceRetry(ctx context.Context) (n ServiceNote, ok bool, err error) {
-	n.At, ok, err = q.readNote(ctx, serviceNoteKey, &n)
-	if err != nil {
-		return n, false, fmt.Errorf("service note: %w", err)
+// Notes is what the workers last noted about a batch and about the service; nil: nothing.
+type Notes struct {
+	Retry   *RetryNote   // why a worker last put off a job of the batch
+	Service *ServiceNote // what a worker's Tinker client last retried, for any batch
+}
+
+// ReadNotes reads batch's retry note and the fleet's service note. Without the bucket there
+// are none.
+func (q *Queue) ReadNotes(ctx context.Context, batch string) (Notes, error) {
+	var notes Notes
+	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return notes, nil
 	}
-	return n, ok, nil
+	if err != nil {
+		return notes, fmt.Errorf("notes of batch %s: %w", batch, err)
+	}
+	var retry RetryNote
+	if retry.At, err = readNote(ctx, kv, retryNoteKey(batch), &retry); err != nil {
+		return notes, fmt.Errorf("retry note of batch %s: %w", batch, err)
+	}
+	var service ServiceNote
+	if service.At, err = readNote(ctx, kv, serviceNoteKey, &service); err != nil {
+		return notes, fmt.Errorf("service note: %w", err)
+	}
+	if !retry.At.IsZero() {
+		notes.Retry = &retry
+	}
+	if !service.At.IsZero() {
+		notes.Service = &service
+	}
+	return notes, nil
 }
 
 // clip bounds a note's error text to maxNoteError bytes, cut at a character's start.
@@ -117,27 +133,20 @@ func (q *Queue) publishNote(key string, v any) error {
 	return q.JS.Conn().Publish("$KV."+q.Names.BackoffBucket()+"."+key, data)
 }
 
-// readNote reads the note under key into v and says when it was stored; ok is false when
-// there is none (nor a bucket).
-func (q *Queue) readNote(ctx context.Context, key string, v any) (at time.Time, ok bool, err error) {
-	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return at, false, nil
-	}
-	if err != nil {
-		return at, false, err
-	}
+// readNote reads the note under key into v and says when it was stored: never (the zero
+// time) when there is none.
+func readNote(ctx context.Context, kv jetstream.KeyValue, key string, v any) (time.Time, error) {
 	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return at, false, nil
+		return time.Time{}, nil
 	}
 	if err != nil {
-		return at, false, err
+		return time.Time{}, err
 	}
 	if err := json.Unmarshal(e.Value(), v); err != nil {
-		return at, false, err
+		return time.Time{}, err
 	}
-	return e.Created(), true, nil
+	return e.Created(), nil
 }
 
 // forgetRetries removes batch's retry note, if it has one.

@@ -11,15 +11,16 @@ import (
 )
 
 // TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted: the latest note of a batch is the one
-// read, with the server's time of storing it; a long error is cut on a character boundary;
-// a deleted batch's note goes with it, and other batches keep theirs.
+// read, with the server's time of storing it, beside the fleet's service note; a long error is
+// cut on a character boundary; a deleted batch's note goes with it, and other batches keep
+// theirs.
 func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, ok, err := b.q.LastRetry(ctx, "b-1"); ok || err != nil {
-		t.Fatalf("without the backoff bucket: ok %v, err %v; want none", ok, err)
+	if n, err := b.q.ReadNotes(ctx, "b-1"); n.Retry != nil || n.Service != nil || err != nil {
+		t.Fatalf("without the backoff bucket: %+v, err %v; want none", n, err)
 	}
 	// The bucket is the fleet's backoff bucket, which the workers' internal/backoff creates.
 	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
@@ -40,18 +41,29 @@ func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := b.q.NoteServiceRetry(ServiceNote{Endpoint: "asample", Status: 503, RetryInMS: 1000, Error: "unavailable"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	var got RetryNote
-	for deadline := time.Now().Add(10 * time.Second); got.CustomID != "q-2"; time.Sleep(10 * time.Millisecond) {
-		var err error
-		if got, _, err = b.q.LastRetry(ctx, "b-1"); err != nil {
+	var service *ServiceNote
+	for deadline := time.Now().Add(10 * time.Second); got.CustomID != "q-2" || service == nil; time.Sleep(10 * time.Millisecond) {
+		n, err := b.q.ReadNotes(ctx, "b-1")
+		if err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the latest note of b-1 never came: %+v", got)
+		if n.Retry != nil {
+			got = *n.Retry
 		}
+		service = n.Service
+		if time.Now().After(deadline) {
+			t.Fatalf("the latest note of b-1 and the service note never came: %+v, %+v", got, service)
+		}
+	}
+	if service.Endpoint != "asample" || service.Status != 503 || service.RetryIn() != time.Second || service.Error != "unavailable" || service.At.IsZero() {
+		t.Errorf("service note = %+v", service)
 	}
 	if got.Delivery != 3 || got.MaxDeliver != 10 || got.RetryIn() != 20*time.Second {
 		t.Errorf("note = %+v", got)
@@ -69,10 +81,10 @@ func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 	if err := b.q.DeleteBatch(ctx, "b-1"); err != nil {
 		t.Fatal(err)
 	}
-	if n, ok, err := b.q.LastRetry(ctx, "b-1"); ok || err != nil {
-		t.Errorf("after the delete: %+v, ok %v, err %v; want none", n, ok, err)
+	if n, err := b.q.ReadNotes(ctx, "b-1"); n.Retry != nil || err != nil {
+		t.Errorf("after the delete: %+v, err %v; want none", n.Retry, err)
 	}
-	if n, ok, err := b.q.LastRetry(ctx, "b-2"); !ok || err != nil || n.Error != "other batch" {
-		t.Errorf("another batch's note after the delete: %+v, ok %v, err %v", n, ok, err)
+	if n, err := b.q.ReadNotes(ctx, "b-2"); n.Retry == nil || err != nil || n.Retry.Error != "other batch" {
+		t.Errorf("another batch's note after the delete: %+v, err %v", n.Retry, err)
 	}
 }
