@@ -172,43 +172,50 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	return stallAtWorkers, text
 }
 
-// retrying reports whether a worker put off a job of the batch lately: within since, or
-// for a wait that has not ended since.
+// retrying reports whether a worker put off a job of the batch lately.
 func (s stall) retrying(since time.Duration) bool {
-	return s.retry != nil && s.now.Sub(s.retry.At) <= s.retry.RetryIn()+since
+	return s.retry != nil && lately(s.retry.At, s.retry.RetryIn(), s.now, since)
 }
 
-// retryPhrase words a retry note as seen at now, in the server's clock: the job, its
-// delivery, when it is due again and why it failed.
-func retryPhrase(n queue.RetryNote, now time.Time) string {
-	ago := max(now.Sub(n.At), 0)
-	next := "due now"
-	if left := n.RetryIn() - ago; left >= time.Second {
+// troubled reports whether a worker's client retried a request the service failed lately.
+func (s stall) troubled(since time.Duration) bool {
+	return s.trouble != nil && lately(s.trouble.At, s.trouble.RetryIn(), s.now, since)
+}
+
+// lately reports whether a note stored at at, of something put off for wait, concerns a
+// reader who has had no result for since, at now in the server's clock: it was stored within
+// since, or the wait had not ended since.
+func lately(at time.Time, wait time.Duration, now time.Time, since time.Duration) bool {
+	return now.Sub(at) <= wait+since
+}
+
+// noteTime words, at now in the server's clock, when a note of something put off for wait was
+// stored and when that is due again: "the last 14s ago", "again in 6s".
+func noteTime(at time.Time, wait time.Duration, now time.Time) (ago, next string) {
+	since := max(now.Sub(at), 0)
+	next = "due now"
+	if left := wait - since; left >= time.Second {
 		next = "again in " + left.Round(time.Second).String()
 	}
-	return fmt.Sprintf("the last %s ago: %q on delivery %d of %d, %s: %s",
-		ago.Round(time.Second), n.CustomID, n.Delivery, n.MaxDeliver, next, n.Error)
+	return "the last " + since.Round(time.Second).String() + " ago", next
 }
 
-// troubled reports whether a worker's client retried a request the service failed lately:
-// within since, or for a wait that has not ended since.
-func (s stall) troubled(since time.Duration) bool {
-	return s.trouble != nil && s.now.Sub(s.trouble.At) <= s.trouble.RetryIn()+since
+// retryPhrase words a retry note as seen at now: the job, its delivery, when it is due again
+// and why it failed.
+func retryPhrase(n queue.RetryNote, now time.Time) string {
+	ago, next := noteTime(n.At, n.RetryIn(), now)
+	return fmt.Sprintf("%s: %q on delivery %d of %d, %s: %s", ago, n.CustomID, n.Delivery, n.MaxDeliver, next, n.Error)
 }
 
-// troublePhrase words a service note as seen at now, in the server's clock: the request,
-// what became of it, when it is tried again and the error.
+// troublePhrase words a service note as seen at now: the request, what became of it, when it
+// is tried again and the error.
 func troublePhrase(n queue.ServiceNote, now time.Time) string {
-	ago := max(now.Sub(n.At), 0)
+	ago, next := noteTime(n.At, n.RetryIn(), now)
 	what := fmt.Sprintf("%s answered %d", n.Endpoint, n.Status)
 	if n.Status == 0 {
 		what = n.Endpoint + " did not reach it"
 	}
-	next := "due now"
-	if left := n.RetryIn() - ago; left >= time.Second {
-		next = "again in " + left.Round(time.Second).String()
-	}
-	return fmt.Sprintf("the last %s ago, %s, %s: %s", ago.Round(time.Second), what, next, n.Error)
+	return fmt.Sprintf("%s, %s, %s: %s", ago, what, next, n.Error)
 }
 
 // pauseCause says what a backoff's reason means.
