@@ -38,6 +38,7 @@ type Client struct {
 
 	samplerSeq  atomic.Int64 // sampling_session_seq_id counter (§3.5)
 	retryLogged atomic.Int64 // clock time (unix nanos) of the last retry warning (logRetry)
+	retried     atomic.Int64 // requests retried since the last retry warning
 	bare400     atomic.Int64 // remaining bare-400 conversions (§1.4)
 	inflight    *byteSemaphore
 

@@ -362,7 +362,8 @@ func TestListingPagesLazily(t *testing.T) {
 // TestDialWarnsWhileItCannotReachTheService: Dial against a port nobody listens on retries
 // client/config for the 300 s of §6.2 (here on a fake clock), and says so: a warning at the
 // first retry, then at most one every 30 s, naming the endpoint and the error but never the
-// key. Sampling calls are not warned about (their events count them).
+// key. Sampling calls are warned about in sum, with the status their events carry; their
+// 429s (backpressure) are not.
 func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
 	logs := &fleettest.Buffer{}
 	_, err := Dial(testCtx(t), Config{BaseURL: fleettest.ClosedURL(t), APIKey: testKey, Logger: debugLogger(logs),
@@ -381,10 +382,31 @@ func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
 	}
 
 	var c Client
-	c.log, c.clock = debugLogger(logs), newFakeClock()
+	var events []Event
+	clock := newFakeClock()
+	c.log, c.clock, c.onEvent = debugLogger(logs), clock, func(e Event) { events = append(events, e) }
 	before := logs.String()
-	c.emit(Event{Kind: EventRetry, Endpoint: "asample", SamplerID: "s-1", Err: errors.New("boom")})
+	failed := func(status int) Event {
+		return Event{Kind: EventRetry, Endpoint: "asample", Layer: LayerSubmit, SamplerID: "s-1",
+			Err: &StatusError{Method: "POST", Endpoint: "asample", StatusCode: status}}
+	}
+	c.emit(failed(http.StatusTooManyRequests))
 	if logs.String() != before {
-		t.Fatal("a sampling call's retry was warned about")
+		t.Fatal("a sampling call's 429 was warned about")
+	}
+	if len(events) != 1 || events[0].StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("events %+v: want the status of the retry's error", events)
+	}
+	c.emit(failed(http.StatusServiceUnavailable))
+	c.emit(failed(http.StatusServiceUnavailable)) // within 30 s: counted, not warned
+	if out := logs.String()[len(before):]; strings.Count(out, "tinker: request failed; retrying") != 1 ||
+		!strings.Contains(out, "endpoint=asample status=503") || !strings.Contains(out, "retried=1") {
+		t.Fatalf("a sample's 503s, warned once at first:\n%s", out)
+	}
+	_ = clock.Sleep(testCtx(t), retryLogInterval)
+	before = logs.String()
+	c.emit(failed(http.StatusServiceUnavailable))
+	if out := logs.String()[len(before):]; strings.Count(out, "tinker: request failed; retrying") != 1 || !strings.Contains(out, "retried=2") {
+		t.Fatalf("30 s later, one warning counting the retry held back: want retried=2:\n%s", out)
 	}
 }

@@ -96,7 +96,7 @@ type Event struct {
 	Kind       EventKind
 	Endpoint   string        // endpoint name, e.g. "asample", "retrieve_future", "samplers"
 	Method     string        // HTTP method (EventRequest)
-	StatusCode int           // HTTP status, 0 for a connection error
+	StatusCode int           // HTTP status, 0 for a connection error (EventRetry: also from Err)
 	Duration   time.Duration // request duration (EventRequest)
 	QueueState QueueState    // EventQueueState
 	Reason     string        // queue-state reason or backoff reason

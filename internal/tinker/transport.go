@@ -362,6 +362,9 @@ func (c *Client) billingPause(endpoint, samplerID string) bool {
 
 func (c *Client) emit(e Event) {
 	if e.Kind == EventRetry {
+		if se := (*StatusError)(nil); e.StatusCode == 0 && errors.As(e.Err, &se) {
+			e.StatusCode = se.StatusCode // the outer layers know the status from their error only
+		}
 		c.logRetry(e)
 	}
 	if c.onEvent != nil {
@@ -372,19 +375,22 @@ func (c *Client) emit(e Event) {
 // retryLogInterval is the least time between two retry warnings of a client.
 const retryLogInterval = 30 * time.Second
 
-// logRetry warns that a call outside sampling is failing and retried, at most every
-// retryLogInterval. Dial against a service it cannot reach retries client/config for five
-// minutes (§6.1, §6.2), which would otherwise pass without a word. Sampling calls are left to
-// the events (metrics): in an outage every sample in flight retries, a line each.
+// logRetry warns that requests fail and are retried, at most every retryLogInterval, with
+// how many were since the last warning. Dial against a service it cannot reach retries
+// client/config for five minutes (§6.1, §6.2), and in an outage every sample in flight
+// retries for as long: without a word, both would pass unseen but in the metrics. A sample's
+// 429 is left out: it is the service's backpressure, which the dispatch and the backoff
+// handle (§5).
 func (c *Client) logRetry(e Event) {
-	if e.SamplerID != "" {
+	if e.SamplerID != "" && e.StatusCode == http.StatusTooManyRequests {
 		return
 	}
+	c.retried.Add(1)
 	now := c.clock.Now().UnixNano()
 	last := c.retryLogged.Load()
 	if last != 0 && now-last < int64(retryLogInterval) || !c.retryLogged.CompareAndSwap(last, now) {
 		return
 	}
-	c.log.Warn("tinker: request failed; retrying", "endpoint", e.Endpoint, "attempt", e.Attempt+1,
-		"in", e.Delay.Round(time.Millisecond), "err", e.Err)
+	c.log.Warn("tinker: request failed; retrying", "endpoint", e.Endpoint, "status", e.StatusCode, "attempt", e.Attempt+1,
+		"in", e.Delay.Round(time.Millisecond), "retried", c.retried.Swap(0), "err", e.Err)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -61,53 +60,21 @@ func (w *Worker) noteRetry(batch, customID string, delivered uint64, delay time.
 	}
 }
 
-// serviceWarnEvery is how often at most a worker logs that the Tinker service fails
-// requests.
-const serviceWarnEvery = 30 * time.Second
-
-// serviceNotes holds a worker's service notes (queue.ServiceNote) to one a second, and its
-// warnings about them to one in serviceWarnEvery, however many requests the client retries.
-type serviceNotes struct {
-	noted, warned atomic.Int64 // unix nanoseconds of the last note and warning
-	retries       atomic.Int64 // requests retried since the last warning
-}
-
-// take reports whether an event at now, last done at *last, is due every period, and if so
-// records now.
-func take(last *atomic.Int64, now time.Time, every time.Duration) bool {
-	t := last.Load()
-	return now.UnixNano()-t >= int64(every) && last.CompareAndSwap(t, now.UnixNano())
-}
-
-// noteServiceRetry tells whoever waits on results, through the fleet's service note, and the
-// worker's log, that the Tinker client retries a request the service failed or that did not
-// reach it. A 429 is left out: it pauses the fleet, which submit reads itself.
+// noteServiceRetry tells whoever waits on results, through the fleet's service note, that the
+// Tinker client retries a request the service failed or that did not reach it, at most once
+// a second (the client warns of them in the log itself). A 429 is left out: it pauses the
+// fleet, which submit reads itself.
 func (w *Worker) noteServiceRetry(e tinker.Event) {
-	if e.Kind != tinker.EventRetry || e.Err == nil {
+	if e.Kind != tinker.EventRetry || e.Err == nil || e.StatusCode == http.StatusTooManyRequests {
 		return
 	}
-	status := e.StatusCode
-	if se := (*tinker.StatusError)(nil); status == 0 && errors.As(e.Err, &se) {
-		status = se.StatusCode // the submission loop's events carry it in the error only
-	}
-	if status == http.StatusTooManyRequests {
-		return
-	}
-	now := time.Now()
-	// The client logs the retries of its session's own calls; those of samples, a line each
-	// in an outage, it leaves to its events: they are warned of here, in sum.
-	if e.SamplerID != "" {
-		w.service.retries.Add(1)
-		if take(&w.service.warned, now, serviceWarnEvery) {
-			w.log.Warn("the Tinker service fails requests; the client retries them",
-				"endpoint", e.Endpoint, "status", status, "retried", w.service.retries.Swap(0), "err", e.Err)
-		}
-	}
-	if !take(&w.service.noted, now, retryNoteEvery) {
+	now := time.Now().UnixNano()
+	last := w.serviceNoted.Load()
+	if now-last < int64(retryNoteEvery) || !w.serviceNoted.CompareAndSwap(last, now) {
 		return
 	}
 	err := w.cfg.Queue.NoteServiceRetry(queue.ServiceNote{
-		Endpoint: e.Endpoint, Status: status, RetryInMS: e.Delay.Milliseconds(), Error: e.Err.Error(),
+		Endpoint: e.Endpoint, Status: e.StatusCode, RetryInMS: e.Delay.Milliseconds(), Error: e.Err.Error(),
 	})
 	if err != nil {
 		w.log.Debug("note the service's failure for submit", "err", err)

@@ -38,16 +38,18 @@ type Worker struct {
 	pullExpired time.Time     // when the last pull request has expired at the server
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 
-	samplers    samplerCache
-	models      modelCache
-	cancelled   cancelSet
-	retryNotes  retryNotes
-	service     serviceNotes
-	maxDeliver  int
-	maxPayload  int64
-	settler     *settler         // set by Run
-	resultsHeld atomic.Int64     // results the settler holds for another try
-	settlements chan *settlement // kept for next jobs, with their buffers
+	samplers   samplerCache
+	models     modelCache
+	cancelled  cancelSet
+	retryNotes retryNotes
+	// serviceNoted is when this worker last noted a retry of its Tinker client (unix
+	// nanoseconds; noteServiceRetry).
+	serviceNoted atomic.Int64
+	maxDeliver   int
+	maxPayload   int64
+	settler      *settler         // set by Run
+	resultsHeld  atomic.Int64     // results the settler holds for another try
+	settlements  chan *settlement // kept for next jobs, with their buffers
 }
 
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
