@@ -61,6 +61,9 @@ type batchStatus struct {
 	Cancelled int  `json:"cancelled"`
 	Waiting   int  `json:"waiting"` // jobs still in the jobs stream (not yet acked)
 	Done      bool `json:"done"`    // every job of the batch has its result
+	// Lost counts the results that will never come: none of the batch's jobs is left in the
+	// queue, and its results expired (--results-max-age) or were removed.
+	Lost int `json:"lost,omitempty"`
 	// Activity says, while the batch is not done, what holds up its results: the fleet
 	// paused, no worker, or how many jobs are at the workers.
 	Activity string `json:"activity,omitempty"`
@@ -89,6 +92,8 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 		fmt.Fprintf(tw, "status\t%s: done, every job has its result\n", st.Status)
 	case st.Status == queue.BatchDeleted:
 		fmt.Fprintf(tw, "status\t%s %s: its jobs, results and dead letters are removed\n", st.Status, st.DeletedAt.Local().Format(time.DateTime))
+	case st.Lost > 0:
+		fmt.Fprintf(tw, "status\t%s: %s\n", st.Status, lostPhrase(sess.q, st.Manifest, st.Lost))
 	case st.Status == queue.BatchPublishing:
 		fmt.Fprintf(tw, "status\t%s: its submit is publishing the jobs (if it was interrupted, run it again to finish)\n", st.Status)
 	default:
@@ -126,6 +131,10 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 	}
 	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
 	if st.Done = batchDone(m, st.Results); st.Done {
+		return st, nil
+	}
+	if st.Waiting == 0 && m.Status != queue.BatchPublishing {
+		st.Lost = m.Jobs - st.Results // see lostResults
 		return st, nil
 	}
 	s, err := examine(ctx, q, m, nil)
@@ -189,6 +198,9 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	}
 	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)\n",
 		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled)
+	if lost, err := lostResults(ctx, sess.q, m, sum.total()); err == nil && lost > 0 {
+		fmt.Fprintf(env.stderr, "batch %s: %s\n", batch, lostPhrase(sess.q, m, lost))
+	}
 	return nil
 }
 
@@ -244,7 +256,14 @@ func runDelete(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	if !m.Ended() && !batchDone(m, results) {
-		return fmt.Errorf("batch %s is not done (%d of %d results): cancel it first (submit cancel %s), or wait for its results", batch, results, m.Jobs, batch)
+		// A batch whose results were lost can go: nothing more will happen to it.
+		settled, err := inert(ctx, sess.q, m)
+		if err != nil {
+			return err
+		}
+		if !settled {
+			return fmt.Errorf("batch %s is not done (%d of %d results): cancel it first (submit cancel %s), or wait for its results", batch, results, m.Jobs, batch)
+		}
 	}
 	if err := sess.q.DeleteBatch(ctx, batch); err != nil {
 		return err
@@ -291,13 +310,23 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	// The jobs first: a job leaves the queue only once its result is stored.
+	waiting, err := jobsWaitingAll(ctx, sess.q)
+	if err != nil {
+		return err
+	}
 	counts, err := countResults(ctx, sess.q, ms)
 	if err != nil {
 		return err
 	}
 	batches := make([]listedBatch, len(ms))
 	for i, m := range ms {
-		batches[i] = listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i])}
+		b := listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i])}
+		ended := m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled
+		if !b.Done && ended && waiting[sess.q.Names.JobSubject(m.BatchID)] == 0 {
+			b.Lost = m.Jobs - b.Results // see lostResults
+		}
+		batches[i] = b
 	}
 	if asJSON {
 		enc := json.NewEncoder(env.stdout)
@@ -312,8 +341,11 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	fmt.Fprintln(tw, "BATCH\tSTATUS\tJOBS\tRESULTS\tDONE\tREJECTED\tCREATED")
 	for _, b := range batches {
 		done := "no"
-		if b.Done {
+		switch {
+		case b.Done:
 			done = "yes"
+		case b.Lost > 0:
+			done = fmt.Sprintf("no (%d lost)", b.Lost)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\n", b.BatchID, b.Status, b.Jobs, b.Results, done, b.Rejected, b.CreatedAt.Local().Format(time.DateTime))
 	}
@@ -353,8 +385,9 @@ const listCounters = 8
 // listedBatch is one line of `submit list` (as JSON with --json).
 type listedBatch struct {
 	queue.Manifest
-	Results int  `json:"results"` // jobs with a result stored
-	Done    bool `json:"done"`    // every job of the batch has its result
+	Results int  `json:"results"`        // jobs with a result stored
+	Done    bool `json:"done"`           // every job of the batch has its result
+	Lost    int  `json:"lost,omitempty"` // results that will never come (batchStatus.Lost)
 }
 
 // batchDone says whether a batch whose manifest is m, with results stored, is done: every

@@ -131,9 +131,10 @@ func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer
 // shows progress.
 const idleWait = time.Second
 
-// deletedLook is how often a reader that waits, and gets no result, asks whether its batch
-// was deleted (submit delete): the results it waits for would then never come.
-const deletedLook = 3 * time.Second
+// goneLook is how often a reader that waits, and gets no result, asks whether the results it
+// waits for are gone: its batch deleted (submit delete), or the results it lacks lost
+// (lostResults). They would then never come.
+const goneLook = 3 * time.Second
 
 // flushEvery is how often the output is flushed while results come in, so that a reader of
 // the file sees them within that.
@@ -184,8 +185,8 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	defer prog.finish(&sum)
 	var line []byte // reused for every output line
 	lastFlush := time.Now()
-	var lastLook time.Time // when the server was last asked why no result comes
-	lastDeletedLook := time.Now()
+	var lastLook time.Time     // when the server was last asked why no result comes
+	var lastGoneLook time.Time // the first look is at the first wait: a batch run again may be gone
 	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
@@ -205,10 +206,10 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 				lastLook = time.Now()
 				prog.stalled(explain(ctx, q, m, sum.total(), po.held, quiet))
 			}
-			if wait && time.Since(lastDeletedLook) >= deletedLook {
-				lastDeletedLook = time.Now()
-				if latest, _, err := q.GetManifest(ctx, m.BatchID); err == nil && latest.Status == queue.BatchDeleted {
-					return sum, deletedErr(latest)
+			if wait && time.Since(lastGoneLook) >= goneLook {
+				lastGoneLook = time.Now()
+				if err := resultsGone(ctx, q, m.BatchID, sum.total()); err != nil {
+					return sum, err
 				}
 			}
 			prog.update(&sum)

@@ -71,6 +71,15 @@ func jobsWaiting(ctx context.Context, q *queue.Queue, batch string) (n int, at t
 	return int(info.State.Subjects[subject]), info.TimeStamp, nil
 }
 
+// jobsWaitingAll counts the jobs of every batch still in the jobs stream, by job subject.
+func jobsWaitingAll(ctx context.Context, q *queue.Queue) (map[string]uint64, error) {
+	info, err := q.Jobs.Info(ctx, jetstream.WithSubjectFilter(q.Names.JobSubject("*")))
+	if err != nil {
+		return nil, fmt.Errorf("jobs stream: %w", err)
+	}
+	return info.State.Subjects, nil
+}
+
 // examine asks the server about batch m and the fleet; held, if not nil, counts the results
 // an in-process worker holds. The caller sets missing.
 func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() int) (stall, error) {

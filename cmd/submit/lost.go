@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// A batch's results can be lost: the results stream keeps each result for --results-max-age
+// (7 days by default), and an operator may purge it, but the batch's manifest stays. Once
+// none of a batch's jobs is left in the queue (a job leaves it only after its result is
+// stored) and no submit is publishing it, the results it lacks will never come, and a reader
+// that waits for them would wait for ever.
+
+// lostResults counts the results of batch m that will never come, got of them read already
+// by the caller: none while a job of the batch is in the queue or its submit is publishing.
+func lostResults(ctx context.Context, q *queue.Queue, m queue.Manifest, got int) (int, error) {
+	if m.Status == queue.BatchDeleted || m.Jobs <= got {
+		return 0, nil
+	}
+	// The jobs first: results stored after they were counted are counted below.
+	if settled, err := inert(ctx, q, m); err != nil || !settled {
+		return 0, err
+	}
+	stored, err := q.ResultsStored(ctx, m.BatchID)
+	if err != nil {
+		return 0, err
+	}
+	return max(0, m.Jobs-max(got, stored)), nil
+}
+
+// inert reports whether nothing more will happen to batch m: no submit publishes it, and
+// none of its jobs is left in the queue.
+func inert(ctx context.Context, q *queue.Queue, m queue.Manifest) (bool, error) {
+	if m.Status == queue.BatchPublishing {
+		return false, nil
+	}
+	waiting, _, err := jobsWaiting(ctx, q, m.BatchID)
+	return waiting == 0, err
+}
+
+// lostCause says why lost results of batch m will never come: they expired, if it was
+// created longer ago than the results stream keeps results, or were removed.
+func lostCause(q *queue.Queue, m queue.Manifest) string {
+	const gone = "none of its jobs is left in the queue"
+	if keep := q.Results.CachedInfo().Config.MaxAge; keep > 0 && time.Since(m.CreatedAt) > keep {
+		return fmt.Sprintf("%s, and the NATS server keeps results for %s (--results-max-age): they expired", gone, span(keep))
+	}
+	return gone + ", and its results were removed from the NATS server"
+}
+
+// lostPhrase says that lost results of batch m will never come, and why.
+func lostPhrase(q *queue.Queue, m queue.Manifest, lost int) string {
+	return fmt.Sprintf("%s will never come: %s", plural(lost, "result"), lostCause(q, m))
+}
+
+// lostErr is the error of a reader that waits for results of batch m of which lost will never
+// come.
+func lostErr(q *queue.Queue, m queue.Manifest, lost int) error {
+	return fmt.Errorf("batch %s: %s; to sample their lines again, submit them with another --batch-id (submit delete %s removes what is left of this batch)",
+		m.BatchID, lostPhrase(q, m, lost), m.BatchID)
+}
+
+// span writes d in whole days when it is whole days, as retention periods usually are.
+func span(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= day && d%day == 0 {
+		return plural(int(d/day), "day")
+	}
+	return d.String()
+}
+
+// resultsGone returns an error when the results of batch that a reader waits for, got of
+// them read, will never come: the batch was deleted, or the results it lacks are lost. It
+// returns nil when they may still come, and when the server cannot tell now.
+func resultsGone(ctx context.Context, q *queue.Queue, batch string, got int) error {
+	m, _, err := q.GetManifest(ctx, batch)
+	if err != nil {
+		return nil
+	}
+	if m.Status == queue.BatchDeleted {
+		return deletedErr(m)
+	}
+	if lost, err := lostResults(ctx, q, m, got); err == nil && lost > 0 {
+		return lostErr(q, m, lost)
+	}
+	return nil
+}
