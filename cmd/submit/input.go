@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/klauspost/compress/gzip"
@@ -30,6 +31,29 @@ type inputFile struct {
 	io.Reader
 	file    *os.File
 	release func() // releases the decompressor
+}
+
+// checkReadTwice returns an error when the input named name is standard input, or, unless
+// once, a pipe or a device: submit reads its input twice (every line is validated before the
+// first is published), and failed reads it again later, which only a file allows. once is
+// for a dry run, which reads it once. Other errors are left to openInput.
+func checkReadTwice(name string, once bool) error {
+	const why = "submit reads its input twice, to validate every line before it publishes one, and failed reads it again later: write it to a file first, as in '… > prompts.jsonl'"
+	fi, err := os.Stat(name)
+	switch {
+	case err != nil && name == "-":
+		return fmt.Errorf("input %q: standard input cannot be read: %s", name, why)
+	case err != nil || once || fi.Mode().IsRegular() || fi.IsDir():
+		return nil
+	}
+	kind := "a device"
+	switch fi.Mode().Type() {
+	case fs.ModeNamedPipe:
+		kind = "a pipe"
+	case fs.ModeSocket:
+		kind = "a socket"
+	}
+	return fmt.Errorf("input %s is %s, which cannot be read again: %s", name, kind, why)
 }
 
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,

@@ -93,6 +93,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 				return fmt.Errorf("%q is a subcommand: write it first, as in 'submit %s --nats-url URL …' (or ./%s for a file): %w", f, f, f, errUsage)
 			}
 		}
+		if err := checkReadTwice(f, o.dryRun); err != nil {
+			return err
+		}
 	}
 	if o.output != "" {
 		o.wait = true
