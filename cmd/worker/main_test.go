@@ -262,7 +262,8 @@ func TestRunStoppedWhileWaitingForNATS(t *testing.T) {
 }
 
 // TestRunSaysWhatFailedOnce: a session the service refuses ends the program with an error
-// that names it, without the package prefix that main adds ("worker: worker: …").
+// that names it and the key as the cause, without the package prefix that main adds
+// ("worker: worker: …"), and without the key.
 func TestRunSaysWhatFailedOnce(t *testing.T) {
 	emb := fleettest.NATS(t)
 	_, simURL := fleettest.Sim(t, tinkersim.Config{})
@@ -270,8 +271,11 @@ func TestRunSaysWhatFailedOnce(t *testing.T) {
 	defer cancel()
 	err := run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL, "--metrics-addr", ""},
 		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey + ".refused"}), io.Discard)
-	if err == nil || !strings.HasPrefix(err.Error(), "tinker session: ") {
-		t.Fatalf("run = %v, want an error starting with the session that failed", err)
+	if err == nil || !strings.HasPrefix(err.Error(), "tinker session: the service refused the API key (check TINKER_API_KEY, ") {
+		t.Fatalf("run = %v, want an error starting with the session that failed, and why", err)
+	}
+	if strings.Contains(err.Error(), fleettest.APIKey) {
+		t.Errorf("the error holds the API key: %v", err)
 	}
 }
 
