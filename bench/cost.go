@@ -566,6 +566,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	if err != nil {
 		return perSample{}, err
 	}
+	tokens := queue.Tokens{Prompt: res.Usage.PromptTokens, Completion: res.Usage.CompletionTokens}
 	const fetchMax = 64
 	var (
 		before  usage
@@ -581,7 +582,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 		var encodeErr error
 		_, err := puller.Pull(ctx, fetchMax, time.Second, func(msg jetstream.Msg) {
 			id := msg.Headers().Get(queue.HeaderCustomID)
-			out, err := q.ResultMsg(outs[len(group)], codec, batch, id, string(jobs.StatusOK), data, 0)
+			out, err := q.ResultMsg(outs[len(group)], codec, batch, id, string(jobs.StatusOK), tokens, data, 0)
 			if err != nil {
 				encodeErr = err
 				return

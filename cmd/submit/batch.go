@@ -55,12 +55,14 @@ func openBatch(ctx context.Context, name string, args []string, env *environment
 // batchStatus is what `submit status` prints (as JSON with --json).
 type batchStatus struct {
 	queue.Manifest
-	Results   int  `json:"results"`
-	OK        int  `json:"ok"`
-	Failed    int  `json:"error"`
-	Cancelled int  `json:"cancelled"`
-	Waiting   int  `json:"waiting"` // jobs still in the jobs stream (not yet acked)
-	Done      bool `json:"done"`    // every job of the batch has its result
+	Results   int `json:"results"`
+	OK        int `json:"ok"`
+	Failed    int `json:"error"`
+	Cancelled int `json:"cancelled"`
+	// Usage sums the tokens of the ok results.
+	Usage   queue.Tokens `json:"usage"`
+	Waiting int          `json:"waiting"` // jobs still in the jobs stream (not yet acked)
+	Done    bool         `json:"done"`    // every job of the batch has its result
 	// Lost counts the results that will never come: none of the batch's jobs is left in the
 	// queue, and its results expired (--results-max-age) or were removed.
 	Lost int `json:"lost,omitempty"`
@@ -102,6 +104,9 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	fmt.Fprintf(tw, "created\t%s\n", st.CreatedAt.Local().Format(time.DateTime))
 	fmt.Fprintf(tw, "jobs\t%d (%d lines rejected)\n", st.Jobs, st.Rejected)
 	fmt.Fprintf(tw, "results\t%d of %d: ok %d, error %d, cancelled %d\n", st.Results, st.Jobs, st.OK, st.Failed, st.Cancelled)
+	if st.Usage != (queue.Tokens{}) {
+		fmt.Fprintf(tw, "tokens\t%s\n", tokensPhrase(st.Usage))
+	}
 	fmt.Fprintf(tw, "waiting\t%s in the queue\n", plural(st.Waiting, "job"))
 	if st.Activity != "" {
 		fmt.Fprintf(tw, "activity\t%s\n", st.Activity)
@@ -129,7 +134,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 	if err != nil {
 		return st, err
 	}
-	st.Results, st.OK, st.Failed, st.Cancelled = sum.total(), sum.ok, sum.failed, sum.cancelled
+	st.Results, st.OK, st.Failed, st.Cancelled, st.Usage = sum.total(), sum.ok, sum.failed, sum.cancelled, sum.tokens
 	if st.Done = batchDone(m, st.Results); st.Done {
 		return st, nil
 	}
@@ -196,8 +201,8 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)\n",
-		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled)
+	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)%s\n",
+		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled, tokensNote(sum.tokens))
 	if lost, err := lostResults(ctx, sess.q, m, sum.total()); err == nil && lost > 0 {
 		fmt.Fprintf(env.stderr, "batch %s: %s\n", batch, lostPhrase(sess.q, m, lost))
 	}

@@ -88,11 +88,14 @@ func resultLine(dst, data []byte, created time.Time, f resultFormat) ([]byte, er
 // summary counts the results of a batch by status.
 type summary struct {
 	ok, failed, cancelled int
+	tokens                queue.Tokens // of the ok results
 }
 
 func (s summary) total() int { return s.ok + s.failed + s.cancelled }
 
-func (s *summary) add(status string) {
+// add counts a result of status that used tokens.
+func (s *summary) add(status string, tokens queue.Tokens) {
+	s.tokens.Add(tokens)
 	switch status {
 	case "ok":
 		s.ok++
@@ -101,6 +104,25 @@ func (s *summary) add(status string) {
 	default:
 		s.failed++
 	}
+}
+
+// tokensPhrase says how many tokens t counts: "1200 prompt tokens (300 cached), 5000
+// sampled".
+func tokensPhrase(t queue.Tokens) string {
+	cached := ""
+	if t.CacheHit > 0 {
+		cached = fmt.Sprintf(" (%d cached)", t.CacheHit)
+	}
+	return fmt.Sprintf("%d prompt tokens%s, %d sampled", t.Prompt, cached, t.Completion)
+}
+
+// tokensNote is tokensPhrase to end a summary line, or nothing when no token is counted (no
+// ok result, or results of workers of an earlier version).
+func tokensNote(t queue.Tokens) string {
+	if t == (queue.Tokens{}) {
+		return ""
+	}
+	return "; " + tokensPhrase(t)
 }
 
 // followToFile follows the results into the JSONL file at path, in format f. A result already
@@ -227,7 +249,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			continue
 		}
 		seen[token] = true
-		sum.add(msg.Headers().Get(queue.HeaderStatus))
+		sum.add(msg.Headers().Get(queue.HeaderStatus), queue.ResultTokens(nats.Header(msg.Headers())))
 		if out != nil {
 			data, err := codec.Decode(nats.Header(msg.Headers()), msg.Data())
 			var meta *jetstream.MsgMetadata
@@ -258,17 +280,42 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 // outputLine is what openOutput reads of a line of the output file: a tinkerfleet result line
 // (custom_id, status) or an OpenAI Batch output line (id, custom_id, response, error).
 type outputLine struct {
-	ID       string `json:"id"`
-	CustomID string `json:"custom_id"`
-	BatchID  string `json:"batch_id"`
-	Status   string `json:"status"`
+	ID       string        `json:"id"`
+	CustomID string        `json:"custom_id"`
+	BatchID  string        `json:"batch_id"`
+	Status   string        `json:"status"`
+	Usage    *queue.Tokens `json:"usage"` // tinkerfleet lines
 	Response *struct {
 		StatusCode int `json:"status_code"`
+		Body       struct {
+			Usage *struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		} `json:"body"`
 	} `json:"response"`
 	Error *struct {
 		Code      string `json:"code"`
 		Retryable bool   `json:"retryable"` // tinkerfleet lines only
 	} `json:"error"`
+}
+
+// tokens counts the tokens of the line's result, as the worker's header did (ResultTokens):
+// an ok result's usage.
+func (l *outputLine) tokens(status string) queue.Tokens {
+	switch {
+	case status != string(jobs.StatusOK):
+		return queue.Tokens{}
+	case l.Usage != nil:
+		return *l.Usage
+	case l.Response != nil && l.Response.Body.Usage != nil:
+		u := l.Response.Body.Usage
+		return queue.Tokens{Prompt: u.PromptTokens, Completion: u.CompletionTokens, CacheHit: u.PromptTokensDetails.CachedTokens}
+	}
+	return queue.Tokens{}
 }
 
 // ofBatch returns an error unless the line is a result of batch: a tinkerfleet line by its

@@ -168,7 +168,7 @@ func readOutput(r io.Reader, path, batch string, seen map[string]bool, sum *summ
 		token := queue.JobToken(r.CustomID)
 		if !seen[token] {
 			seen[token] = true
-			sum.add(status)
+			sum.add(status, r.tokens(status))
 		}
 		keep += int64(len(line))
 		lines.whole++

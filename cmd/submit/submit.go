@@ -232,8 +232,8 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %s (%d ok, %d error, %d cancelled)%s\n", m.BatchID,
-		plural(sum.total(), "result"), sum.ok, sum.failed, sum.cancelled, outputNote(o.output))
+	fmt.Fprintf(env.stderr, "batch %s: %s (%d ok, %d error, %d cancelled)%s%s\n", m.BatchID,
+		plural(sum.total(), "result"), sum.ok, sum.failed, sum.cancelled, outputNote(o.output), tokensNote(sum.tokens))
 	return nil
 }
 

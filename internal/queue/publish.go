@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,10 +25,54 @@ const (
 	HeaderCustomID = "Tinkerfleet-Custom-Id"
 	// HeaderDeadReason says why a payload was dead-lettered.
 	HeaderDeadReason = "Tinkerfleet-Dead-Reason"
+	// HeaderTokens carries an ok result's token counts (Tokens), so that totals need no
+	// payload either.
+	HeaderTokens = "Tinkerfleet-Tokens"
 	// HeaderRepublished marks a job published again by a resumed submit: it may already have
 	// a result, so the worker looks before sampling (first deliveries are otherwise not checked).
 	HeaderRepublished = "Tinkerfleet-Republished"
 )
+
+// Tokens counts the tokens of a result: the prompt's, those of the prompt billed as prefix
+// cache hits, and the samples'. Its JSON is that of a result line's usage.
+type Tokens struct {
+	Prompt     int `json:"prompt_tokens"`
+	Completion int `json:"completion_tokens"`
+	CacheHit   int `json:"cache_hit_tokens"`
+}
+
+// Add adds o to t.
+func (t *Tokens) Add(o Tokens) {
+	t.Prompt, t.Completion, t.CacheHit = t.Prompt+o.Prompt, t.Completion+o.Completion, t.CacheHit+o.CacheHit
+}
+
+// headerValue is t as HeaderTokens holds it: the three counts in decimal, space-separated,
+// in the order of the fields.
+func (t Tokens) headerValue() string {
+	b := make([]byte, 0, 24)
+	b = strconv.AppendInt(b, int64(t.Prompt), 10)
+	b = strconv.AppendInt(append(b, ' '), int64(t.Completion), 10)
+	b = strconv.AppendInt(append(b, ' '), int64(t.CacheHit), 10)
+	return string(b)
+}
+
+// ResultTokens reads the HeaderTokens of a result's headers: zero for a result without it (an
+// error, or a worker of an earlier version) or with a value it cannot read.
+func ResultTokens(h nats.Header) Tokens {
+	fields := strings.SplitN(h.Get(HeaderTokens), " ", 4)
+	if len(fields) != 3 {
+		return Tokens{}
+	}
+	var t Tokens
+	for i, n := range []*int{&t.Prompt, &t.Completion, &t.CacheHit} {
+		c, err := strconv.Atoi(fields[i])
+		if err != nil || c < 0 {
+			return Tokens{}
+		}
+		*n = c
+	}
+	return t
+}
 
 // DefaultCompressThreshold is the payload size above which results are zstd-compressed.
 const DefaultCompressThreshold = 64 << 10
@@ -109,9 +154,9 @@ func (c *Codec) Close() {
 // headers, on the job's own result subject, where the stream keeps the first result stored
 // and refuses any other (see ResultStored). A nil msg means a new one; a msg given back keeps
 // its header map, so a worker can reuse one message for job after job once the stream has
-// acked it. It returns ErrTooLarge when the message does not fit maxPayload (0: no limit).
-// The message holds data itself, not a copy.
-func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status string, data []byte, maxPayload int64) (*nats.Msg, error) {
+// acked it. tokens, unless zero, go in HeaderTokens. It returns ErrTooLarge when the message
+// does not fit maxPayload (0: no limit). The message holds data itself, not a copy.
+func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status string, tokens Tokens, data []byte, maxPayload int64) (*nats.Msg, error) {
 	if msg == nil {
 		msg = &nats.Msg{}
 	}
@@ -121,6 +166,11 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 	codec.encode(msg, q.Names.ResultSubject(batch, customID), data)
 	setHeader(msg.Header, HeaderStatus, status)
 	setHeader(msg.Header, HeaderCustomID, customID)
+	if tokens == (Tokens{}) {
+		delete(msg.Header, HeaderTokens)
+	} else {
+		setHeader(msg.Header, HeaderTokens, tokens.headerValue())
+	}
 	if maxPayload > 0 && int64(len(msg.Data)+headerSize(msg.Header)) > maxPayload {
 		return nil, fmt.Errorf("result of %s/%s: %d bytes: %w", batch, customID, len(msg.Data), ErrTooLarge)
 	}

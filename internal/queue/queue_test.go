@@ -116,7 +116,7 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 	}
 	defer codec.Close()
 	publish := func(msg *nats.Msg, customID string, data []byte, maxPayload int64) (*nats.Msg, error) {
-		msg, err := b.q.ResultMsg(msg, codec, "b1", customID, "ok", data, maxPayload)
+		msg, err := b.q.ResultMsg(msg, codec, "b1", customID, "ok", Tokens{}, data, maxPayload)
 		if err != nil {
 			return nil, err
 		}
@@ -198,7 +198,7 @@ func TestResultsStoredCountsOneBatchAndLeavesNoConsumer(t *testing.T) {
 	defer codec.Close()
 	for batch, ids := range map[string][]string{"b1": {"x", "y", "z", "y"}, "b10": {"x"}} {
 		for _, id := range ids { // y twice: a job's second result is refused, not counted
-			msg, err := b.q.ResultMsg(nil, codec, batch, id, "ok", []byte(`{}`), 1<<20)
+			msg, err := b.q.ResultMsg(nil, codec, batch, id, "ok", Tokens{}, []byte(`{}`), 1<<20)
 			if err != nil {
 				t.Fatal(err)
 			}

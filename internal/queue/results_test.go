@@ -17,7 +17,7 @@ func resultGroup(t *testing.T, q *Queue, codec *Codec, batch string, n int) []*n
 	msgs := make([]*nats.Msg, n)
 	for i := range msgs {
 		id := fmt.Sprintf("id-%d", i)
-		msg, err := q.ResultMsg(nil, codec, batch, id, "ok", []byte(`{"custom_id":"`+id+`"}`), 0)
+		msg, err := q.ResultMsg(nil, codec, batch, id, "ok", Tokens{}, []byte(`{"custom_id":"`+id+`"}`), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func TestFirstResultIsFinal(t *testing.T) {
 		t.Fatal(errs)
 	}
 	second := func(id string) *nats.Msg {
-		msg, err := b.q.ResultMsg(nil, codec, "b1", id, "error", []byte(`{"second":true}`), 0)
+		msg, err := b.q.ResultMsg(nil, codec, "b1", id, "error", Tokens{}, []byte(`{"second":true}`), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,5 +245,47 @@ func TestResultPublisherCutOffFromItsServer(t *testing.T) {
 	}
 	if buffered == 0 || refused == 0 {
 		t.Errorf("%d results buffered for the reconnect and %d refused by a full buffer; want some of each", buffered, refused)
+	}
+}
+
+// TestResultTokensRideInAHeader: a result's tokens are read back from its stored headers; a
+// message reused for a result without tokens loses the header; values that are not three
+// counts read as none.
+func TestResultTokensRideInAHeader(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	codec, err := NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	used := Tokens{Prompt: 1200, Completion: 35, CacheHit: 300}
+	msg, err := b.q.ResultMsg(nil, codec, "b1", "a", "ok", used, []byte(`{}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.PublishResult(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err = b.q.ResultMsg(msg, codec, "b1", "b", "error", Tokens{}, []byte(`{}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.q.PublishResult(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]Tokens{"a": used, "b": {}} {
+		stored, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ResultTokens(stored.Header); got != want {
+			t.Errorf("result %s: tokens %+v, want %+v (header %q)", id, got, want, stored.Header.Get(HeaderTokens))
+		}
+	}
+	for _, bad := range []string{"", "1 2", "1 2 3 4", "1 x 3", "1 -2 3", "1  2 3"} {
+		if got := ResultTokens(nats.Header{HeaderTokens: {bad}}); got != (Tokens{}) {
+			t.Errorf("ResultTokens(%q) = %+v, want none", bad, got)
+		}
 	}
 }

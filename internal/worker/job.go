@@ -406,7 +406,11 @@ func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) err
 		return fmt.Errorf("encode result: %w", err)
 	}
 	s.buf = data
-	msg, err := w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	var tokens queue.Tokens
+	if u := res.Usage; u != nil {
+		tokens = queue.Tokens{Prompt: u.PromptTokens, Completion: u.CompletionTokens, CacheHit: u.CacheHitTokens}
+	}
+	msg, err := w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), tokens, data, w.maxPayload)
 	if !errors.Is(err, queue.ErrTooLarge) {
 		s.result = msg
 		return err
@@ -422,7 +426,7 @@ func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) err
 		return fmt.Errorf("encode result: %w", err)
 	}
 	s.buf = data
-	s.result, err = w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), data, w.maxPayload)
+	s.result, err = w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), queue.Tokens{}, data, w.maxPayload)
 	return err
 }
 

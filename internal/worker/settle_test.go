@@ -133,7 +133,7 @@ func TestSettlerLeavesAJobWhoseResultFailed(t *testing.T) {
 		s.msg = m
 		id := m.Headers().Get(queue.HeaderCustomID)
 		var err error
-		if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", []byte(`{}`), 0); err != nil {
+		if s.result, err = q.ResultMsg(nil, codec, "b1", id, "ok", queue.Tokens{}, []byte(`{}`), 0); err != nil {
 			t.Fatal(err)
 		}
 		s.store = true
@@ -166,7 +166,7 @@ func storing(t *testing.T, q *queue.Queue, codec *queue.Codec, msgs []jetstream.
 	for i, m := range msgs {
 		s := &settlement{msg: m, store: true}
 		var err error
-		if s.result, err = q.ResultMsg(nil, codec, "b1", m.Headers().Get(queue.HeaderCustomID), "ok", []byte(`{}`), 0); err != nil {
+		if s.result, err = q.ResultMsg(nil, codec, "b1", m.Headers().Get(queue.HeaderCustomID), "ok", queue.Tokens{}, []byte(`{}`), 0); err != nil {
 			t.Fatal(err)
 		}
 		out[i] = s
