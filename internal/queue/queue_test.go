@@ -110,11 +110,7 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx := context.Background()
-	codec, err := NewCodec(1024)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
+	codec := newCodec(t, 1024)
 	publish := func(msg *nats.Msg, customID string, data []byte, maxPayload int64) (*nats.Msg, error) {
 		msg, err := b.q.ResultMsg(msg, codec, "b1", customID, "ok", Tokens{}, data, maxPayload)
 		if err != nil {
@@ -191,11 +187,7 @@ func TestResultsStoredCountsOneBatchAndLeavesNoConsumer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx := context.Background()
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
+	codec := newCodec(t, 0)
 	for batch, ids := range map[string][]string{"b1": {"x", "y", "z", "y"}, "b10": {"x"}} {
 		for _, id := range ids { // y twice: a job's second result is refused, not counted
 			msg, err := b.q.ResultMsg(nil, codec, batch, id, "ok", Tokens{}, []byte(`{}`), 1<<20)

@@ -31,17 +31,24 @@ func resultGroup(t *testing.T, q *Queue, codec *Codec, batch string, n int) []*n
 func publisherBed(t *testing.T, opts ...nats.Option) (*testBundle, *Codec, *ResultPublisher) {
 	t.Helper()
 	b := setup(t, Config{}, opts...)
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(codec.Close)
+	codec := newCodec(t, 0)
 	p, err := b.q.NewResultPublisher()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	return b, codec, p
+}
+
+// newCodec returns a codec with threshold (0: the default), closed when the test ends.
+func newCodec(t *testing.T, threshold int) *Codec {
+	t.Helper()
+	codec, err := NewCodec(threshold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(codec.Close)
+	return codec
 }
 
 // refuse makes the stream refuse msg: it expects a last sequence its subject does not have.
@@ -255,24 +262,20 @@ func TestResultTokensRideInAHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx := context.Background()
-	codec, err := NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
+	codec := newCodec(t, 0)
 	used := Tokens{Prompt: 1200, Completion: 35, CacheHit: 300}
-	msg, err := b.q.ResultMsg(nil, codec, "b1", "a", "ok", used, []byte(`{}`), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.q.PublishResult(ctx, msg); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err = b.q.ResultMsg(msg, codec, "b1", "b", "error", Tokens{}, []byte(`{}`), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.q.PublishResult(ctx, msg); err != nil {
-		t.Fatal(err)
+	var msg *nats.Msg // reused, as a worker reuses its result messages
+	for _, r := range []struct {
+		id, status string
+		tokens     Tokens
+	}{{"a", "ok", used}, {"b", "error", Tokens{}}} {
+		var err error
+		if msg, err = b.q.ResultMsg(msg, codec, "b1", r.id, r.status, r.tokens, []byte(`{}`), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.q.PublishResult(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for id, want := range map[string]Tokens{"a": used, "b": {}} {
 		stored, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", id))
