@@ -327,8 +327,8 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	batches := make([]listedBatch, len(ms))
 	for i, m := range ms {
 		b := listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i])}
-		ended := m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled
-		if !b.Done && ended && waiting[sess.q.Names.JobSubject(m.BatchID)] == 0 {
+		published := m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled
+		if !b.Done && published && waiting[sess.q.Names.JobSubject(m.BatchID)] == 0 {
 			b.Lost = m.Jobs - b.Results // see lostResults
 		}
 		batches[i] = b
