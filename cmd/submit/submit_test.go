@@ -1275,7 +1275,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	ok := func(j jobs.Job) jobs.Result {
 		r := jobs.NewResult(j, "b")
 		r.Samples = []jobs.Sample{{Text: "t", Tokens: []int{1}, StopReason: jobs.StopReasonStop}}
-		r.Usage = &jobs.Usage{PromptTokens: 1, CompletionTokens: 1}
+		r.Usage = &jobs.Usage{PromptTokens: 3, CompletionTokens: 1, CacheHitTokens: 2}
 		return r
 	}
 	fail := func(j jobs.Job, code string, cat jobs.Category) jobs.Result {
@@ -1334,7 +1334,8 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Close()
-	if want := (summary{ok: 2, failed: 4, cancelled: 3}); sum != want || len(seen) != 9 {
+	// The tokens are those of the two ok lines, one in each format.
+	if want := (summary{ok: 2, failed: 4, cancelled: 3, tokens: queue.Tokens{Prompt: 6, Completion: 2, CacheHit: 4}}); sum != want || len(seen) != 9 {
 		t.Fatalf("counted %+v over %d custom ids, want %+v over 9", sum, len(seen), want)
 	}
 	if data, err := os.ReadFile(path); err != nil || !bytes.Equal(data, file) {
