@@ -191,7 +191,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	}
 
 	// 2. Publish, unless this batch was fully submitted before.
-	m, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
+	m, again, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
@@ -206,7 +206,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %s submitted\n", m.BatchID, plural(m.Jobs, "job"))
+	if !again {
+		fmt.Fprintf(env.stderr, "batch %s: %s submitted\n", m.BatchID, plural(m.Jobs, "job"))
+	}
 	fmt.Fprintln(env.stdout, m.BatchID)
 	if !o.wait {
 		if local {
@@ -513,10 +515,10 @@ type rejectLine struct {
 }
 
 // publish records the manifest and publishes every valid line, streaming the files again.
-// A batch already fully submitted with the same digest is not published again; a batch whose
-// publishing was interrupted is published again, and the duplicate window (and the workers'
-// result check) drop what was already there.
-func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, env *environment) (queue.Manifest, error) {
+// A batch already fully submitted with the same digest is not published again (again is true,
+// and it says so); a batch whose publishing was interrupted is published again, and the
+// duplicate window (and the workers' result check) drop what was already there.
+func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, env *environment) (m queue.Manifest, again bool, err error) {
 	waiter := &storeWaiter{q: q, wait: storeWait, stderr: env.stderr}
 	m, rev, err := q.GetManifest(ctx, batch)
 	republished := err == nil // an earlier publish of this batch was interrupted
@@ -525,22 +527,22 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		m = queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: files, Digest: scan.digest,
 			Jobs: scan.accepted, Rejected: scan.rejected, CreatedAt: time.Now().UTC()}
 		if rev, err = waiter.writeManifest(ctx, m, 0); err != nil {
-			return m, err
+			return m, false, err
 		}
 	case err != nil:
-		return m, err
+		return m, false, err
 	case m.Digest != scan.digest:
-		return m, fmt.Errorf("batch id %s is already used by a batch of other input (created %s); choose another --batch-id",
+		return m, false, fmt.Errorf("batch id %s is already used by a batch of other input (created %s); choose another --batch-id",
 			batch, m.CreatedAt.Format(time.RFC3339))
 	case m.Status == queue.BatchDeleted:
-		return m, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
+		return m, false, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
 	case m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled:
 		what := "already submitted"
 		if m.Status == queue.BatchCancelled {
 			what = "already submitted, and cancelled"
 		}
 		fmt.Fprintf(env.stderr, "batch %s was %s on %s: not publishing it again\n", batch, what, m.CreatedAt.Local().Format(time.DateTime))
-		return m, nil
+		return m, true, nil
 	}
 
 	var pending []jetstream.PubAckFuture
@@ -580,22 +582,22 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		return nil
 	})
 	if err != nil {
-		return m, err
+		return m, false, err
 	}
 	if err := settle(); err != nil {
-		return m, err
+		return m, false, err
 	}
 	if accepted != scan.accepted || rejected != scan.rejected {
-		return m, fmt.Errorf("the input changed while it was being submitted (%d valid lines, %d when validated); batch %s stays %s: submit it again",
+		return m, false, fmt.Errorf("the input changed while it was being submitted (%d valid lines, %d when validated); batch %s stays %s: submit it again",
 			accepted, scan.accepted, batch, queue.BatchPublishing)
 	}
 	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
 	if _, err := waiter.writeManifest(ctx, m, rev); err != nil {
 		// Someone cancelled it meanwhile: keep their status.
 		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil {
-			return cur, nil
+			return cur, false, nil
 		}
-		return m, err
+		return m, false, err
 	}
-	return m, nil
+	return m, false, nil
 }
