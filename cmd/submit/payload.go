@@ -6,12 +6,8 @@ import (
 	"io"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
-
-// jobHeaderRoom is the most a job message's headers take of the server's max payload: its
-// Nats-Msg-Id (a batch id of up to 64 bytes, a custom_id of up to 256), its custom_id again,
-// the republished mark, and the header block's framing.
-const jobHeaderRoom = 1024
 
 // checkJobSizes returns an error, naming each line, when jobs of files are larger than a NATS
 // server whose max_payload is maxPayload accepts. Such a job cannot be published at all: found
@@ -22,7 +18,7 @@ const jobHeaderRoom = 1024
 // raw but that the encoding escapes, U+2028 and U+2029, grow it), so unless that could be too
 // large the files are not read again.
 func checkJobSizes(files []string, limits jobs.Limits, longest int, maxPayload int64, stderr io.Writer) error {
-	if maxPayload <= 0 || int64(2*longest+jobHeaderRoom) <= maxPayload {
+	if maxPayload <= 0 || int64(2*longest+queue.JobHeaderRoom) <= maxPayload {
 		return nil
 	}
 	over := 0
@@ -34,10 +30,10 @@ func checkJobSizes(files []string, limits jobs.Limits, longest int, maxPayload i
 		if err != nil {
 			return err
 		}
-		if int64(len(data)+jobHeaderRoom) > maxPayload {
+		if int64(len(data)+queue.JobHeaderRoom) > maxPayload {
 			if over++; over <= maxReported {
 				fmt.Fprintf(stderr, "%s: the job is %d bytes, over the %d the NATS server accepts in a message (its max_payload, less %d for headers)\n",
-					at, len(data), maxPayload, jobHeaderRoom)
+					at, len(data), maxPayload, queue.JobHeaderRoom)
 			}
 		}
 		return nil

@@ -289,11 +289,23 @@ func (q *Queue) PublishJobAsync(batch, customID string, data []byte, republished
 	return f, nil
 }
 
-// PublishDead keeps the payload of a job that ran out of deliveries, with the reason.
+// JobHeaderRoom is the most the headers of a job message, and of its dead-letter copy, take
+// of the server's max payload: a Nats-Msg-Id of a batch id (up to 64 bytes) and a custom_id
+// (up to 256), the custom_id again, the republished mark or the dead reason (maxDeadReason),
+// and the header block's framing. A job whose payload fits the max payload less this room is
+// stored, and so is its copy if it is dead-lettered.
+const JobHeaderRoom = 1024
+
+// maxDeadReason bounds the reason a dead-letter copy carries, in bytes, so that the copy fits
+// JobHeaderRoom; the job's result carries the whole error.
+const maxDeadReason = 256
+
+// PublishDead keeps the payload of a job that ran out of deliveries, with the reason (cut to
+// maxDeadReason bytes).
 func (q *Queue) PublishDead(ctx context.Context, batch, customID, reason string, data []byte) error {
 	msg := nats.NewMsg(q.Names.DeadSubject(batch))
 	msg.Header.Set(HeaderCustomID, customID)
-	msg.Header.Set(HeaderDeadReason, reason)
+	msg.Header.Set(HeaderDeadReason, clip(reason, maxDeadReason))
 	msg.Data = data
 	if _, err := q.JS.PublishMsg(ctx, msg, jetstream.WithMsgID("dead/"+MsgID(batch, customID))); err != nil {
 		return fmt.Errorf("publish dead letter %s/%s: %w", batch, customID, err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -388,5 +389,39 @@ func TestStreamFlagsReachTheStreams(t *testing.T) {
 	}
 	if got := resultsInfo.Config.MaxAge; got != 24*time.Hour {
 		t.Errorf("results max age %v; want 24h", got)
+	}
+}
+
+// TestTheLargestJobsDeadLetterCopyFits: a job as large as submit lets through (the max payload
+// less JobHeaderRoom), with the longest batch and custom ids, is stored, and so is its
+// dead-letter copy however long the reason: the reason is cut, at a character's start.
+func TestTheLargestJobsDeadLetterCopyFits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	batch, customID := strings.Repeat("b", 64), strings.Repeat("c", 256)
+	data := bytes.Repeat([]byte("x"), int(b.nc.MaxPayload())-JobHeaderRoom)
+	fut, err := b.q.PublishJobAsync(batch, customID, data, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fut.Ok():
+	case err := <-fut.Err():
+		t.Fatalf("the largest job was not stored: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack for the largest job")
+	}
+	reason := strings.Repeat("é", 8<<10) // a long error, two bytes a character
+	if err := b.q.PublishDead(ctx, batch, customID, reason, data); err != nil {
+		t.Fatalf("the dead-letter copy of the largest job: %v", err)
+	}
+	dead, err := b.q.Dead.GetLastMsgForSubject(ctx, b.q.Names.DeadSubject(batch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := dead.Header.Get(HeaderDeadReason)
+	if len(dead.Data) != len(data) || len(got) > maxDeadReason+len("…") || !utf8.ValidString(got) || !strings.HasPrefix(reason, strings.TrimSuffix(got, "…")) {
+		t.Errorf("dead copy: %d bytes of %d, reason %d bytes (%q…)", len(dead.Data), len(data), len(got), got[:min(len(got), 20)])
 	}
 }

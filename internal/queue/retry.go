@@ -62,7 +62,7 @@ const serviceNoteKey = "service.retry"
 // and the job it is about is settled without waiting. Without the bucket (a fleet that
 // backs off per process), nothing is stored.
 func (q *Queue) NoteRetry(batch string, n RetryNote) error {
-	n.Error = clip(n.Error)
+	n.Error = clip(n.Error, maxNoteError)
 	if err := q.publishNote(retryNoteKey(batch), n); err != nil {
 		return fmt.Errorf("retry note of batch %s: %w", batch, err)
 	}
@@ -71,7 +71,7 @@ func (q *Queue) NoteRetry(batch string, n RetryNote) error {
 
 // NoteServiceRetry stores n as the fleet's latest service note, as NoteRetry does.
 func (q *Queue) NoteServiceRetry(n ServiceNote) error {
-	n.Error = clip(n.Error)
+	n.Error = clip(n.Error, maxNoteError)
 	if err := q.publishNote(serviceNoteKey, n); err != nil {
 		return fmt.Errorf("service note: %w", err)
 	}
@@ -112,12 +112,12 @@ func (q *Queue) ReadNotes(ctx context.Context, batch string) (Notes, error) {
 	return notes, nil
 }
 
-// clip bounds a note's error text to maxNoteError bytes, cut at a character's start.
-func clip(s string) string {
-	if len(s) <= maxNoteError {
+// clip bounds s to limit bytes, cut at a character's start and marked with an ellipsis.
+func clip(s string, limit int) string {
+	if len(s) <= limit {
 		return s
 	}
-	cut := maxNoteError
+	cut := limit
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
