@@ -53,7 +53,12 @@ func lostCause(q *queue.Queue, m queue.Manifest) string {
 
 // lostPhrase says that lost results of batch m will never come, and why.
 func lostPhrase(q *queue.Queue, m queue.Manifest, lost int) string {
-	return fmt.Sprintf("%s will never come: %s", plural(lost, "result"), lostCause(q, m))
+	return lostPhraseOf(lost, lostCause(q, m))
+}
+
+// lostPhraseOf says that lost results will never come, for cause (lostCause).
+func lostPhraseOf(lost int, cause string) string {
+	return fmt.Sprintf("%s will never come: %s", plural(lost, "result"), cause)
 }
 
 // lostErr is the error of a reader that waits for results of batch m of which lost will never

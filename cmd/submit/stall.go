@@ -16,9 +16,10 @@ import (
 // enough to tell a user who waits whether a worker is missing, the fleet is paused, or the
 // jobs are simply at the workers.
 type stall struct {
-	missing    int  // the batch's jobs without a result
-	waiting    int  // its jobs still in the jobs stream, at a worker or not
-	publishing bool // its submit has not finished publishing
+	missing    int    // the batch's jobs without a result
+	waiting    int    // its jobs still in the jobs stream, at a worker or not
+	publishing bool   // its submit has not finished publishing
+	lostCause  string // why results would never come once none of its jobs is left (lostCause)
 
 	noConsumer  bool // no worker has set up the shared consumer on this server
 	queued      int  // jobs of every batch not yet taken by a worker
@@ -83,7 +84,7 @@ func jobsWaitingAll(ctx context.Context, q *queue.Queue) (map[string]uint64, err
 // examine asks the server about batch m and the fleet; held, if not nil, counts the results
 // an in-process worker holds. The caller sets missing.
 func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() int) (stall, error) {
-	s := stall{publishing: m.Status == queue.BatchPublishing}
+	s := stall{publishing: m.Status == queue.BatchPublishing, lostCause: lostCause(q, m)}
 	if s.local = held != nil; s.local {
 		s.held = held()
 	}
@@ -157,7 +158,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.publishing:
 		return stallPublishing, "its jobs are still being published (if that submit stopped, run it again to finish)"
 	case s.waiting == 0:
-		return stallGone, fmt.Sprintf("none of its jobs is left in the queue, so the %d missing results will not come (removed, or expired after --results-max-age?)", s.missing)
+		return stallGone, lostPhraseOf(s.missing, s.lostCause)
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
 	case s.inFlight == 0 && s.pulls == 0 && s.troubled(since):

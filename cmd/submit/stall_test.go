@@ -112,7 +112,7 @@ func TestExamineNamesEachCause(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
 	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
 	ctx := context.Background()
-	m := queue.Manifest{BatchID: "b-stall", Status: queue.BatchSubmitted, Jobs: 5}
+	m := queue.Manifest{BatchID: "b-stall", Status: queue.BatchSubmitted, Jobs: 5, CreatedAt: time.Now()}
 	if _, err := q.PutManifest(ctx, m, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestExamineNamesEachCause(t *testing.T) {
 		s.missing = m.Jobs - got
 		return s.why(10 * time.Second)
 	}
-	if kind, text := why(3, nil); kind != stallGone || !strings.Contains(text, "the 2 missing results will not come") {
+	if kind, text := why(3, nil); kind != stallGone || text != "2 results will never come: none of its jobs is left in the queue, and its results were removed from the NATS server" {
 		t.Errorf("a batch without jobs in the queue: %v %q", kind, text)
 	}
 	if kind, text := why(3, func() int { return 7 }); kind != stallHeld || !strings.Contains(text, "holds 7 results that the NATS server cannot store") {
