@@ -23,10 +23,7 @@ func TestDeleteRemovesABatchAndOnlyIt(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	f.startWorker(16)
 	ctx := context.Background()
-	lines := make([]string, 30)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(30)
 	in, other := writeLines(t, lines), writeLines(t, lines[:10])
 	dir := t.TempDir()
 	batch, stderr, err := f.submit(ctx, in, "-o", filepath.Join(dir, "a.jsonl"))
@@ -79,10 +76,7 @@ func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	ctx := context.Background()
-	lines := make([]string, 20)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(20)
 	if _, stderr, err := f.submit(ctx, "--batch-id", "unfinished", writeLines(t, lines)); err != nil {
 		t.Fatalf("%v: %s", err, stderr)
 	}
@@ -154,10 +148,7 @@ func TestAFollowerOfADeletedBatchStops(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	ctx := context.Background()
-	lines := make([]string, 10)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(10)
 	if _, stderr, err := f.submit(ctx, "--batch-id", "gone", writeLines(t, lines)); err != nil {
 		t.Fatalf("%v: %s", err, stderr)
 	}

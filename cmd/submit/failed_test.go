@@ -81,10 +81,7 @@ func TestFailedRetryableTakesDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.startWorker(8)
-	lines := make([]string, 60)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(60)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out := filepath.Join(t.TempDir(), "results.jsonl")

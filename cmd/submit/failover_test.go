@@ -52,10 +52,7 @@ func submitThroughFailover(t *testing.T, onLeader bool) {
 		first = (leader + 1) % c.Len()
 	}
 
-	lines := make([]string, total)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(total)
 	in, out := writeLines(t, lines), filepath.Join(t.TempDir(), "results.jsonl")
 	var stderr fleettest.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &fleettest.Buffer{}, stderr: &stderr, tty: 0}

@@ -36,10 +36,7 @@ func compressed(t *testing.T, kind, text string) string {
 func TestCompressedInputIsTheSameBatch(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
-	lines := make([]string, 40)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(40)
 	text := strings.Join(lines, "\n") + "\n"
 	plain := writeLines(t, lines)
 	ctx := context.Background()
@@ -77,10 +74,7 @@ func TestCompressedInputIsTheSameBatch(t *testing.T) {
 func TestTruncatedCompressedInputPublishesNothing(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
-	lines := make([]string, 2000)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(2000)
 	in := compressed(t, "gzip", strings.Join(lines, "\n")+"\n")
 	data, err := os.ReadFile(in)
 	if err != nil {

@@ -25,10 +25,7 @@ func TestLostResultsAreNamedAndEndTheWait(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	f.startWorker(8)
 	ctx := context.Background()
-	lines := make([]string, 6)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(6)
 	in, dir := writeLines(t, lines), t.TempDir()
 	complete := filepath.Join(dir, "complete.jsonl")
 	if _, stderr, err := f.submit(ctx, in, "--batch-id", "lost", "-o", complete); err != nil {

@@ -73,10 +73,7 @@ func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	f.startWorker(16)
 	ctx := context.Background()
-	lines := make([]string, 60)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(60)
 	in, dir := writeLines(t, lines), t.TempDir()
 	plain := filepath.Join(dir, "results.jsonl")
 	batch, stderr, err := f.submit(ctx, in, "-o", plain)

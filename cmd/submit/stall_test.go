@@ -26,10 +26,7 @@ import (
 // and its error, once it ends.
 func watchedSubmit(t *testing.T, ctx context.Context, f *fleet, n int) (*fleettest.Buffer, <-chan error) {
 	t.Helper()
-	lines := make([]string, n)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(n)
 	in := writeLines(t, lines)
 	var stderr fleettest.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &fleettest.Buffer{}, stderr: &stderr, tty: 0}

@@ -114,6 +114,15 @@ func jobLine(i int) string {
 	}
 }
 
+// jobLines returns n job lines, jobLine(0) to jobLine(n-1).
+func jobLines(n int) []string {
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = jobLine(i)
+	}
+	return lines
+}
+
 // lineStatus is the status of an output line: the status of a tinkerfleet result line or, for
 // an OpenAI Batch output line, ok (response with status 200), cancelled (no response, error
 // batch_cancelled) or error.
@@ -164,10 +173,7 @@ func TestTenThousandJobsOverThreeWorkersOneKilled(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
 	f := newFleet(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 512, BaseLatency: 2 * time.Millisecond})
-	lines := make([]string, n)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(n)
 	in := writeLines(t, lines)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 
@@ -219,10 +225,7 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 	t.Parallel()
 	const n = 3000
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 512, BaseLatency: time.Millisecond})
-	lines := make([]string, n)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(n)
 	in := writeLines(t, lines)
 	f.startWorker(256)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -349,10 +352,7 @@ func TestEmptyFileIsAnError(t *testing.T) {
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
-	lines := make([]string, 50)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(50)
 	in := writeLines(t, lines)
 	ctx := context.Background()
 	// Submitted twice before any worker runs: the second publishes nothing.
@@ -392,10 +392,7 @@ func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
-	lines := make([]string, 30)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(30)
 	in := writeLines(t, lines)
 	ctx := context.Background()
 	batch, _, err := f.submit(ctx, in, "--batch-id", "to-cancel")
@@ -522,10 +519,7 @@ func TestListCountsBatchesAtOnce(t *testing.T) {
 func TestInterruptedOutputResumes(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
-	lines := make([]string, 40)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(40)
 	in := writeLines(t, lines)
 	f.startWorker(16)
 	ctx := context.Background()
@@ -732,10 +726,7 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: 50 * time.Millisecond})
-	lines := make([]string, 40)
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(40)
 	in := writeLines(t, lines)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	f.startWorker(1)
@@ -791,10 +782,7 @@ func natsServer(t *testing.T, opts server.Options) *server.Server {
 func TestFullServerSaysHowToGoOn(t *testing.T) {
 	t.Parallel()
 	srv := natsServer(t, server.Options{JetStreamMaxStore: 256 << 10})
-	lines := make([]string, 4000) // about 600 KiB of jobs
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(4000) // about 600 KiB of jobs
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
 	err := run(context.Background(), []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "500ms", writeLines(t, lines)}, env)
@@ -836,10 +824,7 @@ func TestRoomThatComesAndGoesIsSaidOnce(t *testing.T) {
 			}
 		}
 	})
-	lines := make([]string, 4000) // about 600 KiB of jobs
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(4000) // about 600 KiB of jobs
 	var stderr bytes.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
 	if err := run(ctx, []string{"--nats-url", srv.ClientURL(), "--progress", "none", "--store-wait", "5s", writeLines(t, lines)}, env); err != nil {

@@ -21,10 +21,7 @@ func TestTokensAreSummedFromTheResults(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
 	f.startWorker(8)
 	ctx := context.Background()
-	lines := make([]string, 12) // jobLine mixes prompts, token prompts and OpenAI chat lines
-	for i := range lines {
-		lines[i] = jobLine(i)
-	}
+	lines := jobLines(12) // jobLine mixes prompts, token prompts and OpenAI chat lines
 	out := filepath.Join(t.TempDir(), "out.jsonl")
 	_, stderr, err := f.submit(ctx, writeLines(t, lines), "--batch-id", "tokens", "-o", out)
 	if err != nil {
