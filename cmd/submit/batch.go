@@ -138,8 +138,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 	if st.Done = batchDone(m, st.Results); st.Done {
 		return st, nil
 	}
-	if st.Waiting == 0 && m.Status != queue.BatchPublishing {
-		st.Lost = m.Jobs - st.Results // see lostResults
+	if st.Lost = lost(m, st.Waiting, st.Results); st.Lost > 0 {
 		return st, nil
 	}
 	s, err := examine(ctx, q, m, nil)
@@ -262,11 +261,11 @@ func runDelete(ctx context.Context, args []string, env *environment) error {
 	}
 	if !m.Ended() && !batchDone(m, results) {
 		// A batch whose results were lost can go: nothing more will happen to it.
-		settled, err := inert(ctx, sess.q, m)
+		waiting, _, err := jobsWaiting(ctx, sess.q, batch)
 		if err != nil {
 			return err
 		}
-		if !settled {
+		if lost(m, waiting, results) == 0 {
 			return fmt.Errorf("batch %s is not done (%d of %d results): cancel it first (submit cancel %s), or wait for its results", batch, results, m.Jobs, batch)
 		}
 	}
@@ -326,12 +325,8 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	}
 	batches := make([]listedBatch, len(ms))
 	for i, m := range ms {
-		b := listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i])}
-		published := m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled
-		if !b.Done && published && waiting[sess.q.Names.JobSubject(m.BatchID)] == 0 {
-			b.Lost = m.Jobs - b.Results // see lostResults
-		}
-		batches[i] = b
+		queued := int(waiting[sess.q.Names.JobSubject(m.BatchID)])
+		batches[i] = listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i]), Lost: lost(m, queued, counts[i])}
 	}
 	if asJSON {
 		enc := json.NewEncoder(env.stdout)

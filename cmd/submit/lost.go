@@ -14,31 +14,31 @@ import (
 // stored) and no submit is publishing it, the results it lacks will never come, and a reader
 // that waits for them would wait for ever.
 
-// lostResults counts the results of batch m that will never come, got of them read already
-// by the caller: none while a job of the batch is in the queue or its submit is publishing.
-func lostResults(ctx context.Context, q *queue.Queue, m queue.Manifest, got int) (int, error) {
-	if m.Status == queue.BatchDeleted || m.Jobs <= got {
-		return 0, nil
+// lost counts the results of batch m that will never come, given its jobs still in the queue
+// (waiting) and its results stored (results), counted in that order: none while a job of it
+// is in the queue or its submit is publishing, nor once it is done or deleted.
+func lost(m queue.Manifest, waiting, results int) int {
+	if waiting > 0 || m.Status == queue.BatchPublishing || m.Status == queue.BatchDeleted {
+		return 0
 	}
-	// The jobs first: results stored after they were counted are counted below.
-	if settled, err := inert(ctx, q, m); err != nil || !settled {
+	return max(0, m.Jobs-results)
+}
+
+// lostResults asks the server how many results of batch m will never come (lost), got of
+// them read already by the caller.
+func lostResults(ctx context.Context, q *queue.Queue, m queue.Manifest, got int) (int, error) {
+	if lost(m, 0, got) == 0 {
+		return 0, nil // publishing, deleted, or read whole: nothing to ask
+	}
+	waiting, _, err := jobsWaiting(ctx, q, m.BatchID)
+	if err != nil || waiting > 0 {
 		return 0, err
 	}
 	stored, err := q.ResultsStored(ctx, m.BatchID)
 	if err != nil {
 		return 0, err
 	}
-	return max(0, m.Jobs-max(got, stored)), nil
-}
-
-// inert reports whether nothing more will happen to batch m: no submit publishes it, and
-// none of its jobs is left in the queue.
-func inert(ctx context.Context, q *queue.Queue, m queue.Manifest) (bool, error) {
-	if m.Status == queue.BatchPublishing {
-		return false, nil
-	}
-	waiting, _, err := jobsWaiting(ctx, q, m.BatchID)
-	return waiting == 0, err
+	return lost(m, waiting, max(got, stored)), nil
 }
 
 // lostCause says why lost results of batch m will never come: they expired, if it was
