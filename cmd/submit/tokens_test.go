@@ -99,6 +99,8 @@ func lineUsage(t *testing.T, line string) queue.Tokens {
 	return queue.Tokens{}
 }
 
+// TestTokensPhraseNamesCacheHits: cached prompt tokens are named when there are some (the
+// simulator bills none, so the fleet tests never show them).
 func TestTokensPhraseNamesCacheHits(t *testing.T) {
 	if got, want := tokensPhrase(queue.Tokens{Prompt: 1200, Completion: 35, CacheHit: 300}), "1200 prompt tokens (300 cached), 35 sampled"; got != want {
 		t.Errorf("tokensPhrase = %q, want %q", got, want)
