@@ -38,7 +38,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("run -h: %v", err)
 	}
 	for _, name := range []string{"addr", "api-key", "admin-token", "capacity", "base-latency", "per-token-latency",
-		"long-poll-wait", "retry-after", "result-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
+		"long-poll-wait", "retry-after", "result-ttl", "read-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
 		"stop-token-prob", "default-max-tokens", "max-num-samples", "metadata-threshold", "no-dynamic-config",
 		"training-runs", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "jwt-auth", "jwt-lifetime",
 		"TINKERSIM_API_KEYS"} {

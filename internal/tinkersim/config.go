@@ -53,6 +53,10 @@ type Config struct {
 	RetryAfter time.Duration
 	// ResultTTL is how long a finished future is kept; afterwards it answers 410. Default 10 min.
 	ResultTTL time.Duration
+	// ReadTTL is how long a finished future is kept once its outcome has been answered in full:
+	// long enough for a client that lost that reply to poll again, short enough that a long run
+	// does not hold every result it ever served. Default 30 s, never more than ResultTTL.
+	ReadTTL time.Duration
 	// Models are the served base models; default DefaultModels().
 	Models []Model
 	// Seed seeds the fault-injection RNG (rates) and the synthetic REST data. Sampled outputs
@@ -113,7 +117,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Capacity = 64
 	}
 	if c.BaseLatency < 0 || c.PerTokenLatency < 0 || c.LongPollWait < 0 || c.RetryAfter < 0 || c.ResultTTL < 0 ||
-		c.JWTLifetime < 0 {
+		c.ReadTTL < 0 || c.JWTLifetime < 0 {
 		return c, errors.New("durations must not be negative")
 	}
 	if c.JWTLifetime == 0 {
@@ -128,6 +132,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ResultTTL == 0 {
 		c.ResultTTL = 10 * time.Minute
 	}
+	if c.ReadTTL == 0 {
+		c.ReadTTL = 30 * time.Second
+	}
+	c.ReadTTL = min(c.ReadTTL, c.ResultTTL)
 	if len(c.Models) == 0 {
 		c.Models = DefaultModels()
 	}

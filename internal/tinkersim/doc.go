@@ -66,7 +66,8 @@
 //     answers protobuf SampleResponse (§T4) when Accept contains application/x-protobuf, the
 //     JSON shape of §T3 otherwise, or 200 {"error","category"} when it failed (a prompt plus
 //     max_tokens beyond the model's context is a "user" failure). Unknown, dropped or expired
-//     futures (ResultTTL after completion) answer 410.
+//     futures answer 410: a future expires ResultTTL after completion, or ReadTTL after its
+//     outcome was first answered in full, whichever comes first.
 //
 // # The generator
 //

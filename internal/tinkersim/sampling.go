@@ -41,6 +41,7 @@ type future struct {
 	timer         *time.Timer
 	done          chan struct{}
 	doneAt        time.Time
+	readAt        time.Time // when the outcome was first answered in full; zero until then
 	metadataSent  bool
 }
 
@@ -430,6 +431,7 @@ func (s *Server) tryAgainLocked(id string, now time.Time, fallback *activeFault)
 // for it (§T4), else the JSON shape of §T3.
 func (s *Server) writeOutcome(w http.ResponseWriter, r *http.Request, f *future, allowMetadataOnly bool) {
 	if f.failure != nil {
+		s.markRead(f)
 		writeJSON(w, http.StatusOK, f.failure)
 		return
 	}
@@ -454,9 +456,20 @@ func (s *Server) writeOutcome(w http.ResponseWriter, r *http.Request, f *future,
 			return
 		}
 	}
+	s.markRead(f)
 	if wantProto {
 		writeBody(w, http.StatusOK, "application/x-protobuf", body)
 		return
 	}
 	writeBody(w, http.StatusOK, "application/json", body)
+}
+
+// markRead notes the first time f's outcome is answered in full; the janitor drops f ReadTTL
+// later.
+func (s *Server) markRead(f *future) {
+	s.mu.Lock()
+	if f.readAt.IsZero() {
+		f.readAt = time.Now()
+	}
+	s.mu.Unlock()
 }

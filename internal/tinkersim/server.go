@@ -238,10 +238,11 @@ func (s *Server) isClosed() bool {
 	}
 }
 
-// janitor drops futures finished longer than ResultTTL ago (they then answer 410).
+// janitor drops futures finished longer than ResultTTL ago, or answered in full longer than
+// ReadTTL ago; they then answer 410.
 func (s *Server) janitor() {
 	defer s.wg.Done()
-	every := min(s.cfg.ResultTTL/4, time.Minute)
+	every := min(s.cfg.ReadTTL/4, time.Minute) // ReadTTL ≤ ResultTTL
 	t := time.NewTicker(max(every, time.Millisecond))
 	defer t.Stop()
 	for {
@@ -251,7 +252,10 @@ func (s *Server) janitor() {
 		case now := <-t.C:
 			s.mu.Lock()
 			for id, f := range s.futures {
-				if f.state == futureDone && now.Sub(f.doneAt) > s.cfg.ResultTTL {
+				if f.state != futureDone {
+					continue
+				}
+				if now.Sub(f.doneAt) > s.cfg.ResultTTL || !f.readAt.IsZero() && now.Sub(f.readAt) > s.cfg.ReadTTL {
 					delete(s.futures, id)
 				}
 			}

@@ -302,6 +302,30 @@ func TestLongPollTimesOutWith408(t *testing.T) {
 	mustJSONError(t, h.poll("nope:1", "application/x-protobuf"), http.StatusGone)
 }
 
+// TestAReadFutureIsDroppedSoonAfter checks the two lifetimes of a finished future: one whose
+// result was answered goes ReadTTL later (so a long run does not keep every result it served),
+// while one nobody read yet stays for ResultTTL.
+func TestAReadFutureIsDroppedSoonAfter(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{ResultTTL: time.Hour, ReadTTL: 300 * time.Millisecond})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	read := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	unread := h.asample(sampleBody(ssid, 1, []int32{2}, nil))
+	h.protoResult(read)
+	h.protoResult(read) // a client that lost the reply polls again: still there
+	deadline := time.Now().Add(10 * time.Second)
+	for h.poll(read, "application/x-protobuf").status != http.StatusGone {
+		if time.Now().After(deadline) {
+			t.Fatal("the read future is still kept 10s after it was read")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.protoResult(unread)
+	if st := h.srv.Stats(); st.SamplesAccepted != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestCapacityBackpressure(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{Capacity: 2, BaseLatency: time.Hour, RetryAfter: 1500 * time.Millisecond})
