@@ -16,9 +16,9 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
-// runFailed writes the input lines of a batch's jobs whose results are errors, as they were
-// in its files, so that they can be submitted again (as another batch: a job's first result
-// is final in its own).
+// runFailed writes the input lines of a batch's jobs whose results are errors, and of those
+// whose results are lost (lostResults), as they were in its files, so that they can be
+// submitted again (as another batch: a job's first result is final in its own).
 func runFailed(ctx context.Context, args []string, env *environment) error {
 	var (
 		output    string
@@ -26,7 +26,7 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	)
 	sess, batch, err := openBatch(ctx, "failed", args, env, func(fs *flag.FlagSet, _ *envflag.Set) {
 		fs.StringVar(&output, "o", "", "write the lines to this file (default standard output)")
-		fs.BoolVar(&retryable, "retryable", false, "only the errors marked retryable (the same job may succeed)")
+		fs.BoolVar(&retryable, "retryable", false, "only the errors marked retryable (the same job may succeed), and the lost results")
 	})
 	if err != nil {
 		return err
@@ -36,7 +36,13 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
-	failed, err := failedJobs(ctx, sess.q, m, retryable)
+	// Lost results are counted first: when some are, the jobs that have a result are
+	// collected too, and the lines of the rest are written with the errors.
+	lost, err := lostResults(ctx, sess.q, m, 0)
+	if err != nil {
+		return err
+	}
+	c, err := failedJobs(ctx, sess.q, m, retryable, lost > 0)
 	if err != nil {
 		return err
 	}
@@ -59,12 +65,18 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 		w = f
 	}
 	out := bufio.NewWriter(w)
-	written := 0
+	errored, missing := 0, 0
 	err = eachJob(m.Files, jobs.Limits{}, nil, func(j jobs.Job, line []byte, _ lineAt, err error) error {
-		if err != nil || !failed[j.CustomID] {
+		switch {
+		case err != nil: // never published
+			return nil
+		case c.failed[j.CustomID]:
+			errored++
+		case c.have != nil && !c.have[j.CustomID]:
+			missing++
+		default:
 			return nil
 		}
-		written++
 		out.Write(line)
 		return out.WriteByte('\n')
 	})
@@ -81,31 +93,47 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if retryable {
 		which = "errors marked retryable"
 	}
-	if written == 0 {
-		fmt.Fprintf(env.stderr, "batch %s has no results that are %s: nothing to try again\n", batch, which)
-		return nil
+	lostWhy := ""
+	if missing > 0 {
+		lostWhy = "results will never come: " + lostCause(sess.q, m)
 	}
-	fmt.Fprintf(env.stderr, "%d lines of batch %s whose results are %s; submit them as a new batch to try them again\n",
-		written, batch, which)
+	switch {
+	case errored+missing == 0:
+		fmt.Fprintf(env.stderr, "batch %s has no results that are %s: nothing to try again\n", batch, which)
+	case missing == 0:
+		fmt.Fprintf(env.stderr, "%s of batch %s whose results are %s; submit them as a new batch to try them again\n",
+			plural(errored, "line"), batch, which)
+	case errored == 0:
+		fmt.Fprintf(env.stderr, "%s of batch %s whose %s; submit them as a new batch to try them again\n",
+			plural(missing, "line"), batch, lostWhy)
+	default:
+		fmt.Fprintf(env.stderr, "%s of batch %s: %d whose results are %s, and %d whose %s; submit them as a new batch to try them again\n",
+			plural(errored+missing, "line"), batch, errored, which, missing, lostWhy)
+	}
 	return nil
 }
 
-// failedJobs reads the results of m and returns the custom ids of those that are errors (only
-// retryable ones, with retryable).
-func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable bool) (map[string]bool, error) {
-	c := &failedCollector{retryable: retryable, ids: map[string]bool{}}
+// failedJobs reads the results of m and collects the custom ids of those that are errors
+// (only retryable ones, with retryable), and, with all, of every job that has a result.
+func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable, all bool) (*failedCollector, error) {
+	c := &failedCollector{retryable: retryable, failed: map[string]bool{}}
+	if all {
+		c.have = map[string]bool{}
+	}
 	if _, err := follow(ctx, q, m, c, resultNative, false, progressOptions{mode: "none"}, &environment{}); err != nil {
 		return nil, err
 	}
-	return c.ids, c.err
+	return c, c.err
 }
 
 // failedCollector takes tinkerfleet result lines, as follow writes them, and keeps the custom
-// ids of the errors (read with parseOutputLine, as an output file's lines are).
+// ids of the errors, and of every result when have is not nil (read with parseOutputLine, as
+// an output file's lines are).
 type failedCollector struct {
 	retryable bool
-	ids       map[string]bool
-	rest      []byte // a line not yet ended
+	failed    map[string]bool
+	have      map[string]bool // nil: not collected
+	rest      []byte          // a line not yet ended
 	err       error
 }
 
@@ -121,7 +149,10 @@ func (c *failedCollector) Write(p []byte) (int, error) {
 			c.err = fmt.Errorf("read a result: %q is not one", c.rest[:i])
 		}
 		if status == string(jobs.StatusError) && (!c.retryable || r.Error != nil && r.Error.Retryable) {
-			c.ids[r.CustomID] = true
+			c.failed[r.CustomID] = true
+		}
+		if c.have != nil && ok {
+			c.have[r.CustomID] = true
 		}
 		c.rest = c.rest[i+1:]
 	}

@@ -10,13 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 // TestFailedWritesTheLinesOfErrorsAsTheyWere: `submit failed` writes exactly the input lines
 // (native and OpenAI ones, byte for byte) of the jobs whose results are errors, none with
-// --retryable when no error is retryable, and refuses input files that changed since.
+// --retryable when no error is retryable, adds those whose results were lost, and refuses
+// input files that changed since.
 func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -61,6 +64,34 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	}
 	if got, said, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != "" || !strings.Contains(said, "no results that are errors marked retryable: nothing to try again") {
 		t.Errorf("failed --retryable: %q, %v, said %q; want nothing (refused prompts are not retryable), and that", got, err, said)
+	}
+
+	// A result lost from the server (expired, purged) is written too, with or without
+	// --retryable: it will never come, and sampling it again may well succeed.
+	var okID string
+	for id, r := range readResults(t, out) {
+		if lineStatus(t, r) == "ok" {
+			okID = id
+			break
+		}
+	}
+	q := bind(t, f)
+	if err := q.Results.Purge(ctx, jetstream.WithPurgeSubject(q.Names.ResultSubject(batch, okID))); err != nil {
+		t.Fatal(err)
+	}
+	got, said, err := f.submit(ctx, "failed", batch)
+	gotLines = strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	slices.Sort(gotLines)
+	want = append(want, byID[okID])
+	slices.Sort(want)
+	if err != nil || !slices.Equal(gotLines, want) {
+		t.Errorf("failed after a result was lost: %v; wrote\n%s\nwant the errors' lines and %s's", err, got, okID)
+	}
+	if phrase := fmt.Sprintf("%d lines of batch %s: %d whose results are errors, and 1 whose results will never come: none of its jobs", len(want), batch, len(want)-1); !strings.Contains(said, phrase) {
+		t.Errorf("failed said %q, want %q", said, phrase)
+	}
+	if got, said, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != byID[okID]+"\n" || !strings.Contains(said, "1 line of batch "+batch+" whose results will never come") {
+		t.Errorf("failed --retryable after a result was lost: %q, %v, said %q; want %s's line", got, err, said, okID)
 	}
 
 	if err := os.WriteFile(in, []byte(strings.Join(lines[1:], "\n")+"\n"), 0o644); err != nil {

@@ -64,8 +64,8 @@ func lostPhraseOf(lost int, cause string) string {
 // lostErr is the error of a reader that waits for results of batch m of which lost will never
 // come.
 func lostErr(q *queue.Queue, m queue.Manifest, lost int) error {
-	return fmt.Errorf("batch %s: %s; to sample their lines again, submit them with another --batch-id (submit delete %s removes what is left of this batch)",
-		m.BatchID, lostPhrase(q, m, lost), m.BatchID)
+	return fmt.Errorf("batch %s: %s; submit failed %s writes their lines, to run them again as a new batch (submit delete %s then removes what is left of this one)",
+		m.BatchID, lostPhrase(q, m, lost), m.BatchID, m.BatchID)
 }
 
 // span writes d in whole days when it is whole days, as retention periods usually are.

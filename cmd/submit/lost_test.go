@@ -17,7 +17,7 @@ import (
 
 // TestLostResultsAreNamedAndEndTheWait: a batch whose results are gone from the server while
 // its manifest stays (the results expired after --results-max-age, or were purged) is named as
-// such by status, list and results; a reader waiting for it, and the same files submitted
+// such by status, list and results, and failed writes their lines; a reader waiting for it, and the same files submitted
 // again, stop at once saying why instead of waiting for ever; it can be deleted; and an output
 // file that already holds every result still completes.
 func TestLostResultsAreNamedAndEndTheWait(t *testing.T) {
@@ -60,6 +60,12 @@ func TestLostResultsAreNamedAndEndTheWait(t *testing.T) {
 		t.Errorf("results: %v: %s", err, stderr)
 	}
 
+	// failed writes the lines of the lost results, byte for byte, to run them again.
+	if out, said, err := f.submit(ctx, "failed", "lost"); err != nil || out != strings.Join(lines[:4], "\n")+"\n" ||
+		!strings.Contains(said, "4 lines of batch lost whose results will never come: none of its jobs is left in the queue") {
+		t.Errorf("failed: %v: %s\n%s", err, said, out)
+	}
+
 	// Those who wait for the results stop at their first look, well before this deadline.
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -71,7 +77,7 @@ func TestLostResultsAreNamedAndEndTheWait(t *testing.T) {
 		if waitCtx.Err() != nil {
 			t.Fatalf("%q still waits for results that will never come", args)
 		}
-		if err == nil || !strings.Contains(err.Error(), "batch lost: "+lostPhrase+"; to sample their lines again, submit them with another --batch-id") {
+		if err == nil || !strings.Contains(err.Error(), "batch lost: "+lostPhrase+"; submit failed lost writes their lines") {
 			t.Errorf("%q: %v", args, err)
 		}
 	}
