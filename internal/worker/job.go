@@ -277,7 +277,13 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	}
 
 	st := &sampleState{reservation: r}
-	res, err := sampler.Sample(withSampleState(ctx, st), tinker.SampleRequest{
+	sctx := withSampleState(ctx, st)
+	if w.cfg.SampleTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeoutCause(sctx, w.cfg.SampleTimeout, errSampleTimeout)
+		defer cancel()
+	}
+	res, err := sampler.Sample(sctx, tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
 		NumSamples:         job.NumSamples,
 		Params:             params,
@@ -285,12 +291,22 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		TopKPromptLogprobs: job.TopKPromptLogprobs,
 	})
 	w.gate.capacity.done(&st.phase)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errSampleTimeout) {
+		return transient(fmt.Errorf("no result %s after the sample was sent: the service may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
+	}
 	if err != nil {
 		return w.failure(ctx, job, batch, err)
 	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
 	return outcome{result: &result, settle: settleAck}
 }
+
+// DefaultSampleTimeout is Config.SampleTimeout's default: far beyond the longest sample the
+// service runs, so that only a future it lost reaches it.
+const DefaultSampleTimeout = 30 * time.Minute
+
+// errSampleTimeout is the cause of a sample's context that ran out of Config.SampleTimeout.
+var errSampleTimeout = errors.New("sample timeout")
 
 // failure classifies a sampling error into a permanent error result or a retry.
 func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err error) outcome {

@@ -73,6 +73,12 @@ type Config struct {
 	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
 	// handed back with NakWithDelay instead of waiting in this worker; default 10s.
 	NakAbove time.Duration
+	// SampleTimeout bounds one delivery's sample, from its dispatch to its result. A future the
+	// service never completes (lost, or hung) is otherwise polled for ever, as the Python SDK
+	// does (§4.1), and its batch never ends. Past it, the job is tried again as after a
+	// transient failure, and ends as a dead letter after MaxDeliver deliveries. Default 30
+	// min; negative means no bound.
+	SampleTimeout time.Duration
 	// Registerer receives the worker's Prometheus metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives the worker's logs; nil discards them.
@@ -104,6 +110,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	if cfg.NakAbove <= 0 {
 		cfg.NakAbove = 10 * time.Second
+	}
+	if cfg.SampleTimeout == 0 {
+		cfg.SampleTimeout = DefaultSampleTimeout
 	}
 	if cfg.PausedBackoff == 0 {
 		cfg.PausedBackoff = backoff.PausedBackoff

@@ -332,6 +332,28 @@ func TestJobsThatKeepFailingEndAsDeadLetters(t *testing.T) {
 	}
 }
 
+// TestASampleTheServiceNeverCompletesEndsItsJob: a future the service never completes (it
+// lost it) is given up after SampleTimeout instead of being polled for ever; the job is
+// sampled again on its next delivery and, as the service keeps losing it, ends as a dead
+// letter that says why.
+func TestASampleTheServiceNeverCompletesEndsItsJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 2}, tinkersim.Config{Capacity: 8,
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultNeverComplete}}})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, RetryDelay: 50 * time.Millisecond, SampleTimeout: 300 * time.Millisecond})
+	run(t, w)
+	publishJobs(t, b.results, "hung", []jobs.Job{{CustomID: "lost", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+
+	r := waitResults(t, b.results, "hung", 1, 30*time.Second)["lost"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter ||
+		!strings.Contains(r.Error.Message, "no result 300ms after the sample was sent: the service may have lost it") {
+		t.Fatalf("result = %+v", r)
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 2 {
+		t.Fatalf("sampled %d times, want once per delivery (2)", got)
+	}
+}
+
 func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
