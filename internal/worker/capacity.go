@@ -129,9 +129,10 @@ func (c *capacity) admitWaiters() {
 }
 
 // submit admits a job's sample before it goes on the wire. A new sample waits for room
-// under the limit; a sample submitted again (its future expired, §4.2 410) keeps the room it
-// had; a sample admitted before a limit was learned gives its room back if the worker now
-// holds more than the limit, and waits like a new one.
+// under the limit; so does a sample submitted again (its future expired, §4.2 410), which
+// gives back the room it had (Gate.Acquire does so before it takes permits); a sample
+// admitted before a limit was learned gives its room back if the worker now holds more than
+// the limit, and waits like a new one.
 func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 	c.mu.Lock()
 	c.expire()
@@ -149,11 +150,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 		}
 		c.leave(phase)
 	case phaseAccepted:
-		c.accepted--
-		c.admitted++
-		*phase = phaseAdmitted
-		c.mu.Unlock()
-		return nil
+		c.leave(phase)
 	}
 	if len(c.waiters) == 0 && c.room() {
 		c.admitted++

@@ -42,9 +42,9 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A sample submitted again after its future expired keeps its place.
-	if err := c.submit(ctx, &phases[1]); err != nil || phases[1] != phaseAdmitted {
-		t.Fatalf("resubmission: %v, phase %v", err, phases[1])
+	// A sample submitted again after its future expired is counted once, as admitted.
+	if err := c.submit(ctx, &phases[1]); err != nil || phases[1] != phaseAdmitted || c.held() != 3 {
+		t.Fatalf("resubmission: %v, phase %v, %d held", err, phases[1], c.held())
 	}
 
 	// The limit is forgotten after the ttl.

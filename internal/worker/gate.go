@@ -63,9 +63,14 @@ func sampleStateOf(ctx context.Context) *sampleState {
 // Acquire takes the dispatch permits for one asample submission (the job's reserved count
 // permit the first time), then waits for room under the learned capacity. Permits come
 // first: a sample holding room must never wait for a permit that a sample waiting for room
-// holds. The returned release also records that asample was answered.
+// holds. So a sample submitted again (its future expired, §4.2 410) first gives back the
+// room it held, and waits for room like a new one. The returned release also records that
+// asample was answered.
 func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error) {
 	st := sampleStateOf(ctx)
+	if st != nil {
+		g.capacity.done(&st.phase)
+	}
 	var (
 		p   dispatch.Permit
 		err error

@@ -448,6 +448,33 @@ func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 	}
 }
 
+// TestFuturesThatExpireAfterA429DoNotStallTheWorker: a sample whose future expired (410) is
+// submitted again while it still held its room under the learned capacity, and after a 429
+// the new submission needs a throttled permit (§5.2). The samples holding those permits
+// wait for room; the worker stalled for good when the resubmissions kept their room while
+// they waited for a permit. Every job must end.
+func TestFuturesThatExpireAfterA429DoNotStallTheWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: 200 * time.Millisecond,
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultExpired, Rate: 0.2}}})
+	w := b.open(t, b.connect(t), Config{Concurrency: 32})
+	run(t, w)
+	const n = 96
+	js := make([]jobs.Job, n)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("e%02d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{2, i}, NumSamples: 1}
+	}
+	publishJobs(t, b.results, "expired", js)
+	for id, r := range waitResults(t, b.results, "expired", n, 90*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	if st := b.sim.Stats(); st.Requests["asample"][429] == 0 || st.Requests["retrieve_future"][410] == 0 {
+		t.Errorf("429s %d, 410s %d: the test needs both", st.Requests["asample"][429], st.Requests["retrieve_future"][410])
+	}
+}
+
 func TestLearnedCapacityStopsRefillingIntoA429(t *testing.T) {
 	t.Parallel()
 	// A capacity-bound batch: 2 workers with 64 slots each against a service that runs 8
