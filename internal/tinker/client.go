@@ -34,7 +34,10 @@ type Client struct {
 	t         Timing
 	userAgent string
 	flags     Flags
-	sessionID string
+
+	sessionID   atomic.Pointer[string] // nil when sessionless; replaced by renewSession
+	sessionBody []byte                 // the create_session request, sent again by renewSession
+	renewMu     sync.Mutex             // one renewSession at a time
 
 	samplerSeq  atomic.Int64 // sampling_session_seq_id counter (§3.5)
 	retryLogged atomic.Int64 // clock time (unix nanos) of the last retry warning (logRetry)
@@ -212,6 +215,17 @@ func (c *Client) createSession(ctx context.Context, cfg Config) error {
 	if b.UserMetadata == nil {
 		b.UserMetadata = map[string]string{}
 	}
+	c.sessionBody = mustJSON(b)
+	id, err := c.openSession(ctx)
+	if err != nil {
+		return err
+	}
+	c.setSession(id)
+	return nil
+}
+
+// openSession sends create_session (§3.3) and returns the new session's id.
+func (c *Client) openSession(ctx context.Context) (string, error) {
 	var out struct {
 		SessionID      string  `json:"session_id"`
 		InfoMessage    *string `json:"info_message"`
@@ -219,12 +233,12 @@ func (c *Client) createSession(ctx context.Context, cfg Config) error {
 		ErrorMessage   *string `json:"error_message"`
 	}
 	cl := &call{name: "create_session", method: http.MethodPost, path: "api/v1/create_session",
-		body: mustJSON(b), maxRetries: c.t.HTTPMaxRetries}
+		body: c.sessionBody, maxRetries: c.t.HTTPMaxRetries}
 	if err := c.doJSON(ctx, cl, &out); err != nil {
-		return fmt.Errorf("tinker: create session: %w", err)
+		return "", fmt.Errorf("tinker: create session: %w", err)
 	}
 	if out.SessionID == "" {
-		return &ProtocolError{Endpoint: "create_session", Msg: "reply has no session_id"}
+		return "", &ProtocolError{Endpoint: "create_session", Msg: "reply has no session_id"}
 	}
 	if out.InfoMessage != nil {
 		c.log.Info("tinker: " + *out.InfoMessage)
@@ -235,8 +249,47 @@ func (c *Client) createSession(ctx context.Context, cfg Config) error {
 	if out.ErrorMessage != nil {
 		c.log.Error("tinker: " + *out.ErrorMessage)
 	}
-	c.sessionID = out.SessionID
+	return out.SessionID, nil
+}
+
+func (c *Client) setSession(id string) { c.sessionID.Store(&id) }
+
+// renewSession replaces the session stale, which the service no longer knows (it restarted,
+// or ended the session after heartbeats it missed, §3.4), with a new one. The SDK keeps such
+// a session, and every sampler it creates later fails; a worker of a fleet must go on.
+// Callers that find the same stale session share one create_session.
+func (c *Client) renewSession(ctx context.Context, stale string) error {
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	if c.SessionID() != stale {
+		return nil // renewed already
+	}
+	id, err := c.openSession(ctx)
+	if err != nil {
+		return fmt.Errorf("tinker: renew session %s, which the service no longer knows: %w", stale, err)
+	}
+	c.setSession(id)
+	c.log.Warn("tinker: the service no longer knows the session (restarted, or ended it after missed heartbeats): a new one replaces it",
+		"old_session_id", stale, "session_id", id)
 	return nil
+}
+
+// sessionLost reports whether the service no longer knows session id: one heartbeat of it
+// answers 404.
+func (c *Client) sessionLost(ctx context.Context, id string) bool {
+	var se *StatusError
+	err := c.doJSON(ctx, c.heartbeatCall(id), nil)
+	return errors.As(err, &se) && se.StatusCode == http.StatusNotFound
+}
+
+// heartbeatCall is one session_heartbeat of session id (§3.4): no retries, a 10 s timeout.
+func (c *Client) heartbeatCall(id string) *call {
+	body := mustJSON(struct {
+		SessionID string `json:"session_id"`
+		Type      string `json:"type"`
+	}{id, "session_heartbeat"})
+	return &call{name: "session_heartbeat", method: http.MethodPost, path: "api/v1/session_heartbeat",
+		body: body, timeout: c.t.HeartbeatTimeout}
 }
 
 func envTags(s string) []string {
@@ -253,15 +306,12 @@ func envTags(s string) []string {
 
 // heartbeat sends session_heartbeat every interval (sleep first), with no
 // retries and a 10 s timeout; failures are reported and, after 120 s without
-// success, logged as warnings (§3.4).
+// success, logged as warnings (§3.4). A 404 says the service no longer knows the
+// session: a new one replaces it (renewSession).
 func (c *Client) heartbeat(ctx context.Context) {
 	defer close(c.hbDone)
-	body := mustJSON(struct {
-		SessionID string `json:"session_id"`
-		Type      string `json:"type"`
-	}{c.sessionID, "session_heartbeat"})
-	cl := &call{name: "session_heartbeat", method: http.MethodPost, path: "api/v1/session_heartbeat",
-		body: body, timeout: c.t.HeartbeatTimeout}
+	id := c.SessionID()
+	cl := c.heartbeatCall(id)
 	lastOK := time.Now()
 	t := time.NewTimer(c.t.HeartbeatInterval)
 	defer t.Stop()
@@ -271,17 +321,26 @@ func (c *Client) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if now := c.SessionID(); now != id {
+			id, cl = now, c.heartbeatCall(now)
+		}
 		err := c.doJSON(ctx, cl, nil)
+		var se *StatusError
 		switch {
 		case err == nil:
 			lastOK = time.Now()
 		case ctx.Err() != nil:
 			return
+		case errors.As(err, &se) && se.StatusCode == http.StatusNotFound:
+			c.emit(Event{Kind: EventHeartbeatFailed, Endpoint: cl.name, Err: err})
+			if rerr := c.renewSession(ctx, id); rerr != nil && ctx.Err() == nil {
+				c.log.Warn("tinker: session lost; a new one is tried again at the next heartbeat", "err", rerr)
+			}
 		default:
 			c.emit(Event{Kind: EventHeartbeatFailed, Endpoint: cl.name, Err: err})
 			if since := time.Since(lastOK); since > c.t.HeartbeatWarn {
 				c.log.Warn("tinker: session heartbeat failing; the session will be terminated",
-					"session_id", c.sessionID, "since", since.Round(time.Second), "err", err)
+					"session_id", id, "since", since.Round(time.Second), "err", err)
 			}
 		}
 		t.Reset(c.t.HeartbeatInterval)
@@ -316,8 +375,14 @@ func (c *Client) closeTransport() {
 // Flags returns the server flags read at Dial (§3.1).
 func (c *Client) Flags() Flags { return c.flags }
 
-// SessionID returns the session id from create_session ("" when sessionless).
-func (c *Client) SessionID() string { return c.sessionID }
+// SessionID returns the session id from create_session ("" when sessionless); it changes when
+// the service no longer knows the session and a new one replaces it.
+func (c *Client) SessionID() string {
+	if id := c.sessionID.Load(); id != nil {
+		return *id
+	}
+	return ""
+}
 
 // SupportedModel is one entry of get_server_capabilities (§3.8).
 type SupportedModel struct {

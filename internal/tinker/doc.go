@@ -8,6 +8,13 @@
 // (a 404 means defaults), POST create_session (§3.3), and then a heartbeat every 10 s
 // (§3.4) owned by the client and stopped by [Client.Close].
 //
+// A session the service no longer knows (it restarted, or ended the session after
+// heartbeats it missed) is replaced, unlike in the SDK, which keeps it and fails every
+// sampler made later: a heartbeat answered 404 creates a new session, and so does a
+// create_sampling_session answered 404 when a heartbeat confirms the session is gone (a 404
+// there may also be a checkpoint the service does not have). A [Sampler] of the old session
+// fails its samples with the asample 404; its owner makes a new one.
+//
 // JWT exchange (§2.2): POST auth/token with the API key (10 HTTP retries, §3.2) returns
 // a JWT that every later request sends as X-API-Key instead of the key. Its payload's
 // exp is read (no signature check); a goroutine owned by the client re-mints it

@@ -45,7 +45,8 @@ func (c *Client) NewSampler(ctx context.Context, spec SamplerSpec) (*Sampler, er
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
-	if c.sessionID == "" {
+	session := c.SessionID()
+	if session == "" {
 		return nil, errors.New("tinker: NewSampler needs a session (Config.Sessionless is set)")
 	}
 	if spec.BaseModel == "" && spec.ModelPath == "" {
@@ -54,7 +55,26 @@ func (c *Client) NewSampler(ctx context.Context, spec SamplerSpec) (*Sampler, er
 	if spec.ModelPath != "" && !strings.HasPrefix(spec.ModelPath, "tinker://") {
 		return nil, fmt.Errorf("tinker: model path %q must start with tinker://", spec.ModelPath)
 	}
-	body := createSamplingSessionBody{SessionID: c.sessionID, SamplingSessionSeqID: c.samplerSeq.Add(1) - 1,
+	id, err := c.createSamplingSession(ctx, session, spec)
+	var se *StatusError
+	if errors.As(err, &se) && se.StatusCode == http.StatusNotFound && c.sessionLost(ctx, session) {
+		// The service no longer knows the session (a 404 may also be a checkpoint it does not
+		// have: the heartbeat tells them apart). Once more, in a new session.
+		if err := c.renewSession(ctx, session); err != nil {
+			return nil, err
+		}
+		id, err = c.createSamplingSession(ctx, c.SessionID(), spec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.Sampler(id), nil
+}
+
+// createSamplingSession sends create_sampling_session in session and returns the sampling
+// session id.
+func (c *Client) createSamplingSession(ctx context.Context, session string, spec SamplerSpec) (string, error) {
+	body := createSamplingSessionBody{SessionID: session, SamplingSessionSeqID: c.samplerSeq.Add(1) - 1,
 		BaseModel: spec.BaseModel, ModelPath: spec.ModelPath, Type: "create_sampling_session"}
 	var out struct {
 		SamplingSessionID string `json:"sampling_session_id"`
@@ -62,12 +82,12 @@ func (c *Client) NewSampler(ctx context.Context, spec SamplerSpec) (*Sampler, er
 	cl := &call{name: "create_sampling_session", method: http.MethodPost, path: "api/v1/create_sampling_session",
 		body: mustJSON(body), maxRetries: c.t.HTTPMaxRetries}
 	if err := c.doJSON(ctx, cl, &out); err != nil {
-		return nil, fmt.Errorf("tinker: create sampling session: %w", err)
+		return "", fmt.Errorf("tinker: create sampling session: %w", err)
 	}
 	if out.SamplingSessionID == "" {
-		return nil, &ProtocolError{Endpoint: cl.name, Msg: "reply has no sampling_session_id"}
+		return "", &ProtocolError{Endpoint: cl.name, Msg: "reply has no sampling_session_id"}
 	}
-	return c.Sampler(out.SamplingSessionID), nil
+	return out.SamplingSessionID, nil
 }
 
 // Sampler returns a Sampler for an existing sampling session id (for example one

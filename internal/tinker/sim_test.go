@@ -167,6 +167,47 @@ func checkSequences(t *testing.T, r *tinker.SampleResponse, n, maxTokens int) {
 // TestSimStartupAndHeartbeat: Dial runs client/config, client/dynamic_config and
 // create_session once each (§2), applies the simulator's flags (§3.1) and refresh interval,
 // and heartbeats (§3.4); with dynamic config disabled the 404 means defaults.
+// TestSimForgottenSessionIsReplaced: a service that no longer knows the client's session (it
+// restarted) answers its heartbeat, and a sampling session made in it, 404. The client then
+// creates a new session, whether its heartbeat or a new sampler notices first, and samples
+// again; a sampler of the old session fails with the asample 404 (its owner makes a new one).
+func TestSimForgottenSessionIsReplaced(t *testing.T) {
+	qwen := tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"}
+	// A new sampler notices: the heartbeat does not tick in this test.
+	e := newSimEnv(t, tinkersim.Config{}, func(c *tinker.Config) { c.Timing.HeartbeatInterval = time.Hour })
+	old := e.sampler(t, qwen)
+	first := e.client.SessionID()
+	e.sim.ForgetSessions()
+	var se *tinker.StatusError
+	if _, err := old.Sample(e.ctx, simRequest(1)); !errors.As(err, &se) || se.Endpoint != "asample" || se.StatusCode != 404 {
+		t.Fatalf("a sampler of the forgotten session: %v; want the asample 404", err)
+	}
+	if _, err := e.sampler(t, qwen).Sample(e.ctx, simRequest(1)); err != nil {
+		t.Fatalf("a sampler made after the service forgot the session: %v", err)
+	}
+	if now := e.client.SessionID(); now == first || e.requests("create_session", 200) != 2 {
+		t.Errorf("session %q (was %q), %d create_session: want one new session", now, first, e.requests("create_session", 200))
+	}
+
+	// The heartbeat notices.
+	h := newSimEnv(t, tinkersim.Config{}, func(c *tinker.Config) { c.Timing.HeartbeatInterval = 10 * time.Millisecond })
+	first = h.client.SessionID()
+	h.sim.ForgetSessions()
+	deadline := time.Now().Add(20 * time.Second)
+	for h.client.SessionID() == first {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session is still %q, 20s after the service forgot it", first)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := h.sampler(t, qwen).Sample(h.ctx, simRequest(2)); err != nil {
+		t.Fatalf("sample in the new session: %v", err)
+	}
+	if n := h.requests("create_sampling_session", 404); n != 0 {
+		t.Errorf("%d create_sampling_session 404s after the heartbeat renewed the session", n)
+	}
+}
+
 func TestSimStartupAndHeartbeat(t *testing.T) {
 	e := newSimEnv(t, tinkersim.Config{ClientConfig: map[string]any{
 		"sample_max_concurrent_requests":       7,

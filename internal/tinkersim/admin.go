@@ -17,6 +17,7 @@ import (
 //	DELETE /admin/faults/{id} → removes one fault
 //	GET    /admin/stats       → Stats
 //	POST   /admin/reset       → clears faults and stats
+//	POST   /admin/forget_sessions → forgets every session, sampler and future (a restart)
 //
 // A fault object: {"kind":"429","rate":0.5,"start_in":"1s","duration":"30s","reason":"…",
 // "category":"user","status":503,"delay":"15s","retry_after":"2s","endpoints":["asample"]}.
@@ -34,6 +35,11 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request, rest string)
 		if requireMethod(w, r, http.MethodPost) {
 			s.Reset()
 			writeJSON(w, http.StatusOK, map[string]string{"status": "reset"})
+		}
+	case rest == "forget_sessions":
+		if requireMethod(w, r, http.MethodPost) {
+			s.ForgetSessions()
+			writeJSON(w, http.StatusOK, map[string]string{"status": "forgotten"})
 		}
 	case rest == "faults":
 		switch r.Method {

@@ -350,4 +350,24 @@ func TestAdminEndpoints(t *testing.T) {
 	mustJSONError(t, plain.do("GET", "/admin/stats", nil, "X-API-Key", "tml-nope"), 401)
 }
 
+// TestForgetSessionsIsARestart: after POST /admin/forget_sessions, the sessions, sampling
+// sessions and futures from before answer as a restarted service's would (404, 404, 410),
+// while new ones work.
+func TestForgetSessionsIsARestart(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	sid := strings.Split(ssid, ":")[0]
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	h.protoResult(id)
+	mustStatus(t, h.do("POST", "/admin/forget_sessions", nil), 200)
+
+	mustJSONError(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), 404)
+	mustJSONError(t, h.do("POST", "/api/v1/create_sampling_session", map[string]any{"session_id": sid, "sampling_session_seq_id": 1,
+		"base_model": "Qwen/Qwen3-8B", "type": "create_sampling_session"}), 404)
+	mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 1, []int32{1}, nil)), 404)
+	mustJSONError(t, h.poll(id, "application/x-protobuf"), 410)
+	h.protoResult(h.asample(sampleBody(h.sampler("Qwen/Qwen3-8B"), 0, []int32{1}, nil)))
+}
+
 func jsonNum(id FaultID) string { b, _ := json.Marshal(id); return string(b) }

@@ -112,6 +112,18 @@ func (s *Server) Reset() {
 	s.st.peak = s.running
 }
 
+// ForgetSessions forgets every session, sampling session and future, as a service that
+// restarted would: a heartbeat, create_sampling_session or asample naming them answers 404,
+// and a poll of one of those futures 410. Samples running finish unseen; faults, stats and
+// the configuration stay.
+func (s *Server) ForgetSessions() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.sessions)
+	clear(s.samplers)
+	clear(s.futures)
+}
+
 // Faults lists the injected faults.
 func (s *Server) Faults() []FaultInfo {
 	s.mu.Lock()

@@ -59,6 +59,24 @@ func (c *samplerCache) get(ctx context.Context, spec tinker.SamplerSpec) (*tinke
 	}
 }
 
+// drop forgets the sampler s of spec, which the service no longer knows, so that the next get
+// creates a new one. A newer sampler of spec, made since s, stays.
+func (c *samplerCache) drop(spec tinker.SamplerSpec, s *tinker.Sampler) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byKey[spec]
+	if !ok {
+		return
+	}
+	select {
+	case <-e.ready: // e's fields are written before ready closes
+		if e.sampler == s {
+			delete(c.byKey, spec)
+		}
+	default: // a new one is being made
+	}
+}
+
 func (c *samplerCache) create(ctx context.Context, spec tinker.SamplerSpec) (*tinker.Sampler, string, error) {
 	s, err := c.client.NewSampler(ctx, spec)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -240,7 +241,8 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 
 // sample turns a valid job into a Tinker sample and its result.
 func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *dispatch.Reservation) outcome {
-	sampler, baseModel, err := w.samplers.get(ctx, tinker.SamplerSpec{BaseModel: job.Model, ModelPath: job.ModelPath})
+	spec := tinker.SamplerSpec{BaseModel: job.Model, ModelPath: job.ModelPath}
+	sampler, baseModel, err := w.samplers.get(ctx, spec)
 	if err != nil {
 		return w.failure(ctx, job, batch, err)
 	}
@@ -283,22 +285,42 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		sctx, cancel = context.WithTimeoutCause(sctx, w.cfg.SampleTimeout, errSampleTimeout)
 		defer cancel()
 	}
-	res, err := sampler.Sample(sctx, tinker.SampleRequest{
+	req := tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
 		NumSamples:         job.NumSamples,
 		Params:             params,
 		PromptLogprobs:     job.PromptLogprobs,
 		TopKPromptLogprobs: job.TopKPromptLogprobs,
-	})
+	}
+	res, err := sampler.Sample(sctx, req)
+	if samplerLost(err) {
+		// The service no longer knows the sampling session (it restarted, or ended the
+		// session): the job is not at fault. Once more, in a new one; the client makes a new
+		// session too if it must.
+		w.samplers.drop(spec, sampler)
+		if sampler, _, err = w.samplers.get(sctx, spec); err == nil {
+			res, err = sampler.Sample(sctx, req)
+		}
+	}
 	w.gate.capacity.done(&st.phase)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errSampleTimeout) {
 		return transient(fmt.Errorf("no result %s after the sample was sent: the service may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
+	}
+	if samplerLost(err) && ctx.Err() == nil {
+		return transient(err) // even a new sampling session was not known: try again later
 	}
 	if err != nil {
 		return w.failure(ctx, job, batch, err)
 	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
 	return outcome{result: &result, settle: settleAck}
+}
+
+// samplerLost reports whether err is an asample 404: the service does not know the sampling
+// session (§3.6), which no job can cause.
+func samplerLost(err error) bool {
+	var se *tinker.StatusError
+	return errors.As(err, &se) && se.Endpoint == "asample" && se.StatusCode == http.StatusNotFound
 }
 
 // DefaultSampleTimeout is Config.SampleTimeout's default: far beyond the longest sample the

@@ -354,6 +354,38 @@ func TestASampleTheServiceNeverCompletesEndsItsJob(t *testing.T) {
 	}
 }
 
+// TestAServiceThatForgotTheSessionFailsNoJob: when the service forgets the worker's session
+// and sampling sessions mid-batch (it restarted), its asample 404s are not the jobs' fault:
+// the worker makes a new sampling session, in a new session, and every job ends ok.
+func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 100 * time.Millisecond})
+	w := b.open(t, b.connect(t), Config{Concurrency: 8})
+	run(t, w)
+	const n = 48
+	js := make([]jobs.Job, n)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("j%02d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, i}, NumSamples: 1}
+	}
+	publishJobs(t, b.results, "restart", js)
+	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
+		stored, err := b.results.ResultsStored(context.Background(), "restart")
+		return err == nil && stored > 0
+	})
+	b.sim.ForgetSessions()
+
+	for id, r := range waitResults(t, b.results, "restart", n, 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	st := b.sim.Stats()
+	if st.Requests["asample"][404] == 0 || st.Requests["create_session"][200] != 2 {
+		t.Errorf("asample 404s %d, sessions created %d: want the restart seen, and one new session",
+			st.Requests["asample"][404], st.Requests["create_session"][200])
+	}
+}
+
 func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
