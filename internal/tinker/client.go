@@ -34,6 +34,8 @@ type Client struct {
 	t         Timing
 	userAgent string
 	flags     Flags
+	// futureTimeout is Config.FutureTimeout.
+	futureTimeout time.Duration
 
 	sessionID   atomic.Pointer[string] // nil when sessionless; replaced by renewSession
 	sessionBody []byte                 // the create_session request, sent again by renewSession
@@ -99,15 +101,16 @@ func newClient(cfg Config) (*Client, error) {
 		}
 	}
 	c := &Client{
-		base:      base,
-		key:       &key,
-		hc:        cfg.HTTPClient,
-		log:       cfg.Logger,
-		disp:      cfg.Dispatcher,
-		onEvent:   cfg.OnEvent,
-		t:         cfg.Timing.withDefaults(),
-		userAgent: cfg.UserAgent,
-		flags:     DefaultFlags(),
+		base:          base,
+		key:           &key,
+		hc:            cfg.HTTPClient,
+		log:           cfg.Logger,
+		disp:          cfg.Dispatcher,
+		onEvent:       cfg.OnEvent,
+		t:             cfg.Timing.withDefaults(),
+		userAgent:     cfg.UserAgent,
+		flags:         DefaultFlags(),
+		futureTimeout: cfg.FutureTimeout,
 	}
 	c.clock = c.t.Clock
 	if cmd != "" {

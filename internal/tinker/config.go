@@ -59,6 +59,11 @@ type Config struct {
 	Sessionless bool
 	// UserAgent overrides the User-Agent header.
 	UserAgent string
+	// FutureTimeout gives up a future the service has not answered this long after it
+	// accepted the sample: Sample then fails with ErrFutureTimeout, which it does not retry.
+	// Zero means no limit: the SDK polls a future for ever (§4.1), so one the service lost
+	// holds its caller for ever. It is checked at every poll reply (each long poll, §4.2).
+	FutureTimeout time.Duration
 	// Timing holds every delay and limit; zero fields take the protocol defaults.
 	Timing Timing
 }

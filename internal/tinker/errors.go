@@ -11,6 +11,11 @@ import (
 // default): the stuck detection of §6.3. It is not retried.
 var ErrProgressTimeout = errors.New("tinker: no progress made; requests appear to be stuck")
 
+// ErrFutureTimeout is returned (wrapped) by [Sampler.Sample] when the service has not
+// answered a future within Config.FutureTimeout of accepting it (a future it lost, or
+// hung). It is not retried.
+var ErrFutureTimeout = errors.New("tinker: the service has not answered the future")
+
 // ErrClosed is returned by calls on a [Client] after [Client.Close].
 var ErrClosed = errors.New("tinker: client closed")
 
@@ -105,11 +110,11 @@ func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // IsRetryable reports whether the sample-level retry layer (§6.3) retries err:
 // connection errors and timeouts, HTTP 408, 409, 410 (future expired, resubmit),
-// 429 and 5xx. Failed futures, protocol errors, other 4xx, context errors and
-// ErrProgressTimeout are not retryable.
+// 429 and 5xx. Failed futures, protocol errors, other 4xx, context errors,
+// ErrProgressTimeout and ErrFutureTimeout are not retryable.
 func IsRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, ErrProgressTimeout) {
+		errors.Is(err, ErrProgressTimeout) || errors.Is(err, ErrFutureTimeout) {
 		return false
 	}
 	var pe *ProtocolError

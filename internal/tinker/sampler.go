@@ -337,9 +337,14 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 		c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: status, Delay: d, Attempt: connExp - 1, Err: err, SamplerID: s.id})
 		return c.clock.Sleep(ctx, d)
 	}
+	start := c.clock.Now()
 	for it := 0; ; it++ {
 		if err := check(); err != nil {
 			return nil, err
+		}
+		if c.futureTimeout > 0 && c.clock.Now().Sub(start) > c.futureTimeout {
+			return nil, fmt.Errorf("tinker: %s %s: not answered %s after the sample was accepted: %w",
+				name, requestID, c.futureTimeout, ErrFutureTimeout)
 		}
 		iter := strconv.Itoa(it)
 		cl := &call{name: name, method: http.MethodPost, path: "api/v1/retrieve_future", body: body,

@@ -208,6 +208,28 @@ func TestSimForgottenSessionIsReplaced(t *testing.T) {
 	}
 }
 
+// TestSimFutureTimeoutGivesUpALostFuture: with Config.FutureTimeout, a future the service
+// never completes ends the Sample with ErrFutureTimeout, not retried; without it the client
+// polls on, as the SDK does.
+func TestSimFutureTimeoutGivesUpALostFuture(t *testing.T) {
+	e := newSimEnv(t, tinkersim.Config{Faults: []tinkersim.Fault{{Kind: tinkersim.FaultNeverComplete}}},
+		func(c *tinker.Config) { c.FutureTimeout = 300 * time.Millisecond })
+	_, err := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"}).Sample(e.ctx, simRequest(1))
+	if !errors.Is(err, tinker.ErrFutureTimeout) || tinker.IsRetryable(err) {
+		t.Fatalf("Sample of a future that never completes: %v; want ErrFutureTimeout", err)
+	}
+	if n := e.sim.Stats().SamplesAccepted; n != 1 {
+		t.Errorf("%d samples submitted, want 1 (not retried)", n)
+	}
+
+	forever := newSimEnv(t, tinkersim.Config{Faults: []tinkersim.Fault{{Kind: tinkersim.FaultNeverComplete}}}, nil)
+	ctx, cancel := context.WithTimeout(forever.ctx, time.Second)
+	defer cancel()
+	if _, err := forever.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"}).Sample(ctx, simRequest(1)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("without FutureTimeout: %v; want it to poll until the context ends", err)
+	}
+}
+
 func TestSimStartupAndHeartbeat(t *testing.T) {
 	e := newSimEnv(t, tinkersim.Config{ClientConfig: map[string]any{
 		"sample_max_concurrent_requests":       7,

@@ -280,11 +280,6 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 
 	st := &sampleState{reservation: r}
 	sctx := withSampleState(ctx, st)
-	if w.cfg.SampleTimeout > 0 {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeoutCause(sctx, w.cfg.SampleTimeout, errSampleTimeout)
-		defer cancel()
-	}
 	req := tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
 		NumSamples:         job.NumSamples,
@@ -303,8 +298,8 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		}
 	}
 	w.gate.capacity.done(&st.phase)
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), errSampleTimeout) {
-		return transient(fmt.Errorf("no result %s after the sample was sent: the service may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
+	if errors.Is(err, tinker.ErrFutureTimeout) {
+		return transient(fmt.Errorf("no result %s after the service accepted the sample: it may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
 	}
 	if samplerLost(err) && ctx.Err() == nil {
 		return transient(err) // even a new sampling session was not known: try again later
@@ -326,9 +321,6 @@ func samplerLost(err error) bool {
 // DefaultSampleTimeout is Config.SampleTimeout's default: far beyond the longest sample the
 // service runs, so that only a future it lost reaches it.
 const DefaultSampleTimeout = 30 * time.Minute
-
-// errSampleTimeout is the cause of a sample's context that ran out of Config.SampleTimeout.
-var errSampleTimeout = errors.New("sample timeout")
 
 // failure classifies a sampling error into a permanent error result or a retry.
 func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err error) outcome {

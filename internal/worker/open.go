@@ -73,11 +73,11 @@ type Config struct {
 	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
 	// handed back with NakWithDelay instead of waiting in this worker; default 10s.
 	NakAbove time.Duration
-	// SampleTimeout bounds one delivery's sample, from its dispatch to its result. A future the
-	// service never completes (lost, or hung) is otherwise polled for ever, as the Python SDK
-	// does (§4.1), and its batch never ends. Past it, the job is tried again as after a
-	// transient failure, and ends as a dead letter after MaxDeliver deliveries. Default 30
-	// min; negative means no bound.
+	// SampleTimeout bounds how long a sample's future may go unanswered once the service
+	// accepted it (tinker.Config.FutureTimeout). A future the service never completes (lost,
+	// or hung) is otherwise polled for ever, as the Python SDK does (§4.1), and its batch
+	// never ends. Past it, the job is tried again as after a transient failure, and ends as a
+	// dead letter after MaxDeliver deliveries. Default 30 min; negative means no bound.
 	SampleTimeout time.Duration
 	// Registerer receives the worker's Prometheus metrics; nil registers nothing.
 	Registerer prometheus.Registerer
@@ -207,6 +207,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		Dispatcher:    gate,
 		OnEvent:       w.onEvent(observer),
 		Timing:        cfg.TinkerTiming,
+		FutureTimeout: max(cfg.SampleTimeout, 0),
 	})
 	if err != nil {
 		var se *tinker.StatusError

@@ -346,7 +346,7 @@ func TestASampleTheServiceNeverCompletesEndsItsJob(t *testing.T) {
 
 	r := waitResults(t, b.results, "hung", 1, 30*time.Second)["lost"]
 	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter ||
-		!strings.Contains(r.Error.Message, "no result 300ms after the sample was sent: the service may have lost it") {
+		!strings.Contains(r.Error.Message, "no result 300ms after the service accepted the sample: it may have lost it") {
 		t.Fatalf("result = %+v", r)
 	}
 	if got := b.sim.Stats().SamplesAccepted; got != 2 {
