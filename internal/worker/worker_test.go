@@ -108,6 +108,16 @@ func waitResults(t *testing.T, q *queue.Queue, batch string, want int, timeout t
 
 func intp(v int) *int { return &v }
 
+// tokenJobs returns n jobs of one sample of Qwen3-8B whose prompts are token ids, custom ids
+// prefix followed by their index.
+func tokenJobs(prefix string, n int) []jobs.Job {
+	js := make([]jobs.Job, n)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("%s%04d", prefix, i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, i}, NumSamples: 1}
+	}
+	return js
+}
+
 func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
@@ -363,11 +373,7 @@ func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
 	w := b.open(t, b.connect(t), Config{Concurrency: 8})
 	run(t, w)
 	const n = 48
-	js := make([]jobs.Job, n)
-	for i := range js {
-		js[i] = jobs.Job{CustomID: fmt.Sprintf("j%02d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, i}, NumSamples: 1}
-	}
-	publishJobs(t, b.results, "restart", js)
+	publishJobs(t, b.results, "restart", tokenJobs("j", n))
 	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
 		stored, err := b.results.ResultsStored(context.Background(), "restart")
 		return err == nil && stored > 0
@@ -443,11 +449,7 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: time.Hour})
-	var js []jobs.Job
-	for i := range 5 {
-		js = append(js, jobs.Job{CustomID: fmt.Sprintf("slow-%d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{i}, NumSamples: 1})
-	}
-	publishJobs(t, b.results, "slow", js)
+	publishJobs(t, b.results, "slow", tokenJobs("slow-", 5))
 	w := b.open(t, b.connect(t), Config{Concurrency: 8})
 	w.cfg.ShutdownGrace = 200 * time.Millisecond
 	stop := run(t, w)
@@ -492,11 +494,7 @@ func TestFuturesThatExpireAfterA429DoNotStallTheWorker(t *testing.T) {
 	w := b.open(t, b.connect(t), Config{Concurrency: 32})
 	run(t, w)
 	const n = 96
-	js := make([]jobs.Job, n)
-	for i := range js {
-		js[i] = jobs.Job{CustomID: fmt.Sprintf("e%02d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{2, i}, NumSamples: 1}
-	}
-	publishJobs(t, b.results, "expired", js)
+	publishJobs(t, b.results, "expired", tokenJobs("e", n))
 	for id, r := range waitResults(t, b.results, "expired", n, 90*time.Second) {
 		if r.Status != jobs.StatusOK {
 			t.Errorf("%s: %+v", id, r.Error)
