@@ -314,6 +314,9 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 // samplerLost reports whether err is an asample 404: the service does not know the sampling
 // session (§3.6), which no job can cause.
 func samplerLost(err error) bool {
+	if err == nil {
+		return false // the common case, without errors.As's allocation
+	}
 	var se *tinker.StatusError
 	return errors.As(err, &se) && se.Endpoint == "asample" && se.StatusCode == http.StatusNotFound
 }
