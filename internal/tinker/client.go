@@ -271,6 +271,7 @@ func (c *Client) renewSession(ctx context.Context, stale string) error {
 	if err != nil {
 		return fmt.Errorf("tinker: renew session %s, which the service no longer knows: %w", stale, err)
 	}
+	c.samplerSeq.Store(0) // a new session's sampling sessions count from 0 again (§3.5)
 	c.setSession(id)
 	c.log.Warn("tinker: the service no longer knows the session (restarted, or ended it after missed heartbeats): a new one replaces it",
 		"old_session_id", stale, "session_id", id)

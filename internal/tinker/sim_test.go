@@ -182,8 +182,12 @@ func TestSimForgottenSessionIsReplaced(t *testing.T) {
 	if _, err := old.Sample(e.ctx, simRequest(1)); !errors.As(err, &se) || se.Endpoint != "asample" || se.StatusCode != 404 {
 		t.Fatalf("a sampler of the forgotten session: %v; want the asample 404", err)
 	}
-	if _, err := e.sampler(t, qwen).Sample(e.ctx, simRequest(1)); err != nil {
+	fresh := e.sampler(t, qwen)
+	if _, err := fresh.Sample(e.ctx, simRequest(1)); err != nil {
 		t.Fatalf("a sampler made after the service forgot the session: %v", err)
+	}
+	if want := e.client.SessionID() + ":sample:0"; fresh.ID() != want {
+		t.Errorf("sampler %q in the new session, want %q: its sampling sessions count from 0 (§3.5)", fresh.ID(), want)
 	}
 	if now := e.client.SessionID(); now == first || e.requests("create_session", 200) != 2 {
 		t.Errorf("session %q (was %q), %d create_session: want one new session", now, first, e.requests("create_session", 200))
