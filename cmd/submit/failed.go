@@ -36,13 +36,13 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
-	// Lost results are counted first: when some are, the jobs that have a result are
-	// collected too, and the lines of the rest are written with the errors.
+	// Lost results are counted first: when some are, the lines of the jobs without a result
+	// are written with the errors.
 	lost, err := lostResults(ctx, sess.q, m, 0)
 	if err != nil {
 		return err
 	}
-	c, err := failedJobs(ctx, sess.q, m, retryable, lost > 0)
+	failed, seen, err := failedJobs(ctx, sess.q, m, retryable)
 	if err != nil {
 		return err
 	}
@@ -70,9 +70,9 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 		switch {
 		case err != nil: // never published
 			return nil
-		case c.failed[j.CustomID]:
+		case failed[j.CustomID]:
 			errored++
-		case c.have != nil && !c.have[j.CustomID]:
+		case lost > 0 && !seen[queue.JobToken(j.CustomID)]:
 			missing++
 		default:
 			return nil
@@ -113,27 +113,23 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	return nil
 }
 
-// failedJobs reads the results of m and collects the custom ids of those that are errors
-// (only retryable ones, with retryable), and, with all, of every job that has a result.
-func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable, all bool) (*failedCollector, error) {
-	c := &failedCollector{retryable: retryable, failed: map[string]bool{}}
-	if all {
-		c.have = map[string]bool{}
+// failedJobs reads the results of m and returns the custom ids of those that are errors (only
+// retryable ones, with retryable), and the job tokens (queue.JobToken) of every result read.
+func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable bool) (failed, seen map[string]bool, err error) {
+	c := &failedCollector{retryable: retryable, ids: map[string]bool{}}
+	seen = map[string]bool{}
+	if _, err := followFrom(ctx, q, m, c, resultNative, seen, summary{}, false, progressOptions{mode: "none"}, &environment{}); err != nil {
+		return nil, nil, err
 	}
-	if _, err := follow(ctx, q, m, c, resultNative, false, progressOptions{mode: "none"}, &environment{}); err != nil {
-		return nil, err
-	}
-	return c, c.err
+	return c.ids, seen, c.err
 }
 
 // failedCollector takes tinkerfleet result lines, as follow writes them, and keeps the custom
-// ids of the errors, and of every result when have is not nil (read with parseOutputLine, as
-// an output file's lines are).
+// ids of the errors (read with parseOutputLine, as an output file's lines are).
 type failedCollector struct {
 	retryable bool
-	failed    map[string]bool
-	have      map[string]bool // nil: not collected
-	rest      []byte          // a line not yet ended
+	ids       map[string]bool
+	rest      []byte // a line not yet ended
 	err       error
 }
 
@@ -149,10 +145,7 @@ func (c *failedCollector) Write(p []byte) (int, error) {
 			c.err = fmt.Errorf("read a result: %q is not one", c.rest[:i])
 		}
 		if status == string(jobs.StatusError) && (!c.retryable || r.Error != nil && r.Error.Retryable) {
-			c.failed[r.CustomID] = true
-		}
-		if c.have != nil && ok {
-			c.have[r.CustomID] = true
+			c.ids[r.CustomID] = true
 		}
 		c.rest = c.rest[i+1:]
 	}
