@@ -155,12 +155,12 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 	if o.simulate {
 		key := "tml-simulated-" + randomHex(16)
 		// The worker long-polls each future from the moment it is accepted, so a result is
-		// read within milliseconds of being ready; the simulator's default of keeping it for
-		// 10 minutes held about 1 KB a job, 200 MB for 200,000 lines. A result somehow not
-		// read within ResultTTL answers 410, and the worker submits the sample again (§4.2, §6.3).
+		// read within milliseconds of being ready, and never again: the simulator's ReadTTL
+		// then drops it (about 1.7 KB a job, kept for the default 30 s: 300 MB at the rate
+		// of a local run).
 		sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{key}, Capacity: 256,
 			BaseLatency: 20 * time.Millisecond, PerTokenLatency: 200 * time.Microsecond,
-			ResultTTL: 15 * time.Second})
+			ReadTTL: 5 * time.Second})
 		if err != nil {
 			return err
 		}
