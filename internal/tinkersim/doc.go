@@ -26,7 +26,8 @@
 // (a client whose base URL is http://host/services/tinker-prod reaches
 // /services/tinker-prod/api/v1/asample, §1.1). Admin endpoints live under any path containing
 // /admin/: POST /admin/faults (a fault object or a list, e.g. {"kind":"429","duration":"30s"}),
-// GET and DELETE /admin/faults, DELETE /admin/faults/{id}, GET /admin/stats, POST /admin/reset.
+// GET and DELETE /admin/faults, DELETE /admin/faults/{id}, GET /admin/stats, POST /admin/reset,
+// and POST /admin/forget_sessions (Server.ForgetSessions: a restart of the service).
 // They take X-Admin-Token when Config.AdminToken is set, else a valid X-API-Key.
 //
 // Endpoints: POST client/config, client/dynamic_config, auth/token, create_session,
