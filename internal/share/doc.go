@@ -15,6 +15,13 @@
 // computes the same division, so the limits add up to the capacity after one pause, and a
 // worker that came too late gets its part too.
 //
+// A report also carries the capacity its worker's limit is a part of, with its age. A round
+// whose peaks add up to no more than a capacity still known keeps that capacity and its age:
+// a fleet under its limits never fills the service itself, so such a round was set off by a
+// 429 about a rate or another client, mostly while samples waited to be sent, and taking its
+// sum ratcheted the capacity down round by round. A worker that joins still gets its part:
+// the others' parts shrink within the same capacity.
+//
 // Gather (150 ms) is well inside the 1 s pause that follows a 429, so the division is known
 // before anyone sends again. A round whose reports cannot be read leaves each worker with its
 // own peak. A worker deletes its key when it closes; a crashed worker's report stays in the

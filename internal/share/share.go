@@ -21,6 +21,24 @@ type Report struct {
 	Peak int `json:"peak"`
 	// Want is how many samples the worker would run now if it could.
 	Want int `json:"want"`
+	// Known is the fleet capacity the worker's limit is a part of, if it still holds one
+	// (0: none), and KnownAge how long before the report that capacity was measured
+	// (nanoseconds in JSON).
+	Known    int           `json:"known,omitempty"`
+	KnownAge time.Duration `json:"known_age,omitempty"`
+}
+
+// Share is what a round gives one worker.
+type Share struct {
+	// Part is the worker's part of Capacity (0 if the round holds nothing for it).
+	Part int
+	// Capacity is what the parts of the round add up to: the sum of its peaks, unless a
+	// worker of the round still knows at least as much from an earlier round.
+	Capacity int
+	// Age is how long ago Capacity was measured: 0 if this round measured it, else the age
+	// of the earlier round's capacity, so that it expires when it would have without this
+	// round.
+	Age time.Duration
 }
 
 // Config tunes a Board; zero values take the defaults.
@@ -60,34 +78,58 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket, account string, c
 }
 
 // Split writes r as this worker's report of a round, waits for the others' and returns this
-// worker's part of the capacity the round measured (0 if the round holds nothing for it).
-func (b *Board) Split(ctx context.Context, r Report) (int, error) {
+// worker's share of the capacity the fleet knows after the round.
+func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 	data, err := json.Marshal(r)
 	if err != nil {
-		return 0, fmt.Errorf("share: %w", err)
+		return Share{}, fmt.Errorf("share: %w", err)
 	}
 	rev, err := b.kv.Put(ctx, b.prefix+b.id, data)
 	if err != nil {
-		return 0, fmt.Errorf("share: report: %w", err)
+		return Share{}, fmt.Errorf("share: report: %w", err)
 	}
 	t := time.NewTimer(b.cfg.Gather)
 	select {
 	case <-ctx.Done():
 		t.Stop()
-		return 0, ctx.Err()
+		return Share{}, ctx.Err()
 	case <-t.C:
 	}
 	reports, _, err := b.round(ctx, rev)
 	if err != nil {
-		return 0, err
+		return Share{}, err
 	}
-	total := 0
+	s := capacityOf(reports)
 	wants := make(map[string]int, len(reports))
 	for id, r := range reports {
-		total += r.Peak
 		wants[id] = r.Want
 	}
-	return Split(total, wants)[b.id], nil
+	s.Part = Split(s.Capacity, wants)[b.id]
+	return s, nil
+}
+
+// capacityOf returns the capacity a round's reports say the fleet has: the sum of their
+// peaks, unless a report still knows at least as much from an earlier round (the largest,
+// the youngest of equals), which the round then neither lowers nor renews. A fleet that
+// keeps under its limits never fills the service itself, so a round that measures no more
+// than it knew was set off by a 429 about a rate or another client, mostly while some
+// samples waited to be sent; taking its sum ratcheted the capacity down round by round, and
+// renewing kept one learned too low (see the worker's capacity).
+func capacityOf(reports map[string]Report) Share {
+	sum := 0
+	for _, r := range reports {
+		sum += r.Peak
+	}
+	s, known := Share{Capacity: sum}, false
+	for _, r := range reports {
+		if r.Known <= 0 || r.Known < sum {
+			continue
+		}
+		if !known || r.Known > s.Capacity || (r.Known == s.Capacity && r.KnownAge < s.Age) {
+			s, known = Share{Capacity: r.Known, Age: r.KnownAge}, true
+		}
+	}
+	return s
 }
 
 // round reads the reports created within Window of this worker's report at revision rev, and

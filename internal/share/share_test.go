@@ -43,6 +43,35 @@ func TestSplit(t *testing.T) {
 	}
 }
 
+func TestCapacityOfKeepsALargerKnownCapacity(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		reports []Report
+		want    Share
+	}{
+		{"first round: the peaks", []Report{{Peak: 27}, {Peak: 37}, {}}, Share{Capacity: 64}},
+		{"a round measuring less keeps the known capacity and its age",
+			[]Report{{Peak: 20, Known: 64, KnownAge: 10 * time.Second}, {Peak: 30, Known: 64, KnownAge: 10 * time.Second}, {Peak: 5}},
+			Share{Capacity: 64, Age: 10 * time.Second}},
+		{"a round measuring as much does not renew it", []Report{{Peak: 40, Known: 64, KnownAge: 50 * time.Second}, {Peak: 24}}, Share{Capacity: 64, Age: 50 * time.Second}},
+		{"a round measuring more takes the peaks", []Report{{Peak: 40, Known: 64, KnownAge: time.Second}, {Peak: 30}}, Share{Capacity: 70}},
+		{"the largest known wins, the youngest of equals",
+			[]Report{{Peak: 1, Known: 50, KnownAge: time.Second}, {Peak: 1, Known: 64, KnownAge: 30 * time.Second}, {Peak: 1, Known: 64, KnownAge: 20 * time.Second}},
+			Share{Capacity: 64, Age: 20 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reports := map[string]Report{}
+			for i, r := range tc.reports {
+				reports[fmt.Sprint(i)] = r
+			}
+			if got := capacityOf(reports); got != tc.want {
+				t.Fatalf("capacityOf(%v) = %+v, want %+v", tc.reports, got, tc.want)
+			}
+		})
+	}
+}
+
 func TestSplitAddsUpAndFollowsWants(t *testing.T) {
 	t.Parallel()
 	for total := range 50 {
@@ -127,7 +156,7 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 			if err != nil {
 				t.Error(err)
 			}
-			parts[i] = p
+			parts[i] = p.Part
 		})
 	}
 	wg.Wait()
@@ -141,6 +170,34 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	}
 	if sum != 64 {
 		t.Fatalf("parts %v add up to %d, want 64", parts, sum)
+	}
+
+	// A later round that measures less (its 429 was about a rate) keeps the capacity a
+	// worker still knows, and its age, so that it expires when it would have.
+	time.Sleep(500 * time.Millisecond)
+	later := []Report{{Peak: 20, Want: 400, Known: 64, KnownAge: 10 * time.Second}, {Peak: 10, Want: 400, Known: 64, KnownAge: 10 * time.Second}, {Peak: 0, Want: 400}}
+	shares := make([]Share, len(later))
+	for i, r := range later {
+		b := open("acct")
+		wg.Go(func() {
+			s, err := b.Split(ctx, r)
+			if err != nil {
+				t.Error(err)
+			}
+			shares[i] = s
+		})
+	}
+	wg.Wait()
+	sum = 0
+	for _, s := range shares {
+		sum += s.Part
+		if s.Capacity != 64 || s.Age != 10*time.Second {
+			t.Errorf("later round %+v: want the known capacity of 64, 10s old", shares)
+			break
+		}
+	}
+	if sum != 64 {
+		t.Fatalf("later round %+v: parts add up to %d, want 64", shares, sum)
 	}
 
 	// Closing takes the report off the board.

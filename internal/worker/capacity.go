@@ -35,9 +35,21 @@ import (
 // not the job slots.
 //
 // Samples are admitted, in arrival order, while admitted + on the wire + accepted stays under
-// the limit, or without one under the window. The limit is forgotten after ttl without a new
-// one, so a capacity that grows, or a 429 that was about a rate rather than capacity, costs at
-// most ttl; the window then grows on from the old limit, and relearning costs one more 429.
+// the limit, or without one under the window. The limit is forgotten ttl after the measure
+// that set it, so a capacity that grows costs at most ttl; the window then grows on from the
+// old limit, and relearning costs one more 429.
+//
+// While a limit is in force, a measure can raise it but neither lowers nor renews it. The
+// service held the limit before without complaint, and a fleet that keeps under its limits
+// never fills the service itself; so a 429 then was about a rate, or another client, or a
+// capacity that shrank, and the measure says nothing sure. Most such 429s come with some
+// samples still waiting to be sent (the refill after a pause, or a dispatch permit), so
+// taking each measure as the limit ratcheted it down 429 by 429, to 1 sample (2 % random
+// 429s: a quarter of the speed of no learning), and renewing the limit with measures at it
+// kept a limit learned too low, in the slow start, for good. Now every limit expires ttl
+// after it was learned and the window probes on from it, one 429 per ttl. The price is paid
+// when the capacity really shrinks: the fleet refills into 429s, as the SDK does, until the
+// limit expires, at most ttl.
 type capacity struct {
 	ttl time.Duration // 0: never learn (no limit)
 	now func() time.Time
@@ -49,7 +61,10 @@ type capacity struct {
 	// acceptedSince counts acceptances since the last measure began or ended.
 	acceptedSince int
 	limit         int       // 0: none
-	learnedAt     time.Time // when limit was set
+	learnedAt     time.Time // when the capacity limit is a part of was measured
+	// known is the capacity the fleet measured that limit is a part of (a lone worker's: the
+	// limit itself), reported to the share board so that a round measuring less keeps it.
+	known int
 	// window caps the samples held while no limit is in force (0: no cap, learning off). It
 	// starts at initialWindow and grows by one with every acceptance, so the samples on the
 	// wire are at most about those already accepted: the burst that meets the first 429 is
@@ -64,8 +79,12 @@ type capacity struct {
 	settled chan measure
 }
 
-// measure is a settled measure of this worker's share: the round it ends and its peak.
-type measure struct{ round, peak int }
+// measure is a settled measure of this worker's share: the round it ends, its peak, and the
+// fleet capacity known before it (0: no limit was in force) with that capacity's age.
+type measure struct {
+	round, peak, known int
+	knownAge           time.Duration
+}
 
 // waiter is a sample waiting for room; admitting it sets its phase and closes ready.
 type waiter struct {
@@ -296,36 +315,45 @@ func (c *capacity) learn() {
 	c.settle()
 }
 
-// settle ends the measure once nothing it raced is on the wire: the peak becomes the limit.
-// Call with mu held.
+// settle ends the measure once nothing it raced is on the wire: the peak becomes the limit,
+// unless a limit at least as large is in force (see capacity). Call with mu held.
 func (c *capacity) settle() {
 	if !c.measuring || c.sending > 0 {
 		return
 	}
 	c.measuring = false
 	c.round++
+	c.expire()
+	m := measure{round: c.round, peak: c.peak}
+	if c.limit > 0 {
+		m.known, m.knownAge = c.known, c.now().Sub(c.learnedAt)
+	}
 	if c.peak > 0 {
-		c.limit, c.window, c.learnedAt, c.acceptedSince = c.peak, c.peak, c.now(), 0
-		c.admitWaiters()
+		c.acceptedSince = 0
+		if c.peak > c.limit {
+			c.limit, c.window, c.known, c.learnedAt = c.peak, c.peak, c.peak, c.now()
+			c.admitWaiters()
+		}
 	}
 	if c.settled != nil {
 		select { // newest wins
 		case <-c.settled:
 		default:
 		}
-		c.settled <- measure{round: c.round, peak: c.peak}
+		c.settled <- m
 	}
 }
 
-// share adopts this worker's part of the capacity the fleet measured in round (see
-// package share), unless a newer measure has begun or settled since.
-func (c *capacity) share(round, part int) {
+// share adopts this worker's part of the capacity the fleet knows after round (see package
+// share), unless a newer measure has begun or settled since.
+func (c *capacity) share(round int, s share.Share) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if round != c.round || c.measuring || part <= 0 {
+	if round != c.round || c.measuring || s.Part <= 0 {
 		return
 	}
-	c.limit, c.window, c.learnedAt = part, part, c.now()
+	c.limit, c.window, c.known, c.learnedAt = s.Part, s.Part, s.Capacity, c.now().Add(-s.Age)
+	c.expire()
 	c.admitWaiters()
 }
 
@@ -351,7 +379,7 @@ func (w *Worker) splitShares(ctx context.Context) {
 		case m = <-c.settled:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		part, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak)})
+		s, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak), Known: m.known, KnownAge: m.knownAge})
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -359,6 +387,6 @@ func (w *Worker) splitShares(ctx context.Context) {
 			}
 			continue
 		}
-		c.share(m.round, part)
+		c.share(m.round, s)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 )
 
 func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
@@ -101,22 +103,111 @@ func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	if got := c.current(); got != 10 {
 		t.Fatalf("limit = %d, want 10", got)
 	}
-	// A 429 storm: samples finish, 429s keep coming, nothing is accepted: no ratchet down.
+	// A 429 storm: samples finish, 429s keep coming, nothing is accepted: no new measure
+	// (each would cost the fleet a share round).
+	round := c.round
 	for i := range 8 {
 		c.done(&phases[i])
 		c.learn()
 	}
-	if got := c.current(); got != 10 {
-		t.Fatalf("limit after a storm of 429s = %d, want it kept at 10", got)
+	if got := c.current(); got != 10 || c.round != round {
+		t.Fatalf("after a storm of 429s: limit %d, %d measures; want 10 kept, none", got, c.round-round)
 	}
-	// New work accepted, then full again at 5: the share is 5.
+	// New work accepted, then a 429: a measure.
 	for i := range 3 {
 		_ = c.submit(ctx, &phases[i])
 		c.answered(&phases[i])
 	}
 	c.learn()
-	if got := c.current(); got != 5 {
-		t.Fatalf("limit after a 429 following new work = %d, want 5", got)
+	if c.round != round+1 {
+		t.Fatalf("a 429 following new work made %d measures, want 1", c.round-round)
+	}
+}
+
+// TestCapacityKeepsItsLimitThroughLowerMeasures: a 429 that comes while the service holds
+// fewer samples than it took before is no proof of a smaller capacity (a rate-type 429, or
+// one during the refill after a pause). Such a measure keeps the limit but does not renew
+// it: a capacity that really shrank is learned when the limit expires.
+func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	c := newCapacity(time.Minute)
+	c.now = func() time.Time { return now }
+	c.settled = make(chan measure, 1)
+	ctx := context.Background()
+	var phases []samplePhase
+	for _, n := range []int{initialWindow, 10 - initialWindow} { // the window grows as they are accepted
+		sent := sendN(t, c, n)
+		for i := range sent {
+			c.answered(&sent[i])
+		}
+		phases = append(phases, sent...)
+	}
+	c.learn()
+	if got, m := c.current(), <-c.settled; got != 10 || m.peak != 10 || m.known != 0 {
+		t.Fatalf("first measure: limit %d, %+v; want 10, and no capacity known before it", got, m)
+	}
+
+	// Half a ttl on, 4 samples are done and 2 new ones accepted when a 429 comes: 8 held.
+	now = now.Add(30 * time.Second)
+	for i := range 4 {
+		c.done(&phases[i])
+	}
+	for i := range 2 {
+		_ = c.submit(ctx, &phases[i])
+		c.send(&phases[i])
+		c.answered(&phases[i])
+	}
+	c.learn()
+	m := <-c.settled
+	if got := c.current(); got != 10 {
+		t.Fatalf("limit after a measure of 8 = %d, want the 10 the service held before", got)
+	}
+	if m.peak != 8 || m.known != 10 || m.knownAge != 30*time.Second {
+		t.Fatalf("measure for the fleet = %+v, want peak 8, known 10 measured 30s before", m)
+	}
+
+	// The lower measure did not renew the limit: it expires a ttl after the measure of 10.
+	now = now.Add(31 * time.Second)
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit a ttl after it was measured = %d, want none", got)
+	}
+
+	// The window grows on from 10; a 429 at 9 is then learned, since no limit is in force.
+	for i := range 2 {
+		c.done(&phases[i])
+	}
+	_ = c.submit(ctx, &phases[0])
+	c.send(&phases[0])
+	c.answered(&phases[0])
+	c.learn()
+	if got := c.current(); got != 7 {
+		t.Fatalf("limit learned with none in force = %d, want the 7 held", got)
+	}
+
+	// Nor does a measure at the limit renew it: a limit learned too low is probed past a ttl on.
+	now = now.Add(50 * time.Second)
+	c.done(&phases[4])
+	_ = c.submit(ctx, &phases[1])
+	c.send(&phases[1])
+	c.answered(&phases[1])
+	c.learn()
+	if got := c.current(); got != 7 {
+		t.Fatalf("limit after a measure of 7 at a limit of 7 = %d, want 7", got)
+	}
+	now = now.Add(11 * time.Second)
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit a ttl after it was learned, with a measure at it since = %d, want none", got)
+	}
+
+	// A part of a capacity the fleet measured earlier expires when that capacity does.
+	c.share(c.round, share.Share{Part: 6, Capacity: 12, Age: 50 * time.Second})
+	if got := c.current(); got != 6 {
+		t.Fatalf("limit after a share of 6 = %d", got)
+	}
+	now = now.Add(11 * time.Second)
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit 61s after the capacity it is a part of was measured = %d, want none", got)
 	}
 }
 
@@ -218,7 +309,7 @@ func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
 		t.Fatalf("second admitted waiter = %d, want 1", got)
 	}
 	// A larger part from the fleet admits as many as it has room for, still in order.
-	c.share(c.round, 4)
+	c.share(c.round, share.Share{Part: 4, Capacity: 4})
 	a, b := <-admitted, <-admitted
 	if min(a, b) != 2 || max(a, b) != 3 || waiting[4] != phaseIdle {
 		t.Fatalf("admitted waiters %d and %d (waiter 4 in phase %v), want 2 and 3", a, b, waiting[4])

@@ -155,7 +155,7 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomi
 		gauge("tinkerfleet_dispatch_waiting", "Callers waiting on any dispatch layer.",
 			func(s dispatch.Stats) float64 { return float64(s.CountWaiting + s.ThrottledWaiting + s.BytesWaiting) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tinkerfleet_capacity_limit", Help: "Samples in flight this worker allows itself, learned from the last 429 (0: no limit).",
+			Name: "tinkerfleet_capacity_limit", Help: "Samples in flight this worker allows itself, its part of the capacity the fleet learned from 429s (0: no limit).",
 		}, func() float64 { return float64(c.current()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_results_held",

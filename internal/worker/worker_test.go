@@ -709,3 +709,41 @@ func TestPullBacksOffWhileTheConsumerIsGone(t *testing.T) {
 	publishJobs(t, b.results, "back", []jobs.Job{{CustomID: "j", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 	waitResults(t, b.results, "back", 1, 30*time.Second)
 }
+
+// TestRandom429sDoNotShrinkTheLearnedCapacity: a 429 that is not about capacity (a rate
+// limit, a hiccup of the service) comes while the service holds fewer of the worker's
+// samples than it took before without complaint, since some are still waiting to be sent.
+// Taking each such measure as the new limit ratcheted the limit down 429 by 429: a
+// 3,000-line batch against 2 % random 429s ended with a limit of 1 and ran at a quarter of
+// the speed of no learning at all.
+func TestRandom429sDoNotShrinkTheLearnedCapacity(t *testing.T) {
+	t.Parallel()
+	const capacity = 16
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 100 * time.Millisecond})
+	w := b.open(t, b.connect(t), Config{Concurrency: 64, CapacityTTL: time.Hour})
+	run(t, w)
+	publishJobs(t, b.results, "full", tokenJobs("f", 64))
+	waitResults(t, b.results, "full", 64, time.Minute)
+	learned := w.gate.capacity.current()
+	if learned < capacity/2 {
+		t.Fatalf("learned a limit of %d from a capacity-bound batch at capacity %d", learned, capacity)
+	}
+
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultRateLimit, Rate: 0.05}); err != nil {
+		t.Fatal(err)
+	}
+	before := b.sim.Stats().Requests["asample"][429]
+	publishJobs(t, b.results, "random", tokenJobs("r", 120))
+	for id, r := range waitResults(t, b.results, "random", 120, 2*time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	random := b.sim.Stats().Requests["asample"][429] - before
+	if random < 3 {
+		t.Fatalf("only %d random 429s: the test needs a few", random)
+	}
+	if got := w.gate.capacity.current(); got != learned {
+		t.Fatalf("after %d random 429s the limit is %d, want the %d learned at the capacity", random, got, learned)
+	}
+}
