@@ -15,12 +15,12 @@
 // computes the same division, so the limits add up to the capacity after one pause, and a
 // worker that came too late gets its part too.
 //
-// A report also carries the capacity its worker's limit is a part of, with its age. A round
-// whose peaks add up to no more than a capacity still known keeps that capacity and its age:
-// a fleet under its limits never fills the service itself, so such a round was set off by a
-// 429 about a rate or another client, mostly while samples waited to be sent, and taking its
-// sum ratcheted the capacity down round by round. A worker that joins still gets its part:
-// the others' parts shrink within the same capacity.
+// A report also carries its worker's limit in force, with the age of the capacity it is a
+// part of. A round whose peaks add up to no more than its limits divides the limits' sum
+// instead, with the oldest age: a fleet under its limits never fills the service itself, so
+// such a round was set off by a 429 about a rate or another client, mostly while samples
+// waited to be sent, and taking its peaks ratcheted the capacity down round by round. A
+// worker that joins still gets its part: the others' parts shrink within their limits' sum.
 //
 // Gather (150 ms) is well inside the 1 s pause that follows a 429, so the division is known
 // before anyone sends again. A round whose reports cannot be read leaves each worker with its

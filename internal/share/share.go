@@ -21,19 +21,19 @@ type Report struct {
 	Peak int `json:"peak"`
 	// Want is how many samples the worker would run now if it could.
 	Want int `json:"want"`
-	// Known is the fleet capacity the worker's limit is a part of, if it still holds one
-	// (0: none), and KnownAge how long before the report that capacity was measured
+	// Limit is the worker's limit in force before the round (0: none), its part of a capacity
+	// measured earlier, and LimitAge how long before the report that capacity was measured
 	// (nanoseconds in JSON).
-	Known    int           `json:"known,omitempty"`
-	KnownAge time.Duration `json:"known_age,omitempty"`
+	Limit    int           `json:"limit,omitempty"`
+	LimitAge time.Duration `json:"limit_age,omitempty"`
 }
 
 // Share is what a round gives one worker.
 type Share struct {
 	// Part is the worker's part of Capacity (0 if the round holds nothing for it).
 	Part int
-	// Capacity is what the parts of the round add up to: the sum of its peaks, unless a
-	// worker of the round still knows at least as much from an earlier round.
+	// Capacity is what the parts of the round add up to: the sum of its peaks, or of its
+	// workers' limits if that is no less.
 	Capacity int
 	// Age is how long ago Capacity was measured: 0 if this round measured it, else the age
 	// of the earlier round's capacity, so that it expires when it would have without this
@@ -108,28 +108,29 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 	return s, nil
 }
 
-// capacityOf returns the capacity a round's reports say the fleet has: the sum of their
-// peaks, unless a report still knows at least as much from an earlier round (the largest,
-// the youngest of equals), which the round then neither lowers nor renews. A fleet that
-// keeps under its limits never fills the service itself, so a round that measures no more
-// than it knew was set off by a 429 about a rate or another client, mostly while some
-// samples waited to be sent; taking its sum ratcheted the capacity down round by round, and
-// renewing kept one learned too low (see the worker's capacity).
+// capacityOf returns the capacity a round's workers have between them: the sum of their
+// peaks, unless the sum of their limits is no less; then the round neither lowers nor
+// renews those limits, and the capacity keeps the age of the oldest. A fleet that keeps under
+// its limits never fills the service itself, so such a round was set off by a 429 about a
+// rate or another client, mostly while some samples waited to be sent; taking its peaks
+// ratcheted the capacity down round by round, and renewing kept one learned too low (see the
+// worker's capacity). Limits, not a capacity of the whole fleet, are what a round adds up: a
+// worker that measured nothing (idle, or in a storm of 429s) sits the round out and keeps
+// its own, so the round must not hand its part to the others.
 func capacityOf(reports map[string]Report) Share {
-	sum := 0
+	var peaks, limits int
+	var oldest time.Duration
 	for _, r := range reports {
-		sum += r.Peak
-	}
-	s, known := Share{Capacity: sum}, false
-	for _, r := range reports {
-		if r.Known <= 0 || r.Known < sum {
-			continue
-		}
-		if !known || r.Known > s.Capacity || (r.Known == s.Capacity && r.KnownAge < s.Age) {
-			s, known = Share{Capacity: r.Known, Age: r.KnownAge}, true
+		peaks += r.Peak
+		if r.Limit > 0 {
+			limits += r.Limit
+			oldest = max(oldest, r.LimitAge)
 		}
 	}
-	return s
+	if limits > 0 && limits >= peaks {
+		return Share{Capacity: limits, Age: oldest}
+	}
+	return Share{Capacity: peaks}
 }
 
 // round reads the reports created within Window of this worker's report at revision rev, and

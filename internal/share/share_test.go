@@ -43,7 +43,7 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-func TestCapacityOfKeepsALargerKnownCapacity(t *testing.T) {
+func TestCapacityOfKeepsTheLimitsOfARoundThatMeasuresLess(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
@@ -51,14 +51,14 @@ func TestCapacityOfKeepsALargerKnownCapacity(t *testing.T) {
 		want    Share
 	}{
 		{"first round: the peaks", []Report{{Peak: 27}, {Peak: 37}, {}}, Share{Capacity: 64}},
-		{"a round measuring less keeps the known capacity and its age",
-			[]Report{{Peak: 20, Known: 64, KnownAge: 10 * time.Second}, {Peak: 30, Known: 64, KnownAge: 10 * time.Second}, {Peak: 5}},
+		{"a round measuring less keeps the limits, with the oldest age",
+			[]Report{{Peak: 20, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 25, Limit: 32, LimitAge: 12 * time.Second}},
+			Share{Capacity: 64, Age: 12 * time.Second}},
+		{"a worker joins: the limits, not renewed",
+			[]Report{{Peak: 30, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 26, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 8}},
 			Share{Capacity: 64, Age: 10 * time.Second}},
-		{"a round measuring as much does not renew it", []Report{{Peak: 40, Known: 64, KnownAge: 50 * time.Second}, {Peak: 24}}, Share{Capacity: 64, Age: 50 * time.Second}},
-		{"a round measuring more takes the peaks", []Report{{Peak: 40, Known: 64, KnownAge: time.Second}, {Peak: 30}}, Share{Capacity: 70}},
-		{"the largest known wins, the youngest of equals",
-			[]Report{{Peak: 1, Known: 50, KnownAge: time.Second}, {Peak: 1, Known: 64, KnownAge: 30 * time.Second}, {Peak: 1, Known: 64, KnownAge: 20 * time.Second}},
-			Share{Capacity: 64, Age: 20 * time.Second}},
+		{"a round measuring more takes the peaks", []Report{{Peak: 40}, {Peak: 30, Limit: 32, LimitAge: time.Second}}, Share{Capacity: 70}},
+		{"a worker that sat the round out keeps its part", []Report{{Peak: 20, Limit: 32, LimitAge: 5 * time.Second}}, Share{Capacity: 32, Age: 5 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reports := map[string]Report{}
@@ -172,10 +172,11 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 		t.Fatalf("parts %v add up to %d, want 64", parts, sum)
 	}
 
-	// A later round that measures less (its 429 was about a rate) keeps the capacity a
-	// worker still knows, and its age, so that it expires when it would have.
+	// A later round that measures less (its 429 was about a rate) keeps the limits its
+	// workers hold, and their age, so that they expire when they would have; a worker that
+	// joins gets a part of them.
 	time.Sleep(500 * time.Millisecond)
-	later := []Report{{Peak: 20, Want: 400, Known: 64, KnownAge: 10 * time.Second}, {Peak: 10, Want: 400, Known: 64, KnownAge: 10 * time.Second}, {Peak: 0, Want: 400}}
+	later := []Report{{Peak: 20, Want: 400, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 10, Want: 400, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 0, Want: 400}}
 	shares := make([]Share, len(later))
 	for i, r := range later {
 		b := open("acct")
@@ -192,7 +193,7 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	for _, s := range shares {
 		sum += s.Part
 		if s.Capacity != 64 || s.Age != 10*time.Second {
-			t.Errorf("later round %+v: want the known capacity of 64, 10s old", shares)
+			t.Errorf("later round %+v: want the 64 of the limits, 10s old", shares)
 			break
 		}
 	}

@@ -62,9 +62,6 @@ type capacity struct {
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when the capacity limit is a part of was measured
-	// known is the capacity the fleet measured that limit is a part of (a lone worker's: the
-	// limit itself), reported to the share board so that a round measuring less keeps it.
-	known int
 	// window caps the samples held while no limit is in force (0: no cap, learning off). It
 	// starts at initialWindow and grows by one with every acceptance, so the samples on the
 	// wire are at most about those already accepted: the burst that meets the first 429 is
@@ -80,10 +77,10 @@ type capacity struct {
 }
 
 // measure is a settled measure of this worker's share: the round it ends, its peak, and the
-// fleet capacity known before it (0: no limit was in force) with that capacity's age.
+// limit in force before it (0: none) with the age of the capacity that limit is a part of.
 type measure struct {
-	round, peak, known int
-	knownAge           time.Duration
+	round, peak, limit int
+	limitAge           time.Duration
 }
 
 // waiter is a sample waiting for room; admitting it sets its phase and closes ready.
@@ -326,12 +323,12 @@ func (c *capacity) settle() {
 	c.expire()
 	m := measure{round: c.round, peak: c.peak}
 	if c.limit > 0 {
-		m.known, m.knownAge = c.known, c.now().Sub(c.learnedAt)
+		m.limit, m.limitAge = c.limit, c.now().Sub(c.learnedAt)
 	}
 	if c.peak > 0 {
 		c.acceptedSince = 0
 		if c.peak > c.limit {
-			c.limit, c.window, c.known, c.learnedAt = c.peak, c.peak, c.peak, c.now()
+			c.limit, c.window, c.learnedAt = c.peak, c.peak, c.now()
 			c.admitWaiters()
 		}
 	}
@@ -352,7 +349,7 @@ func (c *capacity) share(round int, s share.Share) {
 	if round != c.round || c.measuring || s.Part <= 0 {
 		return
 	}
-	c.limit, c.window, c.known, c.learnedAt = s.Part, s.Part, s.Capacity, c.now().Add(-s.Age)
+	c.limit, c.window, c.learnedAt = s.Part, s.Part, c.now().Add(-s.Age)
 	c.expire()
 	c.admitWaiters()
 }
@@ -379,7 +376,7 @@ func (w *Worker) splitShares(ctx context.Context) {
 		case m = <-c.settled:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		s, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak), Known: m.known, KnownAge: m.knownAge})
+		s, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak), Limit: m.limit, LimitAge: m.limitAge})
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {

@@ -144,8 +144,8 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		phases = append(phases, sent...)
 	}
 	c.learn()
-	if got, m := c.current(), <-c.settled; got != 10 || m.peak != 10 || m.known != 0 {
-		t.Fatalf("first measure: limit %d, %+v; want 10, and no capacity known before it", got, m)
+	if got, m := c.current(), <-c.settled; got != 10 || m.peak != 10 || m.limit != 0 {
+		t.Fatalf("first measure: limit %d, %+v; want 10, and no limit before it", got, m)
 	}
 
 	// Half a ttl on, 4 samples are done and 2 new ones accepted when a 429 comes: 8 held.
@@ -163,8 +163,8 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	if got := c.current(); got != 10 {
 		t.Fatalf("limit after a measure of 8 = %d, want the 10 the service held before", got)
 	}
-	if m.peak != 8 || m.known != 10 || m.knownAge != 30*time.Second {
-		t.Fatalf("measure for the fleet = %+v, want peak 8, known 10 measured 30s before", m)
+	if m.peak != 8 || m.limit != 10 || m.limitAge != 30*time.Second {
+		t.Fatalf("measure for the fleet = %+v, want peak 8, limit 10 of a capacity measured 30s before", m)
 	}
 
 	// The lower measure did not renew the limit: it expires a ttl after the measure of 10.
