@@ -238,8 +238,8 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if err != nil {
 		t.Fatalf("worker: share board: %v", err)
 	}
-	if part, err := board.Split(ctx, share.Report{Peak: 4, Want: 8}); err != nil || part != 4 {
-		t.Errorf("worker: capacity round = %d, %v; want its own 4", part, err)
+	if s, err := board.Split(ctx, share.Report{Peak: 4, Want: 8}); err != nil || s.Part != 4 {
+		t.Errorf("worker: capacity round = %+v, %v; want its own 4", s, err)
 	}
 	if err := board.Close(ctx); err != nil {
 		t.Errorf("worker: close share board: %v", err)
