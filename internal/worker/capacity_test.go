@@ -148,16 +148,21 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		t.Fatalf("first measure: limit %d, %+v; want 10, and no limit before it", got, m)
 	}
 
+	accept := func(p *samplePhase) { // a new sample, admitted, sent and accepted
+		if err := c.submit(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		c.send(p)
+		c.answered(p)
+	}
+
 	// Half a ttl on, 4 samples are done and 2 new ones accepted when a 429 comes: 8 held.
 	now = now.Add(30 * time.Second)
 	for i := range 4 {
 		c.done(&phases[i])
 	}
-	for i := range 2 {
-		_ = c.submit(ctx, &phases[i])
-		c.send(&phases[i])
-		c.answered(&phases[i])
-	}
+	accept(&phases[0])
+	accept(&phases[1])
 	c.learn()
 	m := <-c.settled
 	if got := c.current(); got != 10 {
@@ -173,13 +178,10 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		t.Fatalf("limit a ttl after it was measured = %d, want none", got)
 	}
 
-	// The window grows on from 10; a 429 at 9 is then learned, since no limit is in force.
-	for i := range 2 {
-		c.done(&phases[i])
-	}
-	_ = c.submit(ctx, &phases[0])
-	c.send(&phases[0])
-	c.answered(&phases[0])
+	// With no limit in force, a 429 with 7 held is learned, though below the old 10.
+	c.done(&phases[0])
+	c.done(&phases[1])
+	accept(&phases[0])
 	c.learn()
 	if got := c.current(); got != 7 {
 		t.Fatalf("limit learned with none in force = %d, want the 7 held", got)
@@ -188,9 +190,7 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	// Nor does a measure at the limit renew it: a limit learned too low is probed past a ttl on.
 	now = now.Add(50 * time.Second)
 	c.done(&phases[4])
-	_ = c.submit(ctx, &phases[1])
-	c.send(&phases[1])
-	c.answered(&phases[1])
+	accept(&phases[1])
 	c.learn()
 	if got := c.current(); got != 7 {
 		t.Fatalf("limit after a measure of 7 at a limit of 7 = %d, want 7", got)
