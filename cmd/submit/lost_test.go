@@ -16,10 +16,11 @@ import (
 )
 
 // TestLostResultsAreNamedAndEndTheWait: a batch whose results are gone from the server while
-// its manifest stays (the results expired after --results-max-age, or were purged) is named as
-// such by status, list and results, and failed writes their lines; a reader waiting for it, and the same files submitted
-// again, stop at once saying why instead of waiting for ever; it can be deleted; and an output
-// file that already holds every result still completes.
+// its manifest stays (the results expired after --results-max-age, or were purged) is named
+// as such by status, list and results, and failed writes their lines; a reader waiting for
+// it, and the same files submitted again, stop at once saying why instead of waiting for
+// ever; it can be deleted; and an output file that already holds every result still
+// completes.
 func TestLostResultsAreNamedAndEndTheWait(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})

@@ -35,9 +35,9 @@ type Share struct {
 	// Capacity is what the parts of the round add up to: the sum of its peaks, or of its
 	// workers' limits if that is no less.
 	Capacity int
-	// Age is how long ago Capacity was measured: 0 if this round measured it, else the age
-	// of the earlier round's capacity, so that it expires when it would have without this
-	// round.
+	// Age is how long ago Capacity was measured: 0 if this round measured it, else the
+	// oldest of its workers' limit ages, so that the limits expire when they would have
+	// without this round.
 	Age time.Duration
 }
 

@@ -46,7 +46,7 @@ import (
 // samples still waiting to be sent (the refill after a pause, or a dispatch permit), so
 // taking each measure as the limit ratcheted it down 429 by 429, to 1 sample (2 % random
 // 429s: a quarter of the speed of no learning), and renewing the limit with measures at it
-// kept a limit learned too low, in the slow start, for good. Now every limit expires ttl
+// kept a limit learned too low, in the slow start, for good. So every limit expires ttl
 // after it was learned and the window probes on from it, one 429 per ttl. The price is paid
 // when the capacity really shrinks: the fleet refills into 429s, as the SDK does, until the
 // limit expires, at most ttl.
