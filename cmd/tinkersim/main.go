@@ -7,11 +7,12 @@
 // Point a client at http://127.0.0.1:8765 (or at http://127.0.0.1:8765/services/tinker-prod:
 // any path prefix before /api/v1/ is accepted). API keys come from -api-key (repeatable) and the
 // comma-separated env TINKERSIM_API_KEYS; the admin endpoints (/admin/faults, /admin/stats,
-// /admin/reset, /admin/forget_sessions) take -admin-token / TINKERSIM_ADMIN_TOKEN in X-Admin-Token, or an API key when
-// no admin token is set. With -tls-cert FILE -tls-key FILE it serves HTTPS with that PEM key
-// pair instead, HTTP/2 offered by ALPN like the real service (§1.4). With -jwt-auth the API
-// wants a JWT from POST /api/v1/auth/token instead of the API key (§2.2; -jwt-lifetime sets its
-// validity). Run with -h for every flag. SIGINT or SIGTERM shut it down gracefully (held long polls answer 408 try_again).
+// /admin/reset, /admin/forget_sessions) take -admin-token / TINKERSIM_ADMIN_TOKEN in
+// X-Admin-Token, or an API key when no admin token is set. With -tls-cert FILE -tls-key FILE it
+// serves HTTPS with that PEM key pair instead, HTTP/2 offered by ALPN like the real service
+// (§1.4). With -jwt-auth the API wants a JWT from POST /api/v1/auth/token instead of the API key
+// (§2.2; -jwt-lifetime sets its validity). Run with -h for every flag. SIGINT or SIGTERM shut it
+// down gracefully (held long polls answer 408 try_again).
 package main
 
 import (
@@ -121,7 +122,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.BoolVar(&c.JWTAuth, "jwt-auth", false, "JWT exchange (§2.2): client/config says pjwt_auth_enabled, POST auth/token swaps an API key for a JWT, and every other API endpoint requires that JWT in X-API-Key")
 	fs.DurationVar(&c.JWTLifetime, "jwt-lifetime", time.Hour, "validity of the JWTs minted with -jwt-auth")
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (negative: none)")
-	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|slow_heartbeat|slow_accept), rate, start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s")
+	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|slow_heartbeat|slow_accept), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.Usage = func() {

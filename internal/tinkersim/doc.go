@@ -92,8 +92,9 @@
 //
 // Faults (see FaultKind) come from Config.Faults, Server.Inject / SetFaults / RemoveFault /
 // ClearFaults, the cmd's -fault flags (ParseFault) or POST /admin/faults. Each has a window
-// (Start, Duration) and an optional Rate drawn from an RNG seeded with Config.Seed, so a given
-// request sequence is reproducible. Server.Stats (GET /admin/stats) reports requests by
+// (Start, Duration), an optional Rate drawn from an RNG seeded with Config.Seed, so a given
+// request sequence is reproducible, and an optional Count of requests it hits (Count 1 on a
+// 429: a lone 429). Server.Stats (GET /admin/stats) reports requests by
 // endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
 // concurrency, the TCP connections accepted (whether a client keeps its connections, §1.4)
 // and, for every 429, 402 and pause window, how many asample calls arrived inside it.

@@ -55,7 +55,8 @@ const (
 
 // Fault is one injected misbehaviour. It is active from Start (zero: when injected) for
 // Duration (zero: until cleared). Within that window it hits each matching request with
-// probability Rate (zero or ≥ 1: every request), drawn from the server's seeded RNG.
+// probability Rate (zero or ≥ 1: every request), drawn from the server's seeded RNG, until
+// it has hit Count requests (zero: no bound).
 type Fault struct {
 	// Kind selects the misbehaviour.
 	Kind FaultKind
@@ -64,6 +65,9 @@ type Fault struct {
 	Endpoints []string
 	// Rate is the probability per matching request; 0 means always.
 	Rate float64
+	// Count bounds the requests the fault hits (0: no bound); Count 1 with kind 429 is a
+	// lone 429, as from another client's load for a moment.
+	Count int
 	// Start is when the window opens; zero means at injection.
 	Start time.Time
 	// Duration is the window length; zero means until cleared.
@@ -116,6 +120,9 @@ func (f Fault) validate() (Fault, error) {
 	if f.Rate < 0 {
 		return f, fmt.Errorf("fault %s: rate must not be negative", f.Kind)
 	}
+	if f.Count < 0 {
+		return f, fmt.Errorf("fault %s: count must not be negative", f.Kind)
+	}
 	if f.Duration < 0 || f.Delay < 0 || f.RetryAfter < 0 {
 		return f, fmt.Errorf("fault %s: durations must not be negative", f.Kind)
 	}
@@ -144,8 +151,8 @@ func (f Fault) validate() (Fault, error) {
 			return f, fmt.Errorf("fault %s: needs a delay", f.Kind)
 		}
 	case FaultPausedCapacity, FaultPausedRateLimit:
-		if f.Rate != 0 && f.Rate < 1 {
-			return f, fmt.Errorf("fault %s: is a window, a rate makes no sense", f.Kind)
+		if (f.Rate != 0 && f.Rate < 1) || f.Count != 0 {
+			return f, fmt.Errorf("fault %s: is a window, a rate or count makes no sense", f.Kind)
 		}
 	}
 	return f, nil
@@ -170,6 +177,7 @@ type activeFault struct {
 	start time.Time
 	end   time.Time // zero: open
 	win   *windowStat
+	hits  int // requests hit so far (bounded by f.Count)
 }
 
 func (a *activeFault) activeAt(now time.Time) bool {
@@ -189,8 +197,8 @@ func (a *activeFault) appliesTo(endpoint string) bool {
 // "kind=429,duration=30s", "kind=5xx,rate=0.05,status=503,endpoints=asample+retrieve_future",
 // "kind=paused_capacity,start=10s,duration=20s,reason=short on capacity",
 // "kind=failed,category=user,rate=0.1", "kind=slow_heartbeat,delay=15s".
-// Keys: kind, rate, start (delay from injection), duration, reason, category, status, delay,
-// retry_after, endpoints (joined by "+"). The reason must come last if it contains commas.
+// Keys: kind, rate, count, start (delay from injection), duration, reason, category, status,
+// delay, retry_after, endpoints (joined by "+"). The reason must come last if it contains commas.
 func ParseFault(spec string, now time.Time) (Fault, error) {
 	var f Fault
 	rest := spec
@@ -208,6 +216,8 @@ func ParseFault(spec string, now time.Time) (Fault, error) {
 			f.Kind = FaultKind(val)
 		case "rate":
 			f.Rate, err = strconv.ParseFloat(val, 64)
+		case "count":
+			f.Count, err = strconv.Atoi(val)
 		case "start":
 			var d time.Duration
 			d, err = time.ParseDuration(val)
@@ -249,6 +259,7 @@ type faultJSON struct {
 	Kind       *string  `json:"kind"`
 	Endpoints  []string `json:"endpoints,omitempty"`
 	Rate       float64  `json:"rate,omitempty"`
+	Count      int      `json:"count,omitempty"`
 	StartIn    string   `json:"start_in,omitempty"`
 	Duration   string   `json:"duration,omitempty"`
 	Reason     string   `json:"reason,omitempty"`
@@ -263,7 +274,7 @@ func (j *faultJSON) toFault(now time.Time) (Fault, error) {
 	if j.Kind == nil {
 		return Fault{}, errors.New("field \"kind\" is required")
 	}
-	f := Fault{Kind: FaultKind(*j.Kind), Endpoints: j.Endpoints, Rate: j.Rate, Reason: j.Reason, Category: j.Category, Status: j.Status}
+	f := Fault{Kind: FaultKind(*j.Kind), Endpoints: j.Endpoints, Rate: j.Rate, Count: j.Count, Reason: j.Reason, Category: j.Category, Status: j.Status}
 	parse := func(name, v string, dst *time.Duration) error {
 		if v == "" {
 			return nil
@@ -296,6 +307,9 @@ type FaultInfo struct {
 	Endpoints []string `json:"endpoints"`
 	// Rate is the per-request probability (0: always).
 	Rate float64 `json:"rate,omitempty"`
+	// Count bounds the requests the fault hits (0: no bound), and Hits is those it hit.
+	Count int `json:"count,omitempty"`
+	Hits  int `json:"hits"`
 	// Start is when the window opens.
 	Start time.Time `json:"start"`
 	// End is when it closes; nil when open-ended.

@@ -75,6 +75,26 @@ func TestFaultRateIsSeededAndDeterministic(t *testing.T) {
 	}
 }
 
+// TestFaultCountBoundsTheHits: a fault with a count hits that many requests, then none; a
+// count of 1 on kind 429 is a lone 429.
+func TestFaultCountBoundsTheHits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultRateLimit, Count: 2})
+	var got strings.Builder
+	for i := range 5 {
+		r := h.do("POST", "/api/v1/asample", sampleBody(ssid, int64(i), []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
+		got.WriteString(map[bool]string{true: "x", false: "."}[r.status == http.StatusTooManyRequests])
+	}
+	if got.String() != "xx..." {
+		t.Fatalf("asample replies %s, want the first two refused (x)", got.String())
+	}
+	if fs := h.srv.Faults(); len(fs) != 1 || fs[0].Count != 2 || fs[0].Hits != 2 {
+		t.Fatalf("faults %+v, want count 2 and 2 hits", fs)
+	}
+}
+
 func TestFaultServerErrorAndBare400(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{})
@@ -301,7 +321,11 @@ func TestParseFault(t *testing.T) {
 	if err != nil || f.Rate != 0.25 || f.Status != 502 || len(f.Endpoints) != 2 {
 		t.Fatalf("%+v %v", f, err)
 	}
-	for _, bad := range []string{"kind=nope", "kind=429,rate=x", "kind=429,colour=red", "kind=slow_heartbeat", "429"} {
+	if f, err = ParseFault("kind=429,count=1", now); err != nil || f.Count != 1 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	for _, bad := range []string{"kind=nope", "kind=429,rate=x", "kind=429,colour=red", "kind=slow_heartbeat", "429",
+		"kind=429,count=-1", "kind=paused_capacity,count=1"} {
 		if _, err := ParseFault(bad, now); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -314,7 +338,7 @@ func TestAdminEndpoints(t *testing.T) {
 	ssid := h.sampler("Qwen/Qwen3-8B")
 	mustJSONError(t, h.do("GET", "/admin/stats", nil), 401) // the API key is not enough
 	adm := []string{"X-Admin-Token", "admin-secret"}
-	r := h.do("POST", "/admin/faults", `[{"kind":"429","duration":"1h"},{"kind":"failed","category":"user","rate":1}]`, adm...)
+	r := h.do("POST", "/admin/faults", `[{"kind":"429","duration":"1h","count":5},{"kind":"failed","category":"user","rate":1}]`, adm...)
 	mustStatus(t, r, 200)
 	var ids struct{ IDs []FaultID }
 	if err := json.Unmarshal(r.body, &ids); err != nil || len(ids.IDs) != 2 {
@@ -325,7 +349,7 @@ func TestAdminEndpoints(t *testing.T) {
 	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"429","duration":"soon"}`, adm...), 422)
 	mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 0, []int32{1}, nil)), 429)
 	r = h.do("GET", "/admin/faults", nil, adm...)
-	if !strings.Contains(string(r.body), `"kind":"429"`) {
+	if !strings.Contains(string(r.body), `"kind":"429"`) || !strings.Contains(string(r.body), `"count":5,"hits":1`) {
 		t.Fatalf("faults %s", r.body)
 	}
 	mustStatus(t, h.do("DELETE", "/admin/faults/"+jsonNum(ids.IDs[0]), nil, adm...), 200)

@@ -130,7 +130,7 @@ func (s *Server) Faults() []FaultInfo {
 	defer s.mu.Unlock()
 	out := make([]FaultInfo, 0, len(s.faults))
 	for _, a := range s.faults {
-		fi := FaultInfo{ID: a.id, Kind: a.f.Kind, Endpoints: a.f.Endpoints, Rate: a.f.Rate, Start: a.start,
+		fi := FaultInfo{ID: a.id, Kind: a.f.Kind, Endpoints: a.f.Endpoints, Rate: a.f.Rate, Count: a.f.Count, Hits: a.hits, Start: a.start,
 			Reason: a.f.Reason, Category: a.f.Category, Status: a.f.Status}
 		if !a.end.IsZero() {
 			end := a.end
@@ -141,8 +141,9 @@ func (s *Server) Faults() []FaultInfo {
 	return out
 }
 
-// hitLocked returns the first fault of one of kinds that is active at now for endpoint and
-// whose rate draw hits. The RNG is seeded, so a sequence of requests is reproducible.
+// hitLocked returns the first fault of one of kinds that is active at now for endpoint, has
+// hits left, and whose rate draw hits. The RNG is seeded, so a sequence of requests is
+// reproducible.
 func (s *Server) hitLocked(endpoint string, now time.Time, kinds ...FaultKind) *activeFault {
 	for _, a := range s.faults {
 		match := false
@@ -152,12 +153,13 @@ func (s *Server) hitLocked(endpoint string, now time.Time, kinds ...FaultKind) *
 				break
 			}
 		}
-		if !match || !a.activeAt(now) || !a.appliesTo(endpoint) {
+		if !match || !a.activeAt(now) || !a.appliesTo(endpoint) || (a.f.Count > 0 && a.hits >= a.f.Count) {
 			continue
 		}
 		if a.f.Rate > 0 && a.f.Rate < 1 && s.rng.Float64() >= a.f.Rate {
 			continue
 		}
+		a.hits++
 		return a
 	}
 	return nil
