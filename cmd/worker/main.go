@@ -91,7 +91,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
 	s.Duration(&o.sampleTimeout, "sample-timeout", "TINKERFLEET_SAMPLE_TIMEOUT", worker.DefaultSampleTimeout, "how long the service may leave a sample it accepted unanswered before its job is tried again (a future it lost); negative: no bound")
-	s.Duration(&o.capacityTTL, "capacity-ttl", "TINKERFLEET_CAPACITY_TTL", time.Minute, "how long the capacity learned from a 429 limits samples in flight; negative: refill after every pause, as the Python SDK does")
+	s.Duration(&o.capacityTTL, "capacity-ttl", "TINKERFLEET_CAPACITY_TTL", time.Minute, "how long the capacity learned from a 429 limits samples in flight once a second measure confirms it (a quarter of it before); negative: refill after every pause, as the Python SDK does")
 	s.Bool(&o.setupStreams, "setup-streams", "TINKERFLEET_SETUP_STREAMS", true, "create or update the streams, consumer and buckets; false binds what an operator set up, so the worker's NATS user needs no right to change streams")
 	s.String(&o.logLevel, "log-level", "TINKERFLEET_LOG_LEVEL", "info", "debug, info, warn or error")
 	s.Bool(&o.logJSON, "log-json", "TINKERFLEET_LOG_JSON", false, "log JSON lines instead of text")

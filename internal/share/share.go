@@ -43,7 +43,9 @@ type Share struct {
 
 // Config tunes a Board; zero values take the defaults.
 type Config struct {
-	// Gather is how long a worker waits for the others' reports (default 150 ms).
+	// Gather is how long a worker waits for the others' reports (default 300 ms: longer than
+	// a worker's measure may last, 250 ms, so that the last report of a round is read by the
+	// first worker to report).
 	Gather time.Duration
 	// Window is how far apart, in the server's clock, the reports of one round may be
 	// created (default 500 ms; rounds are at least a 1 s pause apart).
@@ -69,7 +71,7 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket, account string, c
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	if cfg.Gather <= 0 {
-		cfg.Gather = 150 * time.Millisecond
+		cfg.Gather = 300 * time.Millisecond
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = 500 * time.Millisecond

@@ -21,8 +21,9 @@ import (
 // the 429, because the answers to the worker's other submissions are still on the wire, and
 // some of them say "accepted"; counting only the answers already read made four workers
 // learn 58 of 64 slots between them. So the measure stays open until every submission that
-// was on the wire has been answered (the fleet is paused meanwhile, so nothing new goes
-// out), and its result is the most samples the service held for this worker during it.
+// was on the wire has been answered, or for measureMax (the fleet is paused meanwhile, so
+// nothing new goes out), and its result is the most samples the service held for this
+// worker during it.
 // Together the workers' limits are then what the service held when it said full.
 //
 // The measure is only sound while the submissions racing the 429 are few against the
@@ -34,10 +35,17 @@ import (
 // reach any job-slot count). The burst that meets the first 429 is then about the capacity,
 // not the job slots.
 //
+// A limit is held for the ttl only once a measure has confirmed it: a first measure, or one
+// that differs from the last by more than a quarter, holds for ttl/4 (15 s), and the window
+// then probes past it. The service's 429 does not say whether it was about capacity: a lone
+// 429 early in the slow start (a rate limit, another client's load for a moment) held a
+// worker at 7 samples of 32 for the whole ttl. The probe costs one more 429 when the limit was
+// right, and finds the capacity a quarter of the ttl on when it was not.
+//
 // Samples are admitted, in arrival order, while admitted + on the wire + accepted stays under
 // the limit, or without one under the window. The limit is forgotten ttl after the measure
-// that set it, so a capacity that grows costs at most ttl; the window then grows on from the
-// old limit, and relearning costs one more 429.
+// that set it (ttl/4 on probation), so a capacity that grows costs at most ttl; the window
+// then grows on from the old limit, and relearning costs one more 429.
 //
 // While a limit is in force, a measure can raise it but neither lowers nor renews it. The
 // service held the limit before without complaint, and a fleet that keeps under its limits
@@ -61,16 +69,21 @@ type capacity struct {
 	// acceptedSince counts acceptances since the last measure began or ended.
 	acceptedSince int
 	limit         int       // 0: none
-	learnedAt     time.Time // when the capacity limit is a part of was measured
+	learnedAt     time.Time // when the capacity limit is a part of was measured (see hold)
+	// lastPeak and lastCapacity are the latest peak this worker measured and the latest
+	// capacity a share round measured, kept after their limits expire: a new measure that
+	// repeats one confirms it (see hold).
+	lastPeak, lastCapacity int
 	// window caps the samples held while no limit is in force (0: no cap, learning off). It
 	// starts at initialWindow and grows by one with every acceptance, so the samples on the
 	// wire are at most about those already accepted: the burst that meets the first 429 is
 	// bounded by what the service holds, not by the job slots (see capacity).
 	window    int
-	measuring bool     // a 429 was seen and submissions it raced are still on the wire
-	peak      int      // the most accepted during the measure
-	waiters   []waiter // first come, first admitted
-	round     int      // measures settled so far
+	measuring bool        // a 429 was seen and submissions it raced are still on the wire
+	cut       *time.Timer // ends a measure that outlasts measureMax (nil: none armed)
+	peak      int         // the most accepted during the measure
+	waiters   []waiter    // first come, first admitted
+	round     int         // measures settled so far
 	// settled, if not nil, receives the latest settled measure for the fleet's share board
 	// (the worker's splitShares); an older one not yet taken is dropped.
 	settled chan measure
@@ -101,6 +114,15 @@ const (
 
 // initialWindow is how many samples a worker holds before the service has accepted any.
 const initialWindow = 8
+
+// measureMax is the longest a measure stays open. The answers racing a 429 come within a
+// round trip; a submission still unanswered after this is being tried again (a 5xx, a dropped
+// connection: the client's submission loop sleeps between tries) and says nothing about the
+// capacity. Left open, such a measure settled a second or more later, after the others had
+// split the capacity without it: the worker then kept a peak measured apart from theirs, and
+// two workers' limits added up to 79 of 64 (mixed faults, 1 % 5xx on asample). The share
+// board's default Gather waits longer than this, so every worker's measure is in the round.
+const measureMax = 250 * time.Millisecond
 
 func newCapacity(ttl time.Duration) *capacity {
 	c := &capacity{ttl: ttl, now: time.Now}
@@ -310,13 +332,31 @@ func (c *capacity) learn() {
 	}
 	c.measuring, c.peak, c.acceptedSince = true, c.accepted, 0
 	c.settle()
+	if c.measuring {
+		round := c.round // the measure's: end ends it, and a later one stays
+		c.cut = time.AfterFunc(measureMax, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.measuring && c.round == round {
+				c.end()
+			}
+		})
+	}
 }
 
-// settle ends the measure once nothing it raced is on the wire: the peak becomes the limit,
-// unless a limit at least as large is in force (see capacity). Call with mu held.
+// settle ends the measure once nothing it raced is on the wire (see end). Call with mu held.
 func (c *capacity) settle() {
-	if !c.measuring || c.sending > 0 {
-		return
+	if c.measuring && c.sending == 0 {
+		c.end()
+	}
+}
+
+// end ends the measure: the peak becomes the limit, unless a limit at least as large is in
+// force (see capacity). Call with mu held.
+func (c *capacity) end() {
+	if c.cut != nil {
+		c.cut.Stop()
+		c.cut = nil
 	}
 	c.measuring = false
 	c.round++
@@ -328,7 +368,8 @@ func (c *capacity) settle() {
 	if c.peak > 0 {
 		c.acceptedSince = 0
 		if c.peak > c.limit {
-			c.limit, c.window, c.learnedAt = c.peak, c.peak, c.now()
+			c.limit, c.window, c.learnedAt = c.peak, c.peak, c.hold(c.peak, c.lastPeak)
+			c.lastPeak = c.peak
 			c.admitWaiters()
 		}
 	}
@@ -349,9 +390,34 @@ func (c *capacity) share(round int, s share.Share) {
 	if round != c.round || c.measuring || s.Part <= 0 {
 		return
 	}
-	c.limit, c.window, c.learnedAt = s.Part, s.Part, c.now().Add(-s.Age)
+	learnedAt := c.now().Add(-s.Age)
+	if s.Age == 0 { // this round measured the capacity
+		learnedAt = c.hold(s.Capacity, c.lastCapacity)
+		c.lastCapacity = s.Capacity
+	}
+	c.limit, c.window, c.learnedAt = s.Part, s.Part, learnedAt
 	c.expire()
 	c.admitWaiters()
+}
+
+// hold returns the time to take a limit measured now as learned at: now if the measure
+// confirms the last one (within a quarter of it), so that the limit holds for the ttl;
+// otherwise earlier by all of the ttl but a quarter, so that the window probes past it then
+// (see capacity). Limits and their ages travel through the share board, so a part of a
+// capacity on probation expires with it on every worker.
+func (c *capacity) hold(measured, last int) time.Time {
+	now := c.now()
+	if last > 0 && 4*abs(measured-last) <= last {
+		return now
+	}
+	return now.Add(-(c.ttl - c.ttl/4))
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // current returns the limit in force (0: none), for metrics.
@@ -384,6 +450,7 @@ func (w *Worker) splitShares(ctx context.Context) {
 			}
 			continue
 		}
+		w.log.Debug("capacity share round", "peak", m.peak, "limit_before", m.limit, "limit_age", m.limitAge, "part", s.Part, "fleet_capacity", s.Capacity, "capacity_age", s.Age)
 		c.share(m.round, s)
 	}
 }

@@ -134,7 +134,9 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	c := newCapacity(time.Minute)
 	c.now = func() time.Time { return now }
 	c.settled = make(chan measure, 1)
-	ctx := context.Background()
+	// A sample that finds no room fails the test rather than waiting for ever.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var phases []samplePhase
 	for _, n := range []int{initialWindow, 10 - initialWindow} { // the window grows as they are accepted
 		sent := sendN(t, c, n)
@@ -144,8 +146,15 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		phases = append(phases, sent...)
 	}
 	c.learn()
-	if got, m := c.current(), <-c.settled; got != 10 || m.peak != 10 || m.limit != 0 {
+	if got, m := c.current(), settled(t, c); got != 10 || m.peak != 10 || m.limit != 0 {
 		t.Fatalf("first measure: limit %d, %+v; want 10, and no limit before it", got, m)
+	}
+	// A first measure is on probation (TestCapacityHoldsALimitForItsTTLOnceConfirmed); the
+	// same measure a quarter of the ttl on confirms it.
+	now = now.Add(16 * time.Second)
+	c.learn()
+	if got, m := c.current(), settled(t, c); got != 10 || m.limit != 0 {
+		t.Fatalf("second measure: limit %d, %+v; want 10, and the first expired", got, m)
 	}
 
 	accept := func(p *samplePhase) { // a new sample, admitted, sent and accepted
@@ -164,7 +173,7 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	accept(&phases[0])
 	accept(&phases[1])
 	c.learn()
-	m := <-c.settled
+	m := settled(t, c)
 	if got := c.current(); got != 10 {
 		t.Fatalf("limit after a measure of 8 = %d, want the 10 the service held before", got)
 	}
@@ -178,7 +187,8 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		t.Fatalf("limit a ttl after it was measured = %d, want none", got)
 	}
 
-	// With no limit in force, a 429 with 7 held is learned, though below the old 10.
+	// With no limit in force, a 429 with 7 held is learned, though below the old 10, on
+	// probation: it is not the 10 measured before.
 	c.done(&phases[0])
 	c.done(&phases[1])
 	accept(&phases[0])
@@ -187,17 +197,17 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		t.Fatalf("limit learned with none in force = %d, want the 7 held", got)
 	}
 
-	// Nor does a measure at the limit renew it: a limit learned too low is probed past a ttl on.
-	now = now.Add(50 * time.Second)
+	// Nor does a measure at the limit renew it: a limit learned too low is probed past.
+	now = now.Add(10 * time.Second)
 	c.done(&phases[4])
 	accept(&phases[1])
 	c.learn()
 	if got := c.current(); got != 7 {
 		t.Fatalf("limit after a measure of 7 at a limit of 7 = %d, want 7", got)
 	}
-	now = now.Add(11 * time.Second)
+	now = now.Add(6 * time.Second)
 	if got := c.current(); got != 0 {
-		t.Fatalf("limit a ttl after it was learned, with a measure at it since = %d, want none", got)
+		t.Fatalf("limit past its probation, with a measure at it since = %d, want none", got)
 	}
 
 	// A part of a capacity the fleet measured earlier expires when that capacity does.
@@ -208,6 +218,79 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	now = now.Add(11 * time.Second)
 	if got := c.current(); got != 0 {
 		t.Fatalf("limit 61s after the capacity it is a part of was measured = %d, want none", got)
+	}
+}
+
+// TestCapacityHoldsALimitForItsTTLOnceConfirmed: a 429 does not say whether it was about
+// capacity, so a measure that does not repeat the last one holds for a quarter of the ttl,
+// and the window then probes past it; one that repeats it (within a quarter) holds for the
+// ttl. Shared capacities measured by a round follow the same rule.
+func TestCapacityHoldsALimitForItsTTLOnceConfirmed(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	c := newCapacity(time.Minute)
+	c.now = func() time.Time { return now }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // no room: fail, not hang
+	defer cancel()
+	var phases []samplePhase
+	learnAt := func(held int) { // the samples before are done; held new ones accepted, a 429
+		t.Helper()
+		for i := range phases {
+			c.done(&phases[i])
+		}
+		phases = make([]samplePhase, held)
+		for i := range phases {
+			if err := c.submit(ctx, &phases[i]); err != nil {
+				t.Fatal(err)
+			}
+			c.send(&phases[i])
+			c.answered(&phases[i])
+		}
+		c.learn()
+		if got := c.current(); got != held {
+			t.Fatalf("limit %d after a measure of %d", got, held)
+		}
+	}
+	expect := func(after time.Duration, want int) {
+		t.Helper()
+		now = now.Add(after)
+		if got := c.current(); got != want {
+			t.Fatalf("limit %d %v on, want %d", got, after, want)
+		}
+	}
+
+	learnAt(10) // a first measure: on probation
+	expect(14*time.Second, 10)
+	expect(2*time.Second, 0)
+	learnAt(12) // within a quarter of the 10: confirmed
+	expect(59*time.Second, 12)
+	expect(2*time.Second, 0)
+	learnAt(20) // more than a quarter above the 12: on probation
+	expect(16*time.Second, 0)
+
+	// A round's capacity: the first on probation, one that repeats it confirmed; a part of a
+	// capacity measured before keeps that capacity's age.
+	round := c.round
+	c.share(round, share.Share{Part: 20, Capacity: 40})
+	expect(14*time.Second, 20)
+	expect(2*time.Second, 0)
+	c.share(round, share.Share{Part: 21, Capacity: 42})
+	expect(59*time.Second, 21)
+	expect(2*time.Second, 0)
+	c.share(round, share.Share{Part: 5, Capacity: 10, Age: 50 * time.Second})
+	expect(9*time.Second, 5)
+	expect(2*time.Second, 0)
+}
+
+// settled returns the measure c settled last, failing the test if none did.
+func settled(t *testing.T, c *capacity) measure {
+	t.Helper()
+	select {
+	case m := <-c.settled:
+		return m
+	default:
+		t.Fatal("no measure settled")
+		return measure{}
 	}
 }
 
@@ -243,6 +326,45 @@ func TestCapacityMeasuresUntilTheRacingSubmissionsAreAnswered(t *testing.T) {
 	c.requeue(&phases[7])
 	if got := c.current(); got != 6 {
 		t.Fatalf("limit = %d, want the 6 samples the service held", got)
+	}
+}
+
+// TestCapacityEndsAMeasureThatOutlastsMeasureMax: a submission unanswered for measureMax is
+// being tried again (a 5xx: the client sleeps between tries), and does not hold the measure
+// open past the fleet's share round.
+func TestCapacityEndsAMeasureThatOutlastsMeasureMax(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	phases := sendN(t, c, 3)
+	c.answered(&phases[0])
+	c.answered(&phases[1])
+	c.learn() // phases[2] stays on the wire
+	start := time.Now()
+	for {
+		c.mu.Lock()
+		measuring, limit := c.measuring, c.limit
+		c.mu.Unlock()
+		if !measuring {
+			if limit != 2 {
+				t.Fatalf("limit %d after the measure was cut, want the 2 accepted", limit)
+			}
+			break
+		}
+		if time.Since(start) > 10*measureMax {
+			t.Fatalf("the measure is still open %v on", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if waited := time.Since(start); waited < measureMax {
+		t.Fatalf("the measure was cut after %v, before measureMax", waited)
+	}
+	// The late answer counts as an acceptance, and does not reopen anything.
+	c.answered(&phases[2])
+	c.mu.Lock()
+	accepted, measuring := c.accepted, c.measuring
+	c.mu.Unlock()
+	if accepted != 3 || measuring || c.current() != 2 {
+		t.Fatalf("after the late answer: %d accepted, measuring %v, limit %d", accepted, measuring, c.current())
 	}
 }
 

@@ -67,8 +67,8 @@ type Config struct {
 	// with each delivery (at most 5 minutes); default 5s.
 	RetryDelay time.Duration
 	// CapacityTTL is how long a capacity learned from a 429 limits this worker's samples in
-	// flight (see capacity); default 60s, negative turns learning off (the SDK's behaviour:
-	// refill after every pause).
+	// flight once a second measure confirms it, a quarter of it before (see capacity); default
+	// 60s, negative turns learning off (the SDK's behaviour: refill after every pause).
 	CapacityTTL time.Duration
 	// NakAbove: when the backoff has more than this left before a job is dispatched, the job is
 	// handed back with NakWithDelay instead of waiting in this worker; default 10s.

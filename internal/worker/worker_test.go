@@ -758,3 +758,39 @@ func TestRandom429sDoNotShrinkTheLearnedCapacity(t *testing.T) {
 		t.Fatalf("after %d random 429s the limits are %v, want the %v learned at the capacity", random, got, learned)
 	}
 }
+
+// TestALone429HoldsALimitOnlyOnProbation: a 429 early in the slow start, whose racing
+// submissions the service accepts, came while the service had room (a rate limit, another
+// client's load for a moment), yet it looks like any other. The limit it teaches holds for a
+// quarter of the ttl, not the ttl: the window then probes past it and finds the capacity.
+func TestALone429HoldsALimitOnlyOnProbation(t *testing.T) {
+	t.Parallel()
+	const capacity, ttl = 32, 8 * time.Second
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 100 * time.Millisecond})
+	// Acceptances answered 300 ms late until the lone 429: the window grows one round trip
+	// at a time, and the 429 meets a worker holding about initialWindow samples.
+	slow, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultSlowAccept, Delay: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := b.open(t, b.connect(t), Config{Concurrency: 128, CapacityTTL: ttl})
+	run(t, w)
+	publishJobs(t, b.results, "lone", tokenJobs("l", 600))
+	fleettest.Eventually(t, 10*time.Second, "the initial window accepted", func() bool {
+		return b.sim.Stats().SamplesAccepted >= initialWindow
+	})
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultRateLimit, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	limit := w.gate.capacity.current
+	fleettest.Eventually(t, 5*time.Second, "a limit from the lone 429", func() bool { return limit() > 0 })
+	b.sim.RemoveFault(slow)
+	if got := limit(); got >= capacity/2 {
+		t.Fatalf("the lone 429 taught a limit of %d: the test needs it to come early in the slow start", got)
+	}
+	// The ttl would hold it 8 s; its probation holds it 2 s, then the probe finds the capacity.
+	probed := time.Now()
+	fleettest.Eventually(t, ttl*3/4, "the capacity learned past the lone 429's limit", func() bool { return limit() >= capacity/2 })
+	t.Logf("learned %d, %v after the lone 429 taught its limit", limit(), time.Since(probed))
+	waitResults(t, b.results, "lone", 600, time.Minute)
+}
