@@ -164,9 +164,6 @@ func checkSequences(t *testing.T, r *tinker.SampleResponse, n, maxTokens int) {
 	}
 }
 
-// TestSimStartupAndHeartbeat: Dial runs client/config, client/dynamic_config and
-// create_session once each (§2), applies the simulator's flags (§3.1) and refresh interval,
-// and heartbeats (§3.4); with dynamic config disabled the 404 means defaults.
 // TestSimForgottenSessionIsReplaced: a service that no longer knows the client's session (it
 // restarted) answers its heartbeat, and a sampling session made in it, 404. The client then
 // creates a new session, whether its heartbeat or a new sampler notices first, and samples
@@ -234,6 +231,9 @@ func TestSimFutureTimeoutGivesUpALostFuture(t *testing.T) {
 	}
 }
 
+// TestSimStartupAndHeartbeat: Dial runs client/config, client/dynamic_config and
+// create_session once each (§2), applies the simulator's flags (§3.1) and refresh interval,
+// and heartbeats (§3.4); with dynamic config disabled the 404 means defaults.
 func TestSimStartupAndHeartbeat(t *testing.T) {
 	e := newSimEnv(t, tinkersim.Config{ClientConfig: map[string]any{
 		"sample_max_concurrent_requests":       7,
