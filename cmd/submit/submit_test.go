@@ -237,7 +237,7 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 	batch := strings.TrimSpace(stdout)
 
 	q := bind(t, f)
-	creates := make(chan *nats.Msg, 64)
+	creates := make(chan *nats.Msg, 1024) // never full: nats.go drops what a full one cannot take
 	sub, err := q.JS.Conn().ChanSubscribe("$JS.API.CONSUMER.CREATE."+q.Names.ResultsStream()+".>", creates)
 	if err != nil {
 		t.Fatal(err)
@@ -246,20 +246,12 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 	if err := q.JS.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	counted := func() int {
+	counted := func(command string) int {
 		t.Helper()
-		if err := q.JS.Conn().Flush(); err != nil { // every request sent before has reached us
-			t.Fatal(err)
-		}
 		k := 0
-		for {
-			select {
-			case <-creates:
-				k++
-			default:
-				return k
-			}
-		}
+		takeRequests(t, q.JS.Conn(), creates, func() string { return fmt.Sprintf("%s's 2 consumers: %d created", command, k) },
+			func() bool { return k >= 2 }, func(*nats.Msg) { k++ })
+		return k
 	}
 
 	out := filepath.Join(t.TempDir(), "results.jsonl")
@@ -269,7 +261,7 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 	if res := readResults(t, out); len(res) != n {
 		t.Fatalf("results wrote %d of %d", len(res), n)
 	}
-	if k := counted(); k != 2 {
+	if k := counted("results"); k != 2 {
 		t.Fatalf("results created %d consumers on the results stream for %d results, want 2", k, n)
 	}
 	stdout, _, err = f.submit(ctx, "status", batch, "--json")
@@ -280,7 +272,7 @@ func TestReadingResultsCreatesTwoConsumers(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.Results != n || !st.Done || st.Activity != "" {
 		t.Fatalf("status %s: %+v, %v", stdout, st, err)
 	}
-	if k := counted(); k != 2 {
+	if k := counted("status"); k != 2 {
 		t.Fatalf("status created %d consumers on the results stream for %d results, want 2", k, n)
 	}
 }
@@ -476,7 +468,7 @@ func TestListCountsBatchesAtOnce(t *testing.T) {
 		}
 	}
 	q := bind(t, f)
-	requests := make(chan *nats.Msg, 4*batches)
+	requests := make(chan *nats.Msg, 64*batches) // never full: nats.go drops what a full one cannot take
 	stream := q.Names.ResultsStream()
 	sub, err := q.JS.Conn().ChanSubscribe("$JS.API.CONSUMER.>", requests)
 	if err != nil {
@@ -493,21 +485,22 @@ func TestListCountsBatchesAtOnce(t *testing.T) {
 	if got := strings.Count(list, " submitted "); got != batches {
 		t.Fatalf("list shows %d submitted batches, want %d:\n%s", got, batches, list)
 	}
-	if err := q.JS.Conn().Flush(); err != nil { // every request sent before has reached us
-		t.Fatal(err)
-	}
 	open, most, created := 0, 0, 0
-	for len(requests) > 0 {
-		m := <-requests
-		switch {
-		case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.CREATE."+stream+"."):
-			open++
-			created++
-			most = max(most, open)
-		case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.DELETE."+stream+"."):
-			open--
-		}
-	}
+	takeRequests(t, q.JS.Conn(), requests,
+		func() string {
+			return fmt.Sprintf("list's %d counting consumers: %d created, %d not deleted", batches, created, open)
+		},
+		func() bool { return created >= batches && open <= 0 },
+		func(m *nats.Msg) {
+			switch {
+			case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.CREATE."+stream+"."):
+				open++
+				created++
+				most = max(most, open)
+			case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.DELETE."+stream+"."):
+				open--
+			}
+		})
 	if created != batches || open != 0 {
 		t.Errorf("list created %d counting consumers and left %d, want %d and none", created, open, batches)
 	}
@@ -757,6 +750,29 @@ func TestInterruptedWaitOnAFleetSaysTheFleetGoesOn(t *testing.T) {
 	if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), " of 40 results of batch "+batch+" in "+out) ||
 		!strings.HasSuffix(err.Error(), ": run the same command again to go on") {
 		t.Fatalf("results --wait interrupted: err = %v", err)
+	}
+}
+
+// takeRequests hands take the requests that reach ch (a subscription of nc to JetStream API
+// subjects) until enough says the ones expected are in, then, after a flush, any others. A
+// flush alone does not do: the server queues a JetStream API request for its own goroutines
+// as soon as it reads it, and may answer it, and a later flush of nc, before it hands the
+// request to nc. A request that never comes fails the test after 10 s, saying what.
+func takeRequests(t *testing.T, nc *nats.Conn, ch <-chan *nats.Msg, what func() string, enough func() bool, take func(*nats.Msg)) {
+	t.Helper()
+	for wait := time.After(10 * time.Second); !enough(); {
+		select {
+		case m := <-ch:
+			take(m)
+		case <-wait:
+			t.Fatalf("waited 10s for %s", what())
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for len(ch) > 0 {
+		take(<-ch)
 	}
 }
 
