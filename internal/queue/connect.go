@@ -43,6 +43,10 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		return nil, errors.New("nats: no server URL")
 	}
 	log := logger(cfg)
+	// The reconnect is a warning too, with the outage's length: a reader that was told of the
+	// disconnect (submit shows only warnings) learns that it ended. nats.go calls both handlers
+	// from one goroutine, in order.
+	var down time.Time
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -52,10 +56,16 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 			if err == nil {
 				return // Close: nats.go reports its own close as a disconnect without an error
 			}
+			down = time.Now()
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+			if down.IsZero() {
+				log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+				return
+			}
+			log.Warn("nats reconnected", "url", nc.ConnectedUrlRedacted(), "after", time.Since(down).Round(time.Millisecond))
+			down = time.Time{}
 		}),
 	}
 	auth := 0

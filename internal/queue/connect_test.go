@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -238,6 +239,40 @@ func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
 	}
 	if took := time.Since(begin); took > 10*time.Second {
 		t.Errorf("a refused login took %v: it was retried", took)
+	}
+}
+
+// TestConnectWarnsOfAReconnect: a reader shown only warnings (submit) learns that a
+// disconnect ended, and after how long.
+func TestConnectWarnsOfAReconnect(t *testing.T) {
+	t.Parallel()
+	opts := &server.Options{Host: "127.0.0.1", Port: freeAddr(t).Port, NoLog: true, NoSigs: true}
+	start := func() *server.Server {
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		t.Cleanup(s.Shutdown)
+		return s
+	}
+	s := start()
+	var logs testLog
+	nc, err := Connect(ConnectConfig{URL: s.ClientURL(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s.Shutdown()
+	waitFor(t, "the disconnect", func() bool { return strings.Contains(logs.String(), `msg="nats disconnected"`) })
+	start()
+	waitFor(t, "the reconnect", func() bool { return nc.IsConnected() })
+	waitFor(t, "its warning", func() bool { return strings.Contains(logs.String(), `msg="nats reconnected"`) })
+	if !regexp.MustCompile(`level=WARN msg="nats reconnected" url=nats://127.0.0.1:\d+ after=\d+(\.\d+)?m?s\n`).MatchString(logs.String()) {
+		t.Errorf("want a warning of the reconnect with the outage's length; log:\n%s", logs.String())
 	}
 }
 
