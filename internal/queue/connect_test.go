@@ -28,10 +28,14 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// startServer runs a nats-server with opts (random port, no JetStream) for the test.
+// startServer runs a nats-server with opts (on loopback, a random port unless opts names one,
+// no JetStream) for the test.
 func startServer(t *testing.T, opts *server.Options) *server.Server {
 	t.Helper()
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	opts.Host, opts.NoLog, opts.NoSigs = "127.0.0.1", true, true
+	if opts.Port == 0 {
+		opts.Port = -1
+	}
 	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -246,20 +250,8 @@ func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
 // disconnect ended, and after how long.
 func TestConnectWarnsOfAReconnect(t *testing.T) {
 	t.Parallel()
-	opts := &server.Options{Host: "127.0.0.1", Port: freeAddr(t).Port, NoLog: true, NoSigs: true}
-	start := func() *server.Server {
-		s, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatal("server not ready")
-		}
-		t.Cleanup(s.Shutdown)
-		return s
-	}
-	s := start()
+	port := freeAddr(t).Port
+	s := startServer(t, &server.Options{Port: port})
 	var logs testLog
 	nc, err := Connect(ConnectConfig{URL: s.ClientURL(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
@@ -268,9 +260,8 @@ func TestConnectWarnsOfAReconnect(t *testing.T) {
 	defer nc.Close()
 	s.Shutdown()
 	waitFor(t, "the disconnect", func() bool { return strings.Contains(logs.String(), `msg="nats disconnected"`) })
-	start()
-	waitFor(t, "the reconnect", func() bool { return nc.IsConnected() })
-	waitFor(t, "its warning", func() bool { return strings.Contains(logs.String(), `msg="nats reconnected"`) })
+	startServer(t, &server.Options{Port: port})
+	waitFor(t, "the reconnect", func() bool { return strings.Contains(logs.String(), `msg="nats reconnected"`) })
 	if !regexp.MustCompile(`level=WARN msg="nats reconnected" url=nats://127.0.0.1:\d+ after=\d+(\.\d+)?m?s\n`).MatchString(logs.String()) {
 		t.Errorf("want a warning of the reconnect with the outage's length; log:\n%s", logs.String())
 	}
