@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -41,11 +42,18 @@ func NewGate(l *dispatch.Limiter, b Backoff, log *slog.Logger) *Gate {
 
 // sampleState is one job's passage through the gate, carried in the context of its Sample
 // call: the count permit reserved before the job was pulled (used by its first Acquire, so
-// the job does not queue for a second one) and its capacity phase.
+// the job does not queue for a second one), its capacity phase, and its batch, which may be
+// cancelled while the job waits (cancelled nil: never).
 type sampleState struct {
 	reservation *dispatch.Reservation
 	phase       samplePhase
+	batch       string
+	cancelled   *cancelSet
 }
+
+// errBatchCancelled ends a job's sample before its asample goes on the wire: its batch was
+// cancelled (or deleted) while it waited at the gate.
+var errBatchCancelled = errors.New("the batch was cancelled")
 
 type sampleStateKey struct{}
 
@@ -98,7 +106,9 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 }
 
 // Wait blocks while the backoff is active, then (after a 429) until there is room under the
-// learned capacity again, and records that asample goes on the wire.
+// learned capacity again, and records that asample goes on the wire. A job whose batch was
+// cancelled meanwhile is not sent (errBatchCancelled): a worker holds up to its concurrency
+// in jobs at the gate, and each would otherwise be sampled, and billed, after the cancel.
 func (g *Gate) Wait(ctx context.Context) error {
 	st := sampleStateOf(ctx)
 	for {
@@ -113,6 +123,10 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 		// Waiting for room may have outlasted the pause and met the next one.
 		if !time.Now().Before(g.backoff.Until()) {
+			if st.cancelled != nil && st.cancelled.has(st.batch) {
+				g.capacity.done(&st.phase) // its room goes to the next job, not to an answer
+				return errBatchCancelled
+			}
 			g.capacity.send(&st.phase) // the client sends asample as soon as Wait returns
 			return nil
 		}

@@ -230,13 +230,18 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		}
 	}
 	if w.cancelled.has(batch) {
-		res := errorResult(job, batch, jobs.ResultError{
-			Code: jobs.CodeCancelled, Message: "the batch was cancelled", Category: jobs.CategoryUser,
-		})
-		res.Status = jobs.StatusCancelled
-		return outcome{result: &res, settle: settleAck}
+		return cancelled(job, batch)
 	}
 	return w.sample(ctx, job, batch, r)
+}
+
+// cancelled is the outcome of a job of a cancelled batch: a cancelled result, not sampled.
+func cancelled(job jobs.Job, batch string) outcome {
+	res := errorResult(job, batch, jobs.ResultError{
+		Code: jobs.CodeCancelled, Message: errBatchCancelled.Error(), Category: jobs.CategoryUser,
+	})
+	res.Status = jobs.StatusCancelled
+	return outcome{result: &res, settle: settleAck}
 }
 
 // sample turns a valid job into a Tinker sample and its result.
@@ -278,7 +283,7 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
 
-	st := &sampleState{reservation: r}
+	st := &sampleState{reservation: r, batch: batch, cancelled: &w.cancelled}
 	sctx := withSampleState(ctx, st)
 	req := tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
@@ -305,6 +310,9 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return transient(err) // even a new sampling session was not known: try again later
 	}
 	if err != nil {
+		if errors.Is(err, errBatchCancelled) {
+			return cancelled(job, batch)
+		}
 		return w.failure(ctx, job, batch, err)
 	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)

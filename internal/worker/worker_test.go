@@ -185,6 +185,40 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	}
 }
 
+// TestJobsAtTheGateOfACancelledBatchAreNotSampled: jobs a worker holds at the gate when
+// their batch is cancelled (here behind a fleet pause) are not sent when the pause ends: they
+// end as cancelled results, and the service sees no sample. A worker holds up to its
+// concurrency in such jobs, which were sampled, and billed, after the cancel.
+func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	const n = 16
+	w := b.open(t, b.connect(t), Config{Concurrency: n})
+	run(t, w)
+	ctx := context.Background()
+	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, "stopped", tokenJobs("c", n))
+	if held := pendingAcks(t, b.results, n); held != n {
+		t.Fatalf("the worker holds %d of the %d jobs", held, n)
+	}
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: n}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(w.Backoff().Until()); left < time.Second {
+		t.Fatalf("the pause ends in %v, before the worker could hear of the cancel: the test must hold it longer", left)
+	}
+	for id, r := range waitResults(t, b.results, "stopped", n, 20*time.Second) {
+		if r.Status != jobs.StatusCancelled {
+			t.Errorf("%s: %s, want cancelled", id, r.Status)
+		}
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 0 {
+		t.Fatalf("the service accepted %d samples of the cancelled batch", got)
+	}
+}
+
 func TestFailedFuturesAndCancelledBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "user"}}})
