@@ -77,7 +77,8 @@ type Config struct {
 	// accepted it (tinker.Config.FutureTimeout). A future the service never completes (lost,
 	// or hung) is otherwise polled for ever, as the Python SDK does (§4.1), and its batch
 	// never ends. Past it, the job is tried again as after a transient failure, and ends as a
-	// dead letter after MaxDeliver deliveries. Default 30 min; negative means no bound.
+	// dead letter after MaxDeliver deliveries. It is checked as each long poll returns (no
+	// timer per sample), so up to one poll late. Default 30 min; negative means no bound.
 	SampleTimeout time.Duration
 	// Registerer receives the worker's Prometheus metrics; nil registers nothing.
 	Registerer prometheus.Registerer
