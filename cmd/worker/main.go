@@ -86,7 +86,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL (default the production service)")
 	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
 	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; empty disables")
-	s.Duration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time in-flight jobs get to finish on SIGTERM")
+	s.Duration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
 	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")

@@ -79,11 +79,12 @@ type capacity struct {
 	// wire are at most about those already accepted: the burst that meets the first 429 is
 	// bounded by what the service holds, not by the job slots (see capacity).
 	window    int
-	measuring bool        // a 429 was seen and submissions it raced are still on the wire
-	cut       *time.Timer // ends a measure that outlasts measureMax (nil: none armed)
-	peak      int         // the most accepted during the measure
-	waiters   []waiter    // first come, first admitted
-	round     int         // measures settled so far
+	measuring bool          // a 429 was seen and submissions it raced are still on the wire
+	cut       *time.Timer   // ends a measure that outlasts measureMax (nil: none armed)
+	peak      int           // the most accepted during the measure
+	waiters   []waiter      // first come, first admitted
+	closed    chan struct{} // closed by close: the worker is stopping, and admits no more
+	round     int           // measures settled so far
 	// settled, if not nil, receives the latest settled measure for the fleet's share board
 	// (the worker's splitShares); an older one not yet taken is dropped.
 	settled chan measure
@@ -125,7 +126,7 @@ const initialWindow = 8
 const measureMax = 250 * time.Millisecond
 
 func newCapacity(ttl time.Duration) *capacity {
-	c := &capacity{ttl: ttl, now: time.Now}
+	c := &capacity{ttl: ttl, now: time.Now, closed: make(chan struct{})}
 	if ttl > 0 {
 		c.window = initialWindow
 	}
@@ -173,6 +174,15 @@ func (c *capacity) admitWaiters() {
 // the limit, and waits like a new one.
 func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 	c.mu.Lock()
+	select {
+	case <-c.closed:
+		if *phase != phaseIdle {
+			c.leave(phase)
+		}
+		c.mu.Unlock()
+		return errStopping
+	default:
+	}
 	c.expire()
 	switch *phase {
 	case phaseSending:
@@ -213,21 +223,27 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			}
 		}
 		c.mu.Unlock()
+		var err error
 		select {
 		case <-w.ready:
 			stop()
 			return nil
 		case <-ctx.Done():
+			err = ctx.Err()
+		case <-c.closed:
+			err = errStopping
+		case <-expiry:
+		}
+		if err != nil {
 			stop()
 			c.mu.Lock()
-			if *phase == phaseAdmitted { // admitted as the context ended: pass the room on
+			if *phase == phaseAdmitted { // admitted as the wait ended: pass the room on
 				c.leave(phase)
 			} else {
 				c.waiters = slices.DeleteFunc(c.waiters, func(o waiter) bool { return o.ready == w.ready })
 			}
 			c.mu.Unlock()
-			return ctx.Err()
-		case <-expiry:
+			return err
 		}
 		c.mu.Lock()
 		c.expire()
@@ -235,6 +251,18 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			c.mu.Unlock()
 			return nil
 		}
+	}
+}
+
+// close admits no more samples, for good: the worker is stopping. Samples waiting for room,
+// and any that would wait, get errStopping; those on the wire or accepted run on.
+func (c *capacity) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+	default:
+		close(c.closed)
 	}
 }
 

@@ -2,9 +2,11 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
 )
 
@@ -87,6 +89,51 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	}
 	if b != phaseIdle || c.admitted != 0 || c.accepted != 1 || len(c.waiters) != 0 {
 		t.Fatalf("counts after a cancelled wait: phase %v, admitted %d, accepted %d, waiters %d", b, c.admitted, c.accepted, len(c.waiters))
+	}
+}
+
+// TestCapacityAdmitsNoMoreOnceClosed: close (the worker is stopping) sends a sample waiting
+// for room away at once, and one admitted but not yet sent at its next submit; the samples
+// accepted keep their places, and nothing is left counted.
+func TestCapacityAdmitsNoMoreOnceClosed(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	phases := sendN(t, c, initialWindow-1)
+	c.answered(&phases[0]) // accepted: it runs on; the window grows by one
+	var admitted, waiting samplePhase
+	if err := c.submit(context.Background(), &admitted); err != nil {
+		t.Fatal(err)
+	}
+	phases = append(phases, sendN(t, c, 1)...) // the window is full
+	waited := make(chan error, 1)
+	go func() { waited <- c.submit(context.Background(), &waiting) }()
+	fleettest.Eventually(t, 5*time.Second, "the sample to wait for room", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.waiters) == 1
+	})
+	c.close()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, errStopping) {
+			t.Fatalf("the waiting sample got %v, want errStopping", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting sample still waits after close")
+	}
+	if err := c.submit(context.Background(), &admitted); !errors.Is(err, errStopping) {
+		t.Fatalf("the admitted sample's next submit: %v, want errStopping", err)
+	}
+	var late samplePhase
+	if err := c.submit(context.Background(), &late); !errors.Is(err, errStopping) {
+		t.Fatalf("a sample after close: %v, want errStopping", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if admitted != phaseIdle || waiting != phaseIdle || late != phaseIdle || phases[0] != phaseAccepted ||
+		c.admitted != 0 || c.accepted != 1 || c.sending != initialWindow-1 || len(c.waiters) != 0 {
+		t.Fatalf("after close: phases %v %v %v, admitted %d, sending %d, accepted %d, waiters %d",
+			admitted, waiting, late, c.admitted, c.sending, c.accepted, len(c.waiters))
 	}
 }
 

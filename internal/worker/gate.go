@@ -55,6 +55,11 @@ type sampleState struct {
 // cancelled (or deleted) while it waited at the gate.
 var errBatchCancelled = errors.New("the batch was cancelled")
 
+// errStopping ends a job's sample before its asample goes on the wire: the worker is stopping
+// and hands the job back to the fleet at once, rather than start a sample that the shutdown
+// grace period may cut off (and another worker then runs again).
+var errStopping = errors.New("the worker is stopping")
+
 type sampleStateKey struct{}
 
 func withSampleState(ctx context.Context, st *sampleState) context.Context {

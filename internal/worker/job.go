@@ -310,8 +310,11 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return transient(err) // even a new sampling session was not known: try again later
 	}
 	if err != nil {
-		if errors.Is(err, errBatchCancelled) {
+		switch {
+		case errors.Is(err, errBatchCancelled):
 			return cancelled(job, batch)
+		case errors.Is(err, errStopping):
+			return outcome{settle: settleNak} // to another worker, now
 		}
 		return w.failure(ctx, job, batch, err)
 	}

@@ -61,7 +61,8 @@ type Config struct {
 	Limits jobs.Limits
 	// CompressAbove is the result size from which results are zstd-compressed; default 64 KiB.
 	CompressAbove int
-	// ShutdownGrace is how long in-flight jobs may run after Run's context is done; default 30s.
+	// ShutdownGrace is how long the samples already sent may run after Run's context is done
+	// (jobs not yet sent are handed back at once); default 30s.
 	ShutdownGrace time.Duration
 	// RetryDelay is the wait before a job that failed transiently is delivered again, doubled
 	// with each delivery (at most 5 minutes); default 5s.

@@ -110,6 +110,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		deliveries <- d // d holds a slot, so a handler is finishing and will take it
 	})
+	// Samples already sent finish within the grace period; jobs not yet sent go back now.
+	w.gate.capacity.close()
 	if cerr := puller.Close(); cerr != nil {
 		w.log.Debug("close job puller", "err", cerr)
 	}

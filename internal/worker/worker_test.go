@@ -219,6 +219,42 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	}
 }
 
+// TestAStoppingWorkerHandsBackTheJobsItHasNotSent: a worker told to stop while it holds jobs
+// at the gate (here behind a fleet pause shorter than its grace period) does not send them
+// when the pause ends: it hands them back, and another worker samples each once. It sent
+// them, and took the grace period to finish them, or was cut off mid-sample.
+func TestAStoppingWorkerHandsBackTheJobsItHasNotSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	const n = 16
+	w := b.open(t, b.connect(t), Config{Concurrency: n}) // grace 2 s
+	stop := run(t, w)
+	ctx := context.Background()
+	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, "handed-back", tokenJobs("h", n))
+	if held := pendingAcks(t, b.results, n); held != n {
+		t.Fatalf("the worker holds %d of the %d jobs", held, n)
+	}
+	if left := time.Until(w.Backoff().Until()); left < 200*time.Millisecond {
+		t.Fatalf("the pause ends in %v, before the worker is told to stop: the test must hold it longer", left)
+	}
+	stop()
+	if got := b.sim.Stats().SamplesAccepted; got != 0 {
+		t.Fatalf("the stopping worker sent %d samples after it was told to stop", got)
+	}
+	run(t, b.open(t, b.connect(t), Config{Concurrency: n}))
+	for id, r := range waitResults(t, b.results, "handed-back", n, 20*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s, want ok", id, r.Status)
+		}
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != n {
+		t.Fatalf("the service accepted %d samples for %d jobs", got, n)
+	}
+}
+
 func TestFailedFuturesAndCancelledBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "user"}}})
