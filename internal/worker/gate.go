@@ -113,7 +113,8 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 // Wait blocks while the backoff is active, then (after a 429) until there is room under the
 // learned capacity again, and records that asample goes on the wire. A job whose batch was
 // cancelled meanwhile is not sent (errBatchCancelled): a worker holds up to its concurrency
-// in jobs at the gate, and each would otherwise be sampled, and billed, after the cancel.
+// in jobs at the gate, and each would otherwise be sampled, and billed, after the cancel. Nor
+// is one once the worker is stopping (errStopping, from the closed capacity).
 func (g *Gate) Wait(ctx context.Context) error {
 	st := sampleStateOf(ctx)
 	for {
