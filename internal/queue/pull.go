@@ -35,6 +35,9 @@ type JobPuller struct {
 	msgs    chan *nats.Msg
 	seq     uint64 // the last request's number
 	body    []byte
+	// current is the expiry of the request Pull waits on, zero once it is known to have
+	// ended; givenUp the latest expiry of the requests Pull gave up on (see OpenUntil).
+	current, givenUp time.Time
 }
 
 // pullerBuffer is how many messages the inbox holds before the read loop drops the next (a
@@ -101,6 +104,7 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 	if err := p.nc.PublishRequest(p.subject, reply, p.body); err != nil {
 		return 0, fmt.Errorf("queue: pull request: %w", err)
 	}
+	p.current = time.Now().Add(expires)
 	// The server answers an expired request with a 408; wait a second longer for that, and
 	// take the request as gone after it (a lost connection takes its answer along).
 	t := time.NewTimer(expires + time.Second)
@@ -119,15 +123,34 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 				continue // the end of a request given up on earlier
 			}
 			if err := requestEnd(code, m); err != nil || code != "100" {
+				p.current = time.Time{}
 				return got, err
 			}
 		case <-t.C:
+			p.current = time.Time{} // expired at the server
 			return got, nil
 		case <-ctx.Done():
+			if p.current.After(p.givenUp) { // the server may hold it until it expires
+				p.givenUp = p.current
+			}
+			p.current = time.Time{}
 			return got, ctx.Err()
 		}
 	}
+	p.current = time.Time{} // it got all it asked for, which ends it
 	return got, nil
+}
+
+// OpenUntil returns when the server has ended every request of this puller at the latest:
+// the expiry of the latest one Pull gave up on, or of one under way; zero if none may be open
+// (each got all it asked for, the server ended it, or it expired). Until then the server may
+// deliver a job into a request nobody reads once the puller is closed: a job nak'd then
+// would wait out AckWait.
+func (p *JobPuller) OpenUntil() time.Time {
+	if p.current.After(p.givenUp) {
+		return p.current
+	}
+	return p.givenUp
 }
 
 // statusOf returns the status code of a status message of the server (no data, a Status

@@ -89,6 +89,36 @@ func TestJobPullerDeliversAtMostWhatItAskedFor(t *testing.T) {
 	}
 }
 
+// TestJobPullerKnowsWhenItsRequestsEnded: OpenUntil is zero while every request got all it
+// asked for or the server ended it, and the expiry of one the caller gave up on, which the
+// server may still hold, also after later requests ended: a stopping worker waits for that
+// only when it must.
+func TestJobPullerKnowsWhenItsRequestsEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	publishJob(t, b.q, "b1", "a")
+	publishJob(t, b.q, "b1", "b")
+	ack := func(m jetstream.Msg) { _ = m.Ack() }
+	if got, err := p.Pull(ctx, 2, 5*time.Second, ack); err != nil || got != 2 || !p.OpenUntil().IsZero() {
+		t.Fatalf("a request that got all it asked for: %d, %v, open until %v", got, err, p.OpenUntil())
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	sent := time.Now()
+	if _, err := p.Pull(short, 5, 5*time.Second, ack); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a request given up on: %v", err)
+	}
+	open := p.OpenUntil()
+	if open.Before(sent.Add(5*time.Second)) || open.After(time.Now().Add(5*time.Second)) {
+		t.Fatalf("a request given up on is open until %v, want its expiry, 5 s after it was sent at %v", open, sent)
+	}
+	if got, err := p.Pull(ctx, 1, 100*time.Millisecond, ack); err != nil || got != 0 || !p.OpenUntil().Equal(open) {
+		t.Fatalf("after a request the server ended: %d, %v, open until %v, want %v (the one given up on)", got, err, p.OpenUntil(), open)
+	}
+}
+
 func TestJobPullerKeepsTheJobsOfARequestItGaveUpOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -35,7 +35,7 @@ type Worker struct {
 	alive   aliveSet
 
 	pullDone    chan struct{} // closed when Run stopped pulling
-	pullExpired time.Time     // when the last pull request has expired at the server
+	pullExpired time.Time     // when the last pull request has expired at the server (zero: it ended)
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 
 	samplers   samplerCache
@@ -116,10 +116,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.log.Debug("close job puller", "err", cerr)
 	}
 	close(deliveries)
-	// The server keeps the last pull request open until it expires; a nak before then would
-	// redeliver the job into that request, which nobody reads once the puller is closed, and
-	// strand it until AckWait.
-	w.pullExpired = time.Now().Add(fetchExpiry + 250*time.Millisecond)
+	// The server keeps the last pull request open until it expires, unless it ended (its jobs
+	// all came): a nak before then would redeliver the job into that request, which nobody
+	// reads once the puller is closed, and strand it until AckWait.
+	if open := puller.OpenUntil(); !open.IsZero() {
+		w.pullExpired = open.Add(250 * time.Millisecond)
+	}
 	close(w.pullDone)
 	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 
