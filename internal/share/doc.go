@@ -26,8 +26,11 @@
 // Gather (300 ms, longer than a worker's measure may last, so that a round's first report
 // reads its last) is well inside the 1 s pause that follows a 429, so the division is known
 // before anyone sends again. A round whose reports cannot be read leaves each worker with its
-// own peak. A worker deletes its key when it closes; a crashed worker's report stays in the
-// bucket but ages out of every round by Window. A round asks the server only for what was
+// own peak. A worker that reported deletes its key when it closes, and the others, watching
+// the board (WatchLeaves), forget their limits: the parts of those that stay no longer add up
+// to the capacity, and the next 429 measures it again (one pause, instead of running at the
+// old parts until they expire, up to the ttl). A crashed worker's report stays in the bucket
+// but ages out of every round by Window. A round asks the server only for what was
 // stored from Window before its own report on, so neither those reports nor the delete
 // markers of closed workers are sent to it, however many a fleet leaves over weeks.
 package share

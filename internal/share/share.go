@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +60,9 @@ type Board struct {
 	prefix string // <account>.share.
 	id     string
 	cfg    Config
+	// reported is set once this worker put a report on the board: only then does Close take
+	// one off (a delete marker tells the others a part of the capacity is free).
+	reported atomic.Bool
 }
 
 // Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
@@ -90,6 +94,7 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 	if err != nil {
 		return Share{}, fmt.Errorf("share: report: %w", err)
 	}
+	b.reported.Store(true)
 	t := time.NewTimer(b.cfg.Gather)
 	select {
 	case <-ctx.Done():
@@ -220,12 +225,42 @@ const reportWait = 2 * time.Second
 // kvOperationHeader marks a KV delete or purge marker (its value is DEL or PURGE).
 const kvOperationHeader = "KV-Operation"
 
-// Close takes this worker's report off the board.
+// Close takes this worker's report, if it made one, off the board: the others then know
+// (WatchLeaves) that its part of the capacity is free.
 func (b *Board) Close(ctx context.Context) error {
+	if !b.reported.Load() {
+		return nil
+	}
 	if err := b.kv.Delete(ctx, b.prefix+b.id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("share: delete report: %w", err)
 	}
 	return nil
+}
+
+// WatchLeaves calls left, with its id, each time another worker of the account takes its
+// report off the board (Close): it stopped, and its part of the capacity is free, which the parts of those
+// that stay do not cover until their limits expire. It returns when ctx is done (nil) or the
+// watcher ends (a reconnect may end it, jetstream-notes §6): watch again then. A crashed
+// worker's report is not taken off; it ages out of the rounds instead.
+func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error {
+	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		return fmt.Errorf("share: watch the board: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return errors.New("share: board watcher closed")
+			case e != nil && e.Operation() != jetstream.KeyValuePut && e.Key() != b.prefix+b.id:
+				left(strings.TrimPrefix(e.Key(), b.prefix))
+			}
+		}
+	}
 }
 
 // Split divides total places among workers by what they want: equal parts, a worker that

@@ -211,6 +211,95 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	}
 }
 
+// TestWatchLeavesSeesAnotherWorkerLeave: a worker that reported and closes tells the others
+// of its account; one that never reported, the watcher itself, and a worker of another
+// account do not.
+func TestWatchLeavesSeesAnotherWorkerLeave(t *testing.T) {
+	t.Parallel()
+	js := runServer(t)
+	ctx := context.Background()
+	open := func(account string) *Board {
+		b, err := Open(ctx, js, "backoff", account, Config{Gather: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	watcher, leaver, silent, other := open("acct"), open("acct"), open("acct"), open("other")
+	for _, b := range []*Board{watcher, leaver, other} {
+		if _, err := b.Split(ctx, Report{Peak: 8, Want: 400}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu   sync.Mutex
+		left = map[string]int{}
+	)
+	seen := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return left[id] > 0
+	}
+	waitLeave := func(id string, d time.Duration) bool {
+		for deadline := time.Now().Add(d); !seen(id); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+		return true
+	}
+	watchCtx, stop := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- watcher.WatchLeaves(watchCtx, func(id string) {
+			mu.Lock()
+			defer mu.Unlock()
+			left[id]++
+		})
+	}()
+	// The watch sees updates only: probe until it sees a leave, so that it is set up.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		probe := open("acct")
+		if _, err := probe.Split(ctx, Report{Peak: 1, Want: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := probe.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if waitLeave(probe.id, 100*time.Millisecond) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch saw no probe leave")
+		}
+	}
+	// In order: a leave of the silent or other worker would be seen before the leaver's.
+	for _, b := range []*Board{silent, other, leaver} {
+		if err := b.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !waitLeave(leaver.id, 5*time.Second) {
+		t.Fatal("the leaver's leave was not seen")
+	}
+	if err := watcher.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // room for a leave of its own, which must not be seen
+	stop()
+	if err := <-watched; err != nil {
+		t.Fatalf("WatchLeaves: %v", err)
+	}
+	for _, b := range []*Board{silent, other, watcher} {
+		if seen(b.id) {
+			t.Errorf("saw %s leave (silent %s, other account %s, the watcher %s)", b.id, silent.id, other.id, watcher.id)
+		}
+	}
+	if n := left[leaver.id]; n != 1 {
+		t.Errorf("saw the leaver leave %d times", n)
+	}
+}
+
 // TestRoundReadsOnlyRecentReports: reports left by crashed workers (never closed) and the
 // delete markers of closed ones stay in the bucket, but a round is not sent them, so rounds do
 // not slow down as a fleet's workers come and go.

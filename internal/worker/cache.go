@@ -165,13 +165,20 @@ func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger,
 	var once sync.Once
 	markLoaded := func() { once.Do(func() { close(loaded) }) }
 	defer markLoaded()
+	rewatch(ctx, log, "batch watch", func(ctx context.Context) error { return s.watchOnce(ctx, q, markLoaded) })
+}
+
+// rewatch runs watch until ctx is done, again after each time it ends (a reconnect may end a
+// KV watcher, jetstream-notes §6), waiting 100 ms doubled per end, at most 5 s, so that a
+// failing watch does not leak consumers as fast as the server makes them.
+func rewatch(ctx context.Context, log *slog.Logger, what string, watch func(context.Context) error) {
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := s.watchOnce(ctx, q, markLoaded)
+		err := watch(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("batch watch ended; watching again", "err", err, "in", delay)
+		log.Warn(what+" ended; watching again", "err", err, "in", delay)
 		select {
 		case <-ctx.Done():
 			return

@@ -448,6 +448,20 @@ func abs(x int) int {
 	return x
 }
 
+// forget drops the limit in force: a worker that held a part of the capacity left the fleet
+// (share.Board.WatchLeaves), so the parts of those that stay add up to less than the
+// capacity. The window then grows on from the old limit, and the next 429 measures the
+// capacity again: one pause, where the limit held the worker at its old part until it
+// expired (15 s, or the whole ttl once confirmed).
+func (c *capacity) forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.limit > 0 {
+		c.limit = 0
+		c.admitWaiters()
+	}
+}
+
 // current returns the limit in force (0: none), for metrics.
 func (c *capacity) current() int {
 	c.mu.Lock()

@@ -79,6 +79,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg.Go(func() { w.deadLetters(bgCtx) })
 	if w.board != nil {
 		bg.Go(func() { w.splitShares(bgCtx) })
+		// A worker that leaves frees its part of the capacity: forget the limit, learn anew.
+		bg.Go(func() {
+			rewatch(bgCtx, w.log, "capacity share watch", func(ctx context.Context) error {
+				return w.board.WatchLeaves(ctx, func(string) { w.gate.capacity.forget() })
+			})
+		})
 	}
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()

@@ -709,6 +709,35 @@ func TestLearnedSharesAddUpToTheCapacity(t *testing.T) {
 	}
 }
 
+// TestAWorkerThatLeavesFreesItsPart: when one of two workers that split the capacity stops,
+// the other forgets its part at once and learns the whole capacity, rather than run at its
+// part until the limit expires (15 s on probation, the ttl once confirmed).
+func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
+	t.Parallel()
+	const capacity = 16
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 300 * time.Millisecond})
+	publishJobs(t, b.results, "leave", tokenJobs("l", 2000))
+	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
+	run(t, stay)
+	leave := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
+	stopLeaving := run(t, leave)
+	var part int
+	fleettest.Eventually(t, 30*time.Second, "both workers to hold parts of the capacity", func() bool {
+		part = stay.gate.capacity.current()
+		other := leave.gate.capacity.current()
+		return part > 0 && other > 0 && part+other >= capacity-2
+	})
+	stopLeaving()
+	leave.Close() // takes its report off the share board
+	fleettest.Eventually(t, 2*time.Second, "the staying worker to forget its part", func() bool {
+		n := stay.gate.capacity.current()
+		return n == 0 || n > part
+	})
+	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
+		return stay.gate.capacity.current() >= capacity-2
+	})
+}
+
 // TestPullLingersForMoreFreeSlots: jobs that finish a few milliseconds apart free their slots
 // one by one; the pull loop waits its linger after the first, so that one pull request brings
 // the next jobs of several slots, not one each.
