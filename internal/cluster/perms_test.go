@@ -241,6 +241,13 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if s, err := board.Split(ctx, share.Report{Peak: 4, Want: 8}); err != nil || s.Part != 4 {
 		t.Errorf("worker: capacity round = %+v, %v; want its own 4", s, err)
 	}
+	// Watching for workers that leave: a watch the user may not make fails (its consumer is
+	// not created); one it may runs until its context ends.
+	watchCtx, stopWatch := context.WithTimeout(ctx, 2*time.Second)
+	if err := board.WatchLeaves(watchCtx, func(string) {}); err != nil {
+		t.Errorf("worker: watch the share board: %v", err)
+	}
+	stopWatch()
 	if err := board.Close(ctx); err != nil {
 		t.Errorf("worker: close share board: %v", err)
 	}
