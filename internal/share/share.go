@@ -238,8 +238,8 @@ func (b *Board) Close(ctx context.Context) error {
 }
 
 // WatchLeaves calls left, with its id, each time another worker of the account takes its
-// report off the board (Close): it stopped, and its part of the capacity is free, which the parts of those
-// that stay do not cover until their limits expire. It returns when ctx is done (nil) or the
+// report off the board (Close): it stopped, and its part of the capacity is free, which the
+// parts of those that stay do not cover until their limits expire. It returns when ctx is done (nil) or the
 // watcher ends (a reconnect may end it, jetstream-notes §6): watch again then. A crashed
 // worker's report is not taken off; it ages out of the rounds instead.
 func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error {

@@ -19,8 +19,9 @@ import (
 //	POST   /admin/reset       → clears faults and stats
 //	POST   /admin/forget_sessions → forgets every session, sampler and future (a restart)
 //
-// A fault object: {"kind":"429","rate":0.5,"count":1,"start_in":"1s","duration":"30s","reason":"…",
-// "category":"user","status":503,"delay":"15s","retry_after":"2s","endpoints":["asample"]}.
+// A fault object: {"kind":"429","rate":0.5,"count":1,"start_in":"1s","duration":"30s",
+// "reason":"…","category":"user","status":503,"delay":"15s","retry_after":"2s",
+// "endpoints":["asample"]}.
 func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request, rest string) {
 	if !s.adminAuthorized(r) {
 		writeJSONError(w, http.StatusUnauthorized, "admin: invalid or missing credentials")
