@@ -53,19 +53,14 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			down = time.Now()
 			if err == nil {
 				return // Close: nats.go reports its own close as a disconnect without an error
 			}
-			down = time.Now()
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			if down.IsZero() {
-				log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
-				return
-			}
 			log.Warn("nats reconnected", "url", nc.ConnectedUrlRedacted(), "after", time.Since(down).Round(time.Millisecond))
-			down = time.Time{}
 		}),
 	}
 	auth := 0
