@@ -27,8 +27,10 @@ type Gate struct {
 	limiter  *dispatch.Limiter
 	backoff  Backoff
 	capacity *capacity
-	log      *slog.Logger
-	metrics  *Metrics
+	// cancelled holds the cancelled batches, whose jobs waiting here are not sent (nil: none).
+	cancelled *cancelSet
+	log       *slog.Logger
+	metrics   *Metrics
 }
 
 // NewGate combines a limiter and a backoff into a tinker.Dispatcher. It learns no capacity
@@ -43,12 +45,11 @@ func NewGate(l *dispatch.Limiter, b Backoff, log *slog.Logger) *Gate {
 // sampleState is one job's passage through the gate, carried in the context of its Sample
 // call: the count permit reserved before the job was pulled (used by its first Acquire, so
 // the job does not queue for a second one), its capacity phase, and its batch, which may be
-// cancelled while the job waits (cancelled nil: never).
+// cancelled while the job waits.
 type sampleState struct {
 	reservation *dispatch.Reservation
 	phase       samplePhase
 	batch       string
-	cancelled   *cancelSet
 }
 
 // errBatchCancelled ends a job's sample before its asample goes on the wire: its batch was
@@ -129,7 +130,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 		// Waiting for room may have outlasted the pause and met the next one.
 		if !time.Now().Before(g.backoff.Until()) {
-			if st.cancelled != nil && st.cancelled.has(st.batch) {
+			if g.cancelled != nil && g.cancelled.has(st.batch) {
 				g.capacity.done(&st.phase) // its room goes to the next job, not to an answer
 				return errBatchCancelled
 			}

@@ -283,7 +283,7 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
 
-	st := &sampleState{reservation: r, batch: batch, cancelled: &w.cancelled}
+	st := &sampleState{reservation: r, batch: batch}
 	sctx := withSampleState(ctx, st)
 	req := tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),

@@ -197,7 +197,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
 	gate := NewGate(nil, w.backoff, cfg.Logger)
-	gate.metrics, gate.capacity = w.metrics, learned
+	gate.metrics, gate.capacity, gate.cancelled = w.metrics, learned, &w.cancelled
 	w.gate = gate
 	client, err := tinker.Dial(ctx, tinker.Config{
 		BaseURL:       cfg.TinkerBaseURL,
