@@ -721,11 +721,30 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 	run(t, stay)
 	leave := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
 	stopLeaving := run(t, leave)
+	kv, err := b.results.JS.KeyValue(context.Background(), b.results.Names.BackoffBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// reports counts the share reports on the board: a worker stopped before its first one
+	// takes nothing off it, and frees nothing.
+	reports := func() int {
+		keys, err := kv.ListKeys(context.Background())
+		if err != nil {
+			return 0
+		}
+		n := 0
+		for k := range keys.Keys() {
+			if strings.Contains(k, ".share.") {
+				n++
+			}
+		}
+		return n
+	}
 	var part int
-	fleettest.Eventually(t, 30*time.Second, "both workers to hold parts of the capacity", func() bool {
+	fleettest.Eventually(t, 30*time.Second, "both workers to report and hold parts of the capacity", func() bool {
 		part = stay.gate.capacity.current()
 		other := leave.gate.capacity.current()
-		return part > 0 && other > 0 && part+other >= capacity-2
+		return part > 0 && other > 0 && part+other >= capacity-2 && reports() == 2
 	})
 	stopLeaving()
 	leave.Close() // takes its report off the share board
