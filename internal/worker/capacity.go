@@ -83,7 +83,9 @@ type capacity struct {
 	cut       *time.Timer   // ends a measure that outlasts measureMax (nil: none armed)
 	peak      int           // the most accepted during the measure
 	waiters   []waiter      // first come, first admitted
-	closed    chan struct{} // closed by close: the worker is stopping, and admits no more
+	// stopping is done once close was called: the worker is stopping, and admits no more.
+	stopping context.Context
+	stop     context.CancelFunc
 	round     int           // measures settled so far
 	// settled, if not nil, receives the latest settled measure for the fleet's share board
 	// (the worker's splitShares); an older one not yet taken is dropped.
@@ -126,7 +128,8 @@ const initialWindow = 8
 const measureMax = 250 * time.Millisecond
 
 func newCapacity(ttl time.Duration) *capacity {
-	c := &capacity{ttl: ttl, now: time.Now, closed: make(chan struct{})}
+	c := &capacity{ttl: ttl, now: time.Now}
+	c.stopping, c.stop = context.WithCancel(context.Background())
 	if ttl > 0 {
 		c.window = initialWindow
 	}
@@ -175,7 +178,7 @@ func (c *capacity) admitWaiters() {
 func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 	c.mu.Lock()
 	select {
-	case <-c.closed:
+	case <-c.stopping.Done():
 		if *phase != phaseIdle {
 			c.leave(phase)
 		}
@@ -230,7 +233,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			return nil
 		case <-ctx.Done():
 			err = ctx.Err()
-		case <-c.closed:
+		case <-c.stopping.Done():
 			err = errStopping
 		case <-expiry:
 		}
@@ -256,15 +259,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 
 // close admits no more samples, for good: the worker is stopping. Samples waiting for room,
 // and any that would wait, get errStopping; those on the wire or accepted run on.
-func (c *capacity) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	select {
-	case <-c.closed:
-	default:
-		close(c.closed)
-	}
-}
+func (c *capacity) close() { c.stop() }
 
 // send records that an admitted sample's asample is going on the wire.
 func (c *capacity) send(phase *samplePhase) {

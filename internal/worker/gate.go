@@ -119,11 +119,11 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 func (g *Gate) Wait(ctx context.Context) error {
 	st := sampleStateOf(ctx)
 	for {
-		if err := g.backoff.Wait(ctx); err != nil {
-			return err
-		}
 		if st == nil {
-			return nil
+			return g.backoff.Wait(ctx)
+		}
+		if err := g.waitBackoff(ctx); err != nil {
+			return err
 		}
 		if err := g.capacity.submit(ctx, &st.phase); err != nil {
 			return err
@@ -138,6 +138,25 @@ func (g *Gate) Wait(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// waitBackoff waits out the backoff for a job's sample, but not once the worker is stopping
+// (errStopping): the sample would not be sent after the pause, and its job is better handed
+// back at once than after a pause of up to NakAbove.
+func (g *Gate) waitBackoff(ctx context.Context) error {
+	if !time.Now().Before(g.backoff.Until()) {
+		return nil // no pause (the common case): nothing to wait for, nor to set up
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(g.capacity.stopping, func() { cancel(errStopping) })()
+	if err := g.backoff.Wait(wctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return context.Cause(wctx)
+	}
+	return nil
 }
 
 // Backoff signals the backoff; a 429 also teaches the capacity. A failed signal (NATS
