@@ -79,14 +79,14 @@ type capacity struct {
 	// wire are at most about those already accepted: the burst that meets the first 429 is
 	// bounded by what the service holds, not by the job slots (see capacity).
 	window    int
-	measuring bool          // a 429 was seen and submissions it raced are still on the wire
-	cut       *time.Timer   // ends a measure that outlasts measureMax (nil: none armed)
-	peak      int           // the most accepted during the measure
-	waiters   []waiter      // first come, first admitted
+	measuring bool        // a 429 was seen and submissions it raced are still on the wire
+	cut       *time.Timer // ends a measure that outlasts measureMax (nil: none armed)
+	peak      int         // the most accepted during the measure
+	waiters   []waiter    // first come, first admitted
+	round     int         // measures settled so far
 	// stopping is done once close was called: the worker is stopping, and admits no more.
 	stopping context.Context
 	stop     context.CancelFunc
-	round     int           // measures settled so far
 	// settled, if not nil, receives the latest settled measure for the fleet's share board
 	// (the worker's splitShares); an older one not yet taken is dropped.
 	settled chan measure
