@@ -83,7 +83,7 @@ type capacity struct {
 	cut       *time.Timer // ends a measure that outlasts measureMax (nil: none armed)
 	peak      int         // the most accepted during the measure
 	waiters   []waiter    // first come, first admitted
-	round     int         // measures settled so far
+	round     int         // measures settled and leaves seen so far (share adopts the latest only)
 	// stopping is done once close was called: the worker is stopping, and admits no more.
 	stopping context.Context
 	stop     context.CancelFunc
@@ -356,14 +356,15 @@ func (c *capacity) learn() {
 	c.measuring, c.peak, c.acceptedSince = true, c.accepted, 0
 	c.settle()
 	if c.measuring {
-		round := c.round // the measure's: end ends it, and a later one stays
-		c.cut = time.AfterFunc(measureMax, func() {
+		var cut *time.Timer
+		cut = time.AfterFunc(measureMax, func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if c.measuring && c.round == round {
+			if c.measuring && c.cut == cut { // this measure's: a later one stays
 				c.end()
 			}
 		})
+		c.cut = cut
 	}
 }
 
@@ -448,9 +449,23 @@ func abs(x int) int {
 // capacity. The window then grows on from the old limit, and the next 429 measures the
 // capacity again: one pause, where the limit held the worker at its old part until it
 // expired (15 s, or the whole ttl once confirmed).
+//
+// A measure or share round under way when the leave is seen is dropped (its round is
+// stale): it measured a fleet that still held the leaver, or read the board after its report
+// was taken off, and either way its outcome is a part too small for the fleet that stays. A
+// worker that left during the pause after a 429 otherwise had the others adopt such a part
+// right after they forgot theirs, and run below the capacity until it expired.
 func (c *capacity) forget() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.round++ // share ignores a round that is not the latest
+	if c.measuring {
+		c.measuring = false
+		if c.cut != nil {
+			c.cut.Stop()
+			c.cut = nil
+		}
+	}
 	if c.limit > 0 {
 		c.limit = 0
 		c.admitWaiters()

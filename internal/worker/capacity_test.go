@@ -552,3 +552,57 @@ func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
 		t.Fatalf("after giving its place back: phase %v, held %d", early, c.held())
 	}
 }
+
+// TestCapacityALeaveMakesTheRoundUnderWayStale: a worker that leaves while a measure is open,
+// or while its share round is out on the board, makes that outcome stale. The worker forgets
+// its limit and adopts nothing from the round: its part would be of a fleet that still held
+// the leaver (or of a board it had left), too small for the workers that stay.
+func TestCapacityALeaveMakesTheRoundUnderWayStale(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	c.settled = make(chan measure, 1)
+
+	// A measure settles (the limit is this worker's own peak) and goes to the board; the leave
+	// is seen before the round comes back.
+	phases := sendN(t, c, 3)
+	c.answered(&phases[0])
+	c.answered(&phases[1])
+	c.answered(&phases[2])
+	c.learn()
+	m := <-c.settled
+	if got := c.current(); got != 3 {
+		t.Fatalf("limit after the measure = %d, want the 3 accepted", got)
+	}
+	c.forget()
+	c.share(m.round, share.Share{Part: 3, Capacity: 3})
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit after a leave and then the round under way = %d, want none", got)
+	}
+
+	// A measure still open when the leave is seen ends with nothing learned or sent.
+	c.done(&phases[0])
+	if err := c.submit(context.Background(), &phases[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.send(&phases[0]) // on the wire: the measure waits for its answer
+	c.learn()
+	c.mu.Lock()
+	measuring := c.measuring
+	c.mu.Unlock()
+	if !measuring {
+		t.Fatal("the 429 started no measure")
+	}
+	c.forget()
+	c.answered(&phases[0])
+	c.mu.Lock()
+	measuring = c.measuring
+	c.mu.Unlock()
+	select {
+	case m := <-c.settled:
+		t.Fatalf("a measure open at the leave was sent to the board: %+v", m)
+	default:
+	}
+	if measuring || c.current() != 0 {
+		t.Fatalf("after a leave during a measure: measuring %v, limit %d; want neither", measuring, c.current())
+	}
+}
