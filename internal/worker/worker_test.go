@@ -88,19 +88,37 @@ func run(t *testing.T, w *Worker) (stop func()) {
 	return stop
 }
 
-// waitAtTheGate waits until n jobs of w have reached the gate during a fleet pause: each holds
-// a throttled permit or waits for one (a recent backoff puts that layer in front of every
-// sample). Until then a job may still be loading its tokenizer, which a test of what the gate
-// does with waiting jobs must not mistake for waiting there.
-func waitAtTheGate(t *testing.T, w *Worker, n int) {
+// holdAtTheGate publishes js as batch and holds them at w's gate behind a fleet pause: it
+// returns once every job holds a throttled permit or waits for one (a recent backoff puts
+// that layer in front of every sample), with none sent and the pause still on for at least
+// two seconds. The tokenizer is loaded first: loading it takes seconds under -race and load,
+// and a job still loading it is not at the gate (a test of what the gate does then passed
+// without reaching it, or the pause ended first and the jobs were sampled).
+func holdAtTheGate(t *testing.T, b *testBundle, w *Worker, batch string, js []jobs.Job) {
 	t.Helper()
+	ctx := context.Background()
+	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 6*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, batch, js)
 	var st dispatch.Stats
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if st = w.limiter.Stats(); st.ThrottledInUse+st.ThrottledWaiting == n {
-			return
+	for deadline := time.Now().Add(4 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if st = w.limiter.Stats(); st.ThrottledInUse+st.ThrottledWaiting == len(js) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d jobs at the gate (throttled layer %d held, %d waiting), want %d", st.ThrottledInUse+st.ThrottledWaiting, st.ThrottledInUse, st.ThrottledWaiting, len(js))
 		}
 	}
-	t.Fatalf("%d jobs at the gate (throttled layer %d held, %d waiting), want %d", st.ThrottledInUse+st.ThrottledWaiting, st.ThrottledInUse, st.ThrottledWaiting, n)
+	if sent := b.sim.Stats().SamplesAccepted; sent != 0 {
+		t.Fatalf("%d samples sent during the pause", sent)
+	}
+	if left := time.Until(w.Backoff().Until()); left < 2*time.Second {
+		t.Fatalf("the pause ends in %v, too soon to test what the gate does with the jobs: the test must hold it longer", left)
+	}
 }
 
 func publishJobs(t *testing.T, q *queue.Queue, batch string, js []jobs.Job) {
@@ -213,21 +231,9 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	const n = 16
 	w := b.open(t, b.connect(t), Config{Concurrency: n})
 	run(t, w)
-	ctx := context.Background()
-	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 4*time.Second); err != nil {
+	holdAtTheGate(t, b, w, "stopped", tokenJobs("c", n))
+	if _, err := b.results.PutManifest(context.Background(), queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: n}, 0); err != nil {
 		t.Fatal(err)
-	}
-	publishJobs(t, b.results, "stopped", tokenJobs("c", n))
-	waitAtTheGate(t, w, n)
-	// Loading the tokenizer took part of the pause (seconds under -race): hold it on.
-	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 4*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: n}, 0); err != nil {
-		t.Fatal(err)
-	}
-	if left := time.Until(w.Backoff().Until()); left < time.Second {
-		t.Fatalf("the pause ends in %v, before the worker could hear of the cancel: the test must hold it longer", left)
 	}
 	for id, r := range waitResults(t, b.results, "stopped", n, 20*time.Second) {
 		if r.Status != jobs.StatusCancelled {
@@ -250,19 +256,7 @@ func TestAStoppingWorkerHandsBackTheJobsItHasNotSent(t *testing.T) {
 	const n = 16
 	w := b.open(t, b.connect(t), Config{Concurrency: n, ShutdownGrace: 10 * time.Second})
 	stop := run(t, w)
-	ctx := context.Background()
-	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 4*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	publishJobs(t, b.results, "handed-back", tokenJobs("h", n))
-	waitAtTheGate(t, w, n)
-	// Loading the tokenizer took part of the pause (seconds under -race): hold it on.
-	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 4*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if left := time.Until(w.Backoff().Until()); left < 2*time.Second {
-		t.Fatalf("the pause ends in %v, too soon to tell a stop that waits for it: the test must hold it longer", left)
-	}
+	holdAtTheGate(t, b, w, "handed-back", tokenJobs("h", n))
 	stop()
 	if left := time.Until(w.Backoff().Until()); left <= 0 {
 		t.Fatalf("the stopping worker waited out the fleet pause (it ended %v before the stop returned)", -left)
