@@ -63,6 +63,9 @@ type Board struct {
 	// reported is set once this worker put a report on the board: only then does Close take
 	// one off (a delete marker tells the others a part of the capacity is free).
 	reported atomic.Bool
+	// watchedTo is the revision after the last board update WatchLeaves saw (0: none yet),
+	// where its next watch begins.
+	watchedTo atomic.Uint64
 }
 
 // Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
@@ -239,11 +242,26 @@ func (b *Board) Close(ctx context.Context) error {
 
 // WatchLeaves calls left, with its id, each time another worker of the account takes its
 // report off the board (Close): it stopped, and its part of the capacity is free, which the
-// parts of those that stay do not cover until their limits expire. It returns when ctx is done (nil) or the
-// watcher ends (a reconnect may end it, jetstream-notes §6): watch again then. A crashed
-// worker's report is not taken off; it ages out of the rounds instead.
+// parts of those that stay do not cover until their limits expire. It returns when ctx is
+// done (nil) or the watcher ends (a reconnect may end it, jetstream-notes §6): watch again
+// then, and after a reconnect, which a watcher may not notice for 20 s or more. A watch
+// begins where the board's last one left off, so a leave in between is not missed; the first
+// begins at what the bucket holds now. A crashed worker's report is not taken off; it ages out
+// of the rounds instead. One WatchLeaves at a time per board.
 func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error {
-	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	from := b.watchedTo.Load()
+	if from == 0 {
+		st, err := b.kv.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("share: watch the board: %w", err)
+		}
+		bs, ok := st.(*jetstream.KeyValueBucketStatus)
+		if !ok || bs.StreamInfo() == nil {
+			return errors.New("share: watch the board: the bucket's status has no stream state")
+		}
+		from = bs.StreamInfo().State.LastSeq + 1
+	}
+	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.ResumeFromRevision(from), jetstream.MetaOnly())
 	if err != nil {
 		return fmt.Errorf("share: watch the board: %w", err)
 	}
@@ -256,7 +274,11 @@ func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error
 			switch {
 			case !ok:
 				return errors.New("share: board watcher closed")
-			case e != nil && e.Operation() != jetstream.KeyValuePut && e.Key() != b.prefix+b.id:
+			case e == nil: // the end of what was stored before the watch: go on
+				continue
+			}
+			b.watchedTo.Store(e.Revision() + 1)
+			if e.Operation() != jetstream.KeyValuePut && e.Key() != b.prefix+b.id {
 				left(strings.TrimPrefix(e.Key(), b.prefix))
 			}
 		}

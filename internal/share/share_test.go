@@ -344,3 +344,77 @@ func TestRoundReadsOnlyRecentReports(t *testing.T) {
 		t.Errorf("the round read %d messages; want 1 (none of the %d workers gone)", read, gone)
 	}
 }
+
+// TestWatchLeavesResumesWhereItLeftOff: a leave between two watches (the worker watches
+// again after a reconnect, or after its watcher closed) is seen by the second. A watch that
+// began at the board's next update missed it, and the part it freed stayed unused until the
+// limits expired.
+func TestWatchLeavesResumesWhereItLeftOff(t *testing.T) {
+	t.Parallel()
+	js := runServer(t)
+	ctx := context.Background()
+	open := func() *Board {
+		b, err := Open(ctx, js, "backoff", "acct", Config{Gather: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	report := func(b *Board) {
+		if _, err := b.Split(ctx, Report{Peak: 1, Want: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	watcher, leaver := open(), open()
+	report(leaver)
+	left := make(chan string, 16)
+	watch := func() (stop func()) {
+		watchCtx, cancel := context.WithCancel(ctx)
+		ended := make(chan error, 1)
+		go func() { ended <- watcher.WatchLeaves(watchCtx, func(id string) { left <- id }) }()
+		return func() {
+			cancel()
+			if err := <-ended; err != nil {
+				t.Errorf("WatchLeaves: %v", err)
+			}
+		}
+	}
+	seen := func(id string, d time.Duration) bool {
+		timeout := time.After(d)
+		for {
+			select {
+			case got := <-left:
+				if got == id {
+					return true
+				}
+			case <-timeout:
+				return false
+			}
+		}
+	}
+	// The first watch: probe until it sees a leave, so that it is set up.
+	stop := watch()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		probe := open()
+		report(probe)
+		if err := probe.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if seen(probe.id, 100*time.Millisecond) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch saw no probe leave")
+		}
+	}
+	stop()
+
+	if err := leaver.Close(ctx); err != nil { // while nobody watches
+		t.Fatal(err)
+	}
+	stop = watch()
+	defer stop()
+	if !seen(leaver.id, 5*time.Second) {
+		t.Fatal("a leave between two watches was not seen by the second")
+	}
+}

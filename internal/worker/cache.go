@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -158,23 +159,44 @@ func (s *cancelSet) set(batch string, m *queue.Manifest) {
 	}
 }
 
-// watch follows the batches bucket until ctx is done, re-watching after the watcher ends
-// (a reconnect may close it, jetstream-notes §6). It closes loaded once the bucket's current
-// entries are known.
+// watch follows the batches bucket until ctx is done, re-watching after a reconnect and
+// after the watcher ends (see rewatch). It closes loaded once the bucket's current entries
+// are known.
 func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger, loaded chan<- struct{}) {
 	var once sync.Once
 	markLoaded := func() { once.Do(func() { close(loaded) }) }
 	defer markLoaded()
-	rewatch(ctx, log, "batch watch", func(ctx context.Context) error { return s.watchOnce(ctx, q, markLoaded) })
+	rewatch(ctx, q.JS.Conn(), log, "batch watch", func(ctx context.Context) error { return s.watchOnce(ctx, q, markLoaded) })
 }
 
-// rewatch runs watch until ctx is done, again after each time it ends (a reconnect may end a
-// KV watcher, jetstream-notes §6), waiting 100 ms doubled per end, at most 5 s, so that a
-// failing watch does not leak consumers as fast as the server makes them.
-func rewatch(ctx context.Context, log *slog.Logger, what string, watch func(context.Context) error) {
+// rewatch runs watch until ctx is done. After nc reconnects it ends the watch and runs it
+// again at once: a KV watcher may go silent across a reconnect (jetstream-notes §6), and after
+// a server restart one here delivered nothing for 20 s, so a cancel or a leave in that time
+// came 20 s late. After the watch ends by itself (its watcher closed) it runs it again after
+// 100 ms, doubled per end up to 5 s, so that a failing watch does not leak consumers as fast
+// as the server makes them.
+func rewatch(ctx context.Context, nc *nats.Conn, log *slog.Logger, what string, watch func(context.Context) error) {
+	var reconnected chan nats.Status // nil (never ready) without a connection
+	if nc != nil {
+		reconnected = nc.StatusChanged(nats.CONNECTED)
+		defer nc.RemoveStatusListener(reconnected)
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := watch(ctx)
+		watchCtx, stop := context.WithCancel(ctx)
+		ended := make(chan error, 1)
+		go func() { ended <- watch(watchCtx) }() // joined below, before the next watch
+		var err error
+		select {
+		case err = <-ended:
+			stop()
+		case <-reconnected:
+			stop()
+			<-ended
+			log.Debug(what + ": reconnected; watching again")
+			delay = 100 * time.Millisecond
+			continue
+		}
 		if ctx.Err() != nil {
 			return
 		}

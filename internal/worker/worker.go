@@ -81,7 +81,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		bg.Go(func() { w.splitShares(bgCtx) })
 		// A worker that leaves frees its part of the capacity: forget the limit, learn anew.
 		bg.Go(func() {
-			rewatch(bgCtx, w.log, "capacity share watch", func(ctx context.Context) error {
+			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "capacity share watch", func(ctx context.Context) error {
 				return w.board.WatchLeaves(ctx, func(string) { w.gate.capacity.forget() })
 			})
 		})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
@@ -931,4 +933,76 @@ func TestALone429HoldsALimitOnlyOnProbation(t *testing.T) {
 	fleettest.Eventually(t, ttl*3/4, "the capacity learned past the lone 429's limit", func() bool { return limit() >= capacity/2 })
 	t.Logf("learned %d, %v after the lone 429 taught its limit", limit(), time.Since(probed))
 	waitResults(t, b.results, "lone", 600, time.Minute)
+}
+
+// TestWatchesFollowARestartedServer: right after its NATS server restarts (same store and
+// port), a worker hears of a cancel, and of another worker leaving the share board. Its KV
+// watchers delivered nothing for about 20 s after such a restart before they noticed
+// (jetstream-notes §6): the jobs of a batch cancelled then were sampled, and the part of the
+// capacity a leaver freed stayed unused.
+func TestWatchesFollowARestartedServer(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emb.Shutdown() })
+	port := emb.Server().Addr().(*net.TCPAddr).Port
+	b := &testBundle{emb: emb, tokens: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, CapacityTTL: time.Minute})
+	run(t, w)
+	ctx := context.Background()
+	// Both watches are up before the restart: the worker has seen a cancel, and a leave.
+	cancelBatch := func(q *queue.Queue, batch string) {
+		t.Helper()
+		if _, err := q.PutManifest(ctx, queue.Manifest{BatchID: batch, Status: queue.BatchCancelled}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	account := backoff.AccountKey(b.simURL, fleettest.APIKey)
+	leave := func(q *queue.Queue) {
+		t.Helper()
+		other, err := share.Open(ctx, q.JS, q.Names.BackoffBucket(), account, share.Config{Gather: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Split(ctx, share.Report{Peak: 1, Want: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold := func() { // a limit for the leave to make the worker forget
+		c := w.gate.capacity
+		c.mu.Lock()
+		c.limit, c.learnedAt = 3, time.Now()
+		c.mu.Unlock()
+	}
+	q := b.connect(t)
+	cancelBatch(q, "before")
+	fleettest.Eventually(t, 10*time.Second, "the worker to hear of a cancel", func() bool { return w.cancelled.has("before") })
+	fleettest.Eventually(t, 10*time.Second, "the worker to hear of a leave", func() bool {
+		hold()
+		leave(q)
+		time.Sleep(50 * time.Millisecond)
+		return w.gate.capacity.current() == 0
+	})
+	hold()
+
+	emb.Shutdown()
+	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
+	b.emb = emb
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := w.cfg.Queue.JS.Conn()
+	fleettest.Eventually(t, 10*time.Second, "the worker to reconnect", nc.IsConnected)
+	q = b.connect(t)
+	cancelBatch(q, "after")
+	leave(q)
+	fleettest.Eventually(t, 3*time.Second, "the worker to hear of a cancel after the restart", func() bool { return w.cancelled.has("after") })
+	fleettest.Eventually(t, 3*time.Second, "the worker to hear of a leave after the restart", func() bool { return w.gate.capacity.current() == 0 })
 }
