@@ -245,21 +245,23 @@ func (b *Board) Close(ctx context.Context) error {
 // parts of those that stay do not cover until their limits expire. It returns when ctx is
 // done (nil) or the watcher ends (a reconnect may end it, jetstream-notes §6): watch again
 // then, and after a reconnect, which a watcher may not notice for 20 s or more. A watch
-// begins where the board's last one left off, so a leave in between is not missed; the first
-// begins at what the bucket holds now. A crashed worker's report is not taken off; it ages out
-// of the rounds instead. One WatchLeaves at a time per board.
+// begins where the board's last one left off, so a leave in between is not missed; the
+// first begins after what the bucket holds now, and so does one after the bucket was made
+// anew. A crashed worker's report is not taken off; it ages out of the rounds instead. One
+// WatchLeaves at a time per board.
 func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error {
+	st, err := b.kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("share: watch the board: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return errors.New("share: watch the board: the bucket's status has no stream state")
+	}
+	next := bs.StreamInfo().State.LastSeq + 1
 	from := b.watchedTo.Load()
-	if from == 0 {
-		st, err := b.kv.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("share: watch the board: %w", err)
-		}
-		bs, ok := st.(*jetstream.KeyValueBucketStatus)
-		if !ok || bs.StreamInfo() == nil {
-			return errors.New("share: watch the board: the bucket's status has no stream state")
-		}
-		from = bs.StreamInfo().State.LastSeq + 1
+	if from == 0 || from > next { // the first watch, or a bucket made anew (a server that lost its store)
+		from = next
 	}
 	w, err := b.kv.Watch(ctx, b.prefix+"*", jetstream.ResumeFromRevision(from), jetstream.MetaOnly())
 	if err != nil {

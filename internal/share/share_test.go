@@ -413,8 +413,42 @@ func TestWatchLeavesResumesWhereItLeftOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop = watch()
-	defer stop()
 	if !seen(leaver.id, 5*time.Second) {
 		t.Fatal("a leave between two watches was not seen by the second")
+	}
+
+	// A bucket made anew (a server that lost its store) numbers its revisions from 1 again:
+	// a watch that began after the last revision seen would miss every leave for as long.
+	for range 10 { // the watch sees the old bucket's revisions run on
+		probe := open()
+		report(probe)
+		if err := probe.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !seen(probe.id, 5*time.Second) {
+			t.Fatal("the second watch missed a leave")
+		}
+	}
+	stop()
+	if err := js.DeleteKeyValue(ctx, "backoff"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "backoff", History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stop = watch()
+	defer stop()
+	for probes := 1; ; probes++ { // until the watch is set up, as above: a few probes
+		probe := open()
+		report(probe)
+		if err := probe.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if seen(probe.id, 200*time.Millisecond) {
+			break
+		}
+		if probes == 5 {
+			t.Fatal("a watch of the bucket made anew saw none of 5 leaves")
+		}
 	}
 }
