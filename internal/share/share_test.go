@@ -433,8 +433,16 @@ func TestWatchLeavesResumesWhereItLeftOff(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, "backoff"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "backoff", History: 1}); err != nil {
-		t.Fatal(err)
+	// Right after the delete the server may still be removing the old store ("error
+	// creating store for stream"): try again for a while.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "backoff", History: 1})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	stop = watch()
 	defer stop()
