@@ -342,6 +342,8 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	for _, b := range batches {
 		done := "no"
 		switch {
+		case b.Status == queue.BatchDeleted:
+			done = "-" // its results are gone on purpose: neither done nor waiting
 		case b.Done:
 			done = "yes"
 		case b.Lost > 0:

@@ -51,6 +51,23 @@ func TestDeleteRemovesABatchAndOnlyIt(t *testing.T) {
 	if out, _, err := f.submit(ctx, "status", batch); err != nil || !strings.Contains(out, "deleted") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
+	// list: DONE is neither yes nor no for a batch whose results were removed on purpose.
+	listed, _, err := f.submit(ctx, "list")
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	shown := false
+	for line := range strings.Lines(listed) {
+		if cols := strings.Fields(line); len(cols) > 4 && cols[0] == batch {
+			shown = true
+			if cols[1] != "deleted" || cols[4] != "-" {
+				t.Errorf("list shows the deleted batch as %q; want status deleted, DONE -", strings.TrimSpace(line))
+			}
+		}
+	}
+	if !shown {
+		t.Errorf("list does not show the deleted batch:\n%s", listed)
+	}
 	for _, cmd := range [][]string{{"results", batch}, {"failed", batch}, {"cancel", batch}} {
 		if _, _, err := f.submit(ctx, cmd...); err == nil || !strings.Contains(err.Error(), "batch "+batch+" was deleted on ") {
 			t.Errorf("%s of a deleted batch: %v", cmd[0], err)
