@@ -375,14 +375,20 @@ func (c *capacity) settle() {
 	}
 }
 
-// end ends the measure: the peak becomes the limit, unless a limit at least as large is in
-// force (see capacity). Call with mu held.
-func (c *capacity) end() {
-	if c.cut != nil {
+// dropMeasure closes the measure, if one is open, with nothing learned: its cut timer is
+// stopped. Call with mu held.
+func (c *capacity) dropMeasure() {
+	c.measuring = false
+	if c.cut != nil { // armed only while a measure is open
 		c.cut.Stop()
 		c.cut = nil
 	}
-	c.measuring = false
+}
+
+// end ends the measure: the peak becomes the limit, unless a limit at least as large is in
+// force (see capacity). Call with mu held.
+func (c *capacity) end() {
+	c.dropMeasure()
 	c.round++
 	c.expire()
 	m := measure{round: c.round, peak: c.peak}
@@ -459,13 +465,7 @@ func (c *capacity) forget() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.round++ // share ignores a round that is not the latest
-	if c.measuring {
-		c.measuring = false
-		if c.cut != nil {
-			c.cut.Stop()
-			c.cut = nil
-		}
-	}
+	c.dropMeasure()
 	if c.limit > 0 {
 		c.limit = 0
 		c.admitWaiters()

@@ -118,10 +118,10 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 // is one once the worker is stopping (errStopping, from the closed capacity).
 func (g *Gate) Wait(ctx context.Context) error {
 	st := sampleStateOf(ctx)
+	if st == nil {
+		return g.backoff.Wait(ctx)
+	}
 	for {
-		if st == nil {
-			return g.backoff.Wait(ctx)
-		}
 		if err := g.waitBackoff(ctx); err != nil {
 			return err
 		}
