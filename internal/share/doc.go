@@ -17,11 +17,12 @@
 //
 // A report also carries its worker's limit in force, with the age of the capacity it is a
 // part of (a capacity on probation, measured once, is dated back by the worker so that it
-// expires early, and its age carries that to every worker). A round whose peaks add up to no
-// more than its limits divides the limits' sum instead, with the oldest age: a fleet under its limits never fills the service itself, so
-// such a round was set off by a 429 about a rate or another client, mostly while samples
-// waited to be sent, and taking its peaks ratcheted the capacity down round by round. A
-// worker that joins still gets its part: the others' parts shrink within their limits' sum.
+// expires early, and its age carries that to every worker). A round whose peaks add up to
+// no more than its limits divides the limits' sum instead, with the oldest age: a fleet
+// under its limits never fills the service itself, so such a round was set off by a 429
+// about a rate or another client, mostly while samples waited to be sent, and taking its
+// peaks ratcheted the capacity down round by round. A worker that joins still gets its
+// part: the others' parts shrink within their limits' sum.
 //
 // Gather (300 ms, longer than a worker's measure may last, so that a round's first report
 // reads its last) is well inside the 1 s pause that follows a 429, so the division is known
