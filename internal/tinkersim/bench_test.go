@@ -37,3 +37,17 @@ func BenchmarkSampleRoundTrip(b *testing.B) {
 		h.protoResult(id)
 	}
 }
+
+// BenchmarkTopKLongPrompt is the top-k table of a 32k-token prompt: a request that scores a
+// long document (prompt logprobs, k = 20).
+func BenchmarkTopKLongPrompt(b *testing.B) {
+	g := generator{minGen: 1, tokenMin: 1000, tokenMax: 100000, stopProb: 0.05}
+	prompt := make([]int32, 32768)
+	for i := range prompt {
+		prompt[i] = int32(i * 7919 % 150000)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		g.topK(prompt, MaxTopK)
+	}
+}
