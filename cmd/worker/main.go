@@ -70,6 +70,7 @@ type options struct {
 	setupStreams  bool
 	capacityTTL   time.Duration
 	sampleTimeout time.Duration
+	resultMemory  int // MiB
 }
 
 func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options, error) {
@@ -91,6 +92,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
 	s.Duration(&o.sampleTimeout, "sample-timeout", "TINKERFLEET_SAMPLE_TIMEOUT", worker.DefaultSampleTimeout, "how long the service may leave a sample it accepted unanswered before its job is tried again (a future it lost); negative: no bound")
+	s.Int(&o.resultMemory, "result-memory", "TINKERFLEET_RESULT_MEMORY", worker.DefaultResultMemory>>20, "MiB that results may take between their arrival and their storage; while they take it all, no new sample is sent (only results of many numbers come near it: long samples, prompt logprobs of long prompts); negative: no bound")
 	s.Duration(&o.capacityTTL, "capacity-ttl", "TINKERFLEET_CAPACITY_TTL", time.Minute, "how long the capacity learned from a 429 limits samples in flight once a second measure confirms it (a quarter of it before); negative: refill after every pause, as the Python SDK does")
 	s.Bool(&o.setupStreams, "setup-streams", "TINKERFLEET_SETUP_STREAMS", true, "create or update the streams, consumer and buckets; false binds what an operator set up, so the worker's NATS user needs no right to change streams")
 	s.String(&o.logLevel, "log-level", "TINKERFLEET_LOG_LEVEL", "info", "debug, info, warn or error")
@@ -106,6 +108,9 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	}
 	if o.conn.URL == "" && !o.embedded {
 		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")
+	}
+	if o.resultMemory == 0 {
+		return o, errors.New("--result-memory 0: give the MiB results may take, or a negative number for no bound")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -190,6 +195,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		PausedBackoff:       o.pausedBackoff,
 		CapacityTTL:         o.capacityTTL,
 		SampleTimeout:       o.sampleTimeout,
+		ResultMemory:        int64(o.resultMemory) << 20,
 		Tokenizers:          tokenizer.NewRegistry(tokOpts),
 		Concurrency:         o.concurrency,
 		ShutdownGrace:       o.shutdownGrace,

@@ -17,6 +17,10 @@
 //     an advisory handler does the same for jobs whose last delivery died with its worker.
 //   - A cancelled batch's jobs end as cancelled results without sampling, also those already
 //     waiting at the gate (for room, or for a pause to end); only a sample already sent runs on.
+//   - Results take bounded memory (Config.ResultMemory): no new sample is sent while the
+//     results between their arrival and their storage fill it, so jobs whose results are
+//     large (long samples, prompt logprobs of long prompts) slow down rather than exhaust
+//     the machine.
 //   - Stopping (Run's context done) stops pulling at once and hands back every job not yet
 //     sent, lets the samples already sent finish within the grace period, then naks what is
 //     left, so that other workers take it immediately.

@@ -24,6 +24,7 @@ type outcome struct {
 	settle settleAction  // what to tell JetStream afterwards
 	delay  time.Duration // for settleRetry
 	err    error         // why, for settleRetry and the dead letter
+	mem    charge        // the result's memory (see resultMemory); only with a result
 }
 
 type settleAction int
@@ -58,6 +59,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	if out.settle != settleNak && w.cancelled.deleted(batch) {
 		// The batch was deleted while its job was at work: its results are purged, and this
 		// one, stored now, would stay until the results' max age with nobody to read it.
+		out.mem.release()
 		out = outcome{settle: settleAck}
 	}
 
@@ -86,13 +88,18 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		s.msg, s.store, s.term = msg, out.result != nil, out.settle == settleTerm
 		if s.store {
 			if err := w.encodeResult(batch, out.result, s); err != nil {
+				out.mem.release()
 				w.keep(s)
 				log().Error("encode result; the job will be delivered again", "err", err)
 				_ = msg.NakWithDelay(time.Second)
 				return false
 			}
+			// From here on the job holds only the stored message (and a kept buffer) in
+			// memory; the result keeps what the metrics read.
+			out.mem.resize(int64(len(s.result.Data) + cap(s.buf)))
+			out.result.Samples, out.result.PromptLogprobs, out.result.TopKPromptLogprobs = nil, nil, nil
 		}
-		s.job = finishedJob{reservation: r, batch: batch, customID: customID, delivered: delivered, result: out.result, start: start}
+		s.job = finishedJob{reservation: r, batch: batch, customID: customID, delivered: delivered, result: out.result, start: start, mem: out.mem}
 		w.settler.hand(s)
 		return true
 	case settleRetry:
@@ -128,6 +135,7 @@ type finishedJob struct {
 	delivered   uint64
 	result      *jobs.Result // nil: none stored (the job had one already)
 	start       time.Time
+	mem         charge // the memory of the result's message, until it is settled
 }
 
 // settled ends a job handed to the settler: a job whose result was not stored is handed back
@@ -152,6 +160,7 @@ func (w *Worker) settled(s *settlement) {
 			w.metrics.finished(j.result, time.Since(j.start))
 		}
 	}
+	j.mem.release()
 	w.free(j.reservation)
 	w.keep(s)
 }
@@ -282,6 +291,13 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		// A long pause (billing, a paused queue): leave the job in the stream, not in memory.
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
+	mem, err := w.memory.reserve(ctx, w.gate.capacity.stopping, int64(certainCells(job, len(prompt)))*decodedCellBytes)
+	if err != nil {
+		if errors.Is(err, errStopping) {
+			return outcome{settle: settleNak} // to another worker, now
+		}
+		return w.failure(ctx, job, batch, err)
+	}
 
 	st := &sampleState{reservation: r, batch: batch}
 	sctx := withSampleState(ctx, st)
@@ -303,6 +319,9 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		}
 	}
 	w.gate.capacity.done(&st.phase)
+	if err != nil {
+		mem.release()
+	}
 	if errors.Is(err, tinker.ErrFutureTimeout) {
 		return transient(fmt.Errorf("no result %s after the service accepted the sample: it may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
 	}
@@ -318,8 +337,12 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		}
 		return w.failure(ctx, job, batch, err)
 	}
+	if err := mem.grow(ctx, int64(replyCells(res.Response))*resultCellBytes); err != nil {
+		mem.release()
+		return w.failure(ctx, job, batch, err)
+	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
-	return outcome{result: &result, settle: settleAck}
+	return outcome{result: &result, settle: settleAck, mem: mem}
 }
 
 // samplerLost reports whether err is an asample 404: the service does not know the sampling
@@ -445,7 +468,12 @@ func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids
 // result too large for the server even compressed is replaced by an error result saying so,
 // so that the job still ends with exactly one result.
 func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) error {
-	data, err := res.AppendJSON(s.buf[:0])
+	buf := s.buf[:0]
+	if size := resultCells(res) * jsonCellBytes; size > cap(buf) {
+		// A large result: grown by doubling, its buffer would be allocated about twice over.
+		buf = make([]byte, 0, size+1024)
+	}
+	data, err := res.AppendJSON(buf)
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
@@ -457,6 +485,9 @@ func (w *Worker) encodeResult(batch string, res *jobs.Result, s *settlement) err
 	msg, err := w.cfg.Queue.ResultMsg(s.result, w.codec, batch, res.CustomID, string(res.Status), tokens, data, w.maxPayload)
 	if !errors.Is(err, queue.ErrTooLarge) {
 		s.result = msg
+		if err == nil && cap(s.buf) > maxKeptBuffer && msg.Header.Get(queue.HeaderContentEncoding) != "" {
+			s.buf = nil // compressed: the message holds its own copy, and the JSON need not wait
+		}
 		return err
 	}
 	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Format: res.Format, Metadata: res.Metadata}, batch, jobs.ResultError{

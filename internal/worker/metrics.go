@@ -134,9 +134,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// watch registers gauges read on scrape from the limiter, the backoff, the capacity and the
-// count of results held for another try.
-func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64) {
+// watch registers gauges read on scrape from the limiter, the backoff, the capacity, the
+// count of results held for another try and the memory results take.
+func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory) {
 	if m == nil {
 		return
 	}
@@ -161,6 +161,10 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomi
 			Name: "tinkerfleet_results_held",
 			Help: "Results sampled but not stored yet because the results stream could not store anything; their jobs wait, and are not sampled again.",
 		}, func() float64 { return float64(held.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_result_memory_bytes",
+			Help: "Memory charged to results between their arrival and their storage (an estimate); no new sample is sent while it reaches --result-memory.",
+		}, func() float64 { return float64(mem.charged()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
 		}, func() float64 {

@@ -61,6 +61,11 @@ type Config struct {
 	Limits jobs.Limits
 	// CompressAbove is the result size from which results are zstd-compressed; default 64 KiB.
 	CompressAbove int
+	// ResultMemory bounds the memory, in bytes, that results take between their arrival and
+	// their storage: no new sample is sent while they take it all (see resultMemory). Only
+	// results of many numbers come near it (long samples, prompt logprobs of long prompts).
+	// Default DefaultResultMemory (256 MiB); negative means no bound.
+	ResultMemory int64
 	// ShutdownGrace is how long the samples already sent may run after Run's context is done
 	// (jobs not yet sent are handed back at once); default 30s.
 	ShutdownGrace time.Duration
@@ -119,6 +124,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	if cfg.PausedBackoff == 0 {
 		cfg.PausedBackoff = backoff.PausedBackoff
 	}
+	if cfg.ResultMemory == 0 {
+		cfg.ResultMemory = DefaultResultMemory
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -127,6 +135,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		log:         cfg.Logger,
 		slots:       make(chan struct{}, cfg.Concurrency),
 		maxDeliver:  cfg.Queue.Config.MaxDeliver,
+		memory:      resultMemory{limit: cfg.ResultMemory},
 		fetchLinger: fetchLinger,
 	}
 	ok := false
@@ -231,7 +240,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld)
+	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld, &w.memory)
 	ok = true
 	return w, nil
 }

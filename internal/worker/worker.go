@@ -49,6 +49,7 @@ type Worker struct {
 	maxPayload   int64
 	settler      *settler         // set by Run
 	resultsHeld  atomic.Int64     // results the settler holds for another try
+	memory       resultMemory     // what results take between their arrival and their storage
 	settlements  chan *settlement // kept for next jobs, with their buffers
 }
 

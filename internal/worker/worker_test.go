@@ -1006,3 +1006,52 @@ func TestWatchesFollowARestartedServer(t *testing.T) {
 	fleettest.Eventually(t, 3*time.Second, "the worker to hear of a cancel after the restart", func() bool { return w.cancelled.has("after") })
 	fleettest.Eventually(t, 3*time.Second, "the worker to hear of a leave after the restart", func() bool { return w.gate.capacity.current() == 0 })
 }
+
+// TestResultsOfManyNumbersStayWithinTheResultMemory runs jobs whose results are large (the top-20
+// prompt logprobs of 2,000 prompt tokens: 672 KB decoded, 2.7 MB at their peak) with 1 MiB of
+// result memory: no more than two are sampled at once, where the service would take all eight,
+// and every job ends with its result, also one whose sample the service failed, with nothing
+// left charged.
+func TestResultsOfManyNumbersStayWithinTheResultMemory(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	prompt := make([]int, 2000)
+	for i := range prompt {
+		prompt[i] = 1000 + i
+	}
+	js := make([]jobs.Job, n)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("lp%d", i), Model: "Qwen/Qwen3-8B", PromptTokens: prompt, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true, TopKPromptLogprobs: 20}
+	}
+	for _, limit := range []int64{-1, 1 << 20} {
+		b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 300 * time.Millisecond,
+			Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "user", Count: 1}}})
+		w := b.open(t, b.connect(t), Config{Concurrency: n, ResultMemory: limit})
+		stop := run(t, w)
+		publishJobs(t, b.results, "lp", js)
+		res := waitResults(t, b.results, "lp", n, 60*time.Second)
+		ok := 0
+		for id, r := range res {
+			switch {
+			case r.Status == jobs.StatusOK && len(r.TopKPromptLogprobs) == len(prompt) && len(r.TopKPromptLogprobs[1]) == 20:
+				ok++
+			case r.Status != jobs.StatusError || r.Error.Code != jobs.CodeFailedFuture:
+				t.Fatalf("limit %d: result of %s = %s %+v", limit, id, r.Status, r.Error)
+			}
+		}
+		if ok != n-1 {
+			t.Fatalf("limit %d: %d results ok, want %d (and one failed future)", limit, ok, n-1)
+		}
+		peak := b.sim.Stats().PeakConcurrent
+		t.Logf("limit %d: at most %d samples at the service at once", limit, peak)
+		switch {
+		case limit > 0 && peak > 2:
+			t.Fatalf("%d samples at once within %d bytes of result memory, want at most 2 (672 KB each)", peak, limit)
+		case limit < 0 && peak < 4:
+			t.Fatalf("without a result memory limit only %d samples ran at once: the test shows nothing", peak)
+		}
+		fleettest.Eventually(t, 5*time.Second, "every charge to end", func() bool { return w.memory.charged() == 0 })
+		stop()
+	}
+}

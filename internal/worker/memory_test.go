@@ -1,0 +1,159 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// reserveAsync reserves n in a goroutine; the returned channel gets the charge once reserved.
+func reserveAsync(t *testing.T, m *resultMemory, stopping context.Context, n int64) <-chan charge {
+	t.Helper()
+	got := make(chan charge, 1)
+	go func() {
+		c, err := m.reserve(context.Background(), stopping, n)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got <- c
+	}()
+	return got
+}
+
+// waiting fails the test if ch delivers within 50 ms: what it waits for must still wait. (The
+// converse, that it goes on once it may, is checked with a generous bound by the caller.)
+func stillWaiting[T any](t *testing.T, ch <-chan T, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s went on", what)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func received[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s still waits", what)
+		panic("unreachable")
+	}
+}
+
+func TestResultMemoryHoldsSamplesBackWhileResultsFillIt(t *testing.T) {
+	t.Parallel()
+	m := &resultMemory{limit: 100}
+	bg := context.Background()
+
+	big, err := m.reserve(bg, bg, 150) // more than the limit: goes while the charges are under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := reserveAsync(t, m, bg, 0) // a job whose request makes nothing certain still waits
+	stillWaiting(t, next, "a sample sent while the charges are over the limit")
+	if err := big.grow(bg, 180); err != nil { // its reply is back: the peak, without waiting
+		t.Fatal(err)
+	}
+	big.resize(120) // encoded: its stored message
+	stillWaiting(t, next, "a sample sent while the charges are still over the limit")
+	big.release()
+	c := received(t, next, "a sample once the charges are under the limit")
+	if got := m.charged(); got != 0 {
+		t.Fatalf("charged %d, want 0", got)
+	}
+	c.release()
+
+	// A worker that stops ends the wait: the job goes back to the fleet.
+	full, _ := m.reserve(bg, bg, 100)
+	stopping, stop := context.WithCancel(bg)
+	errc := make(chan error, 1)
+	go func() { _, err := m.reserve(bg, stopping, 1); errc <- err }()
+	stillWaiting(t, errc, "a sample sent over the limit")
+	stop()
+	if err := received(t, errc, "a stopping worker's sample"); !errors.Is(err, errStopping) {
+		t.Fatalf("reserve of a stopping worker: %v, want errStopping", err)
+	}
+	full.release()
+	if got := m.charged(); got != 0 {
+		t.Fatalf("charged %d after every charge ended, want 0", got)
+	}
+}
+
+func TestResultMemoryLetsOneReplyGrowWhenOnlyRepliesHoldIt(t *testing.T) {
+	t.Parallel()
+	m := &resultMemory{limit: 100}
+	bg := context.Background()
+	grow := func(c *charge, n int64) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			if err := c.grow(bg, n); err != nil {
+				t.Error(err)
+			}
+			close(done)
+		}()
+		return done
+	}
+
+	// Three samples sent under the limit; the last one takes the charges past it.
+	a, _ := m.reserve(bg, bg, 10)
+	b, _ := m.reserve(bg, bg, 50)
+	c, _ := m.reserve(bg, bg, 50)
+
+	// a's reply is back while nothing else is made or stored: it grows past the limit, or
+	// no reply would ever grow.
+	received(t, grow(&a, 90), "a reply while only replies hold the memory")
+	// b's must wait while a's result is made and stored.
+	bGrown := grow(&b, 90)
+	stillWaiting(t, bGrown, "a reply that grows past the limit while another result is made")
+	a.resize(10) // encoded: 110 charged, 100 of them pending
+	stillWaiting(t, bGrown, "a reply that grows past the limit while another result is stored")
+	a.release() // stored: only b and c, pending, hold memory, as much as the limit
+	received(t, bGrown, "a reply once only replies hold the memory")
+
+	// Under the limit, a reply grows at once.
+	b.release()
+	received(t, grow(&c, 50), "a reply under the limit")
+	c.release()
+	if got := m.charged(); got != 0 {
+		t.Fatalf("charged %d after every charge ended, want 0", got)
+	}
+
+	// A charge released before its reply came (the sample failed) is no longer pending: were
+	// it still, f's reply would take e's result, being made, for a reply, and grow past the
+	// limit beside it.
+	d, _ := m.reserve(bg, bg, 99)
+	e, _ := m.reserve(bg, bg, 1)
+	d.release()
+	f, _ := m.reserve(bg, bg, 1)
+	received(t, grow(&e, 99), "a reply under the limit") // 100 charged, f's 1 pending
+	fGrown := grow(&f, 50)
+	stillWaiting(t, fGrown, "a reply that grows past the limit while another result is made, after a sample failed")
+	e.release()
+	received(t, fGrown, "a reply under the limit")
+	f.release()
+	if got := m.charged(); got != 0 {
+		t.Fatalf("charged %d, want 0", got)
+	}
+}
+
+func TestResultMemoryWithoutALimitChargesNothing(t *testing.T) {
+	t.Parallel()
+	m := &resultMemory{}
+	bg := context.Background()
+	for range 3 {
+		c, err := m.reserve(bg, bg, 1<<40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.grow(bg, 1<<41); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := m.charged(); got != 0 {
+		t.Fatalf("charged %d without a limit", got)
+	}
+}
