@@ -56,6 +56,32 @@ func checkReadTwice(name string, once bool) error {
 	return fmt.Errorf("input %s is %s, which cannot be read again: %s", name, kind, why)
 }
 
+// checkDistinct refuses a file given twice, under one name or two (a path and a link to it, a
+// shell glob that overlaps another argument). Each of its lines would otherwise be reported
+// as a duplicate custom_id of itself, "first used on line 1" of the same file, line by line.
+func checkDistinct(files []string) error {
+	bySize := make(map[int64][]int) // files that may be the same, by size
+	infos := make([]fs.FileInfo, len(files))
+	for i, name := range files {
+		fi, err := os.Stat(name)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // said when it is opened
+		}
+		for _, j := range bySize[fi.Size()] {
+			if os.SameFile(infos[j], fi) {
+				also := ""
+				if files[j] != name {
+					also = " (also as " + files[j] + ")"
+				}
+				return fmt.Errorf("input %s is given twice%s: give each file once: %w", name, also, errUsage)
+			}
+		}
+		infos[i] = fi
+		bySize[fi.Size()] = append(bySize[fi.Size()], i)
+	}
+	return nil
+}
+
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,
 // line numbers and the batch's digest are those of the decompressed text, so a file
 // compressed again, another way, is the same batch.

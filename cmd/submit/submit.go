@@ -97,6 +97,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 			return err
 		}
 	}
+	if err := checkDistinct(files); err != nil {
+		return err
+	}
 	if o.output != "" {
 		o.wait = true
 	}

@@ -341,6 +341,35 @@ func TestEmptyFileIsAnError(t *testing.T) {
 	}
 }
 
+// TestAFileGivenTwiceIsRefused: the same file twice, under its name or through a link, is
+// refused before anything is read, naming it; two files of the same size are not the same.
+func TestAFileGivenTwiceIsRefused(t *testing.T) {
+	t.Parallel()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	a := writeLines(t, []string{jobLine(0)})
+	link := filepath.Join(t.TempDir(), "link.jsonl")
+	if err := os.Symlink(a, link); err != nil {
+		t.Skipf("no symbolic links here: %v", err)
+	}
+	for _, c := range []struct {
+		files []string
+		want  string
+	}{
+		{[]string{a, a}, "input " + a + " is given twice: give each file once"},
+		{[]string{a, link}, "input " + link + " is given twice (also as " + a + "): give each file once"},
+	} {
+		err := run(context.Background(), append([]string{"--dry-run"}, c.files...), env)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("submit %v: %v; want %q", c.files, err, c.want)
+		}
+	}
+	// Another file of the same size, its lines' custom ids apart, is another file.
+	b := writeLines(t, []string{strings.Replace(jobLine(0), "job-", "jab-", 1)})
+	if err := run(context.Background(), []string{"--dry-run", a, b}, env); err != nil {
+		t.Errorf("submit of two files of one size: %v", err)
+	}
+}
+
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
