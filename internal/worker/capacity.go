@@ -71,8 +71,8 @@ type capacity struct {
 	limit         int       // 0: none
 	learnedAt     time.Time // when the capacity limit is a part of was measured (see hold)
 	// lastPeak and lastCapacity are the latest peak this worker measured and the latest
-	// capacity a share round measured, kept after their limits expire: a new measure that
-	// repeats one confirms it (see hold).
+	// capacity the fleet measured (in a share round, or before one whose part it took), kept
+	// after their limits expire: a new measure that repeats one confirms it (see hold).
 	lastPeak, lastCapacity int
 	// window caps the samples held while no limit is in force (0: no cap, learning off). It
 	// starts at initialWindow and grows by one with every acceptance, so the samples on the
@@ -423,8 +423,11 @@ func (c *capacity) share(round int, s share.Share) {
 	learnedAt := c.now().Add(-s.Age)
 	if s.Age == 0 { // this round measured the capacity
 		learnedAt = c.hold(s.Capacity, c.lastCapacity)
-		c.lastCapacity = s.Capacity
 	}
+	// Also a capacity measured before: a worker that took no part in the round that measured
+	// it (its samples were not sent yet, or it joined later) confirms it with the next round
+	// as the others do, rather than hold its part on probation and probe into one more 429.
+	c.lastCapacity = s.Capacity
 	c.limit, c.window, c.learnedAt = s.Part, s.Part, learnedAt
 	c.expire()
 	c.admitWaiters()

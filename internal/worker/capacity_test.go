@@ -327,6 +327,10 @@ func TestCapacityHoldsALimitForItsTTLOnceConfirmed(t *testing.T) {
 	c.share(round, share.Share{Part: 5, Capacity: 10, Age: 50 * time.Second})
 	expect(9*time.Second, 5)
 	expect(2*time.Second, 0)
+	// A round that repeats that capacity confirms it, though this worker did not measure it.
+	c.share(round, share.Share{Part: 6, Capacity: 11})
+	expect(59*time.Second, 6)
+	expect(2*time.Second, 0)
 }
 
 // settled returns the measure c settled last, failing the test if none did.
