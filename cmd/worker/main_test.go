@@ -24,13 +24,13 @@ func env(m map[string]string) func(string) string { return func(k string) string
 
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"--nats-url", "nats://n:4222"}, env(map[string]string{
-		"TINKERFLEET_CONCURRENCY": "7", "TINKERFLEET_LOG_LEVEL": "debug",
+		"TINKERFLEET_CONCURRENCY": "7", "TINKERFLEET_LOG_LEVEL": "debug", "TINKERFLEET_RESULT_MEMORY": "512",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.conn.URL != "nats://n:4222" || o.concurrency != 7 || o.logLevel != "debug" || o.metricsAddr != ":9464" {
-		t.Errorf("options %+v: want the flag's URL, the env's concurrency and level, the default metrics address", o)
+	if o.conn.URL != "nats://n:4222" || o.concurrency != 7 || o.logLevel != "debug" || o.metricsAddr != ":9464" || o.resultMemory != 512 {
+		t.Errorf("options %+v: want the flag's URL, the env's concurrency, level and result memory, the default metrics address", o)
 	}
 	for _, tc := range []struct {
 		args []string
@@ -40,6 +40,7 @@ func TestParseFlags(t *testing.T) {
 		{nil, nil, "--nats-url"},
 		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level "loud"`},
 		{[]string{"--embedded-nats", "extra"}, nil, "unexpected arguments"},
+		{[]string{"--embedded-nats", "--result-memory", "0"}, nil, "--result-memory 0"},
 		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_CONCURRENCY": "many"}, "TINKERFLEET_CONCURRENCY"},
 	} {
 		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
