@@ -188,15 +188,3 @@ func replyCells(r *tinker.SampleResponse) int {
 	}
 	return n
 }
-
-// resultCells counts the same numbers in a result.
-func resultCells(r *jobs.Result) int {
-	n := len(r.PromptLogprobs)
-	for _, s := range r.Samples {
-		n += len(s.Tokens)
-	}
-	for _, row := range r.TopKPromptLogprobs {
-		n += len(row)
-	}
-	return n
-}

@@ -22,8 +22,8 @@ func reserveAsync(t *testing.T, m *resultMemory, stopping context.Context, n int
 	return got
 }
 
-// waiting fails the test if ch delivers within 50 ms: what it waits for must still wait. (The
-// converse, that it goes on once it may, is checked with a generous bound by the caller.)
+// stillWaiting fails the test if ch delivers within 50 ms: what it waits for must still wait.
+// (The converse, that it goes on once it may, is received's, with a generous bound.)
 func stillWaiting[T any](t *testing.T, ch <-chan T, what string) {
 	t.Helper()
 	select {
@@ -33,6 +33,7 @@ func stillWaiting[T any](t *testing.T, ch <-chan T, what string) {
 	}
 }
 
+// received returns what ch delivers, failing the test if it has not within 5 s.
 func received[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
