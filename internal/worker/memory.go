@@ -44,7 +44,7 @@ const jsonCellBytes = 20
 //   - once encoded, the stored message, until the stream acks it (resize); then nothing.
 //
 // So the charges stay within the limit and one result's peak. Charging the peak before the
-// sample is sent held a worker to 6 such samples at once within 256 MiB, 41 % slower than 1
+// sample is sent held a worker to 6 such samples at once within 256 MiB, 40 % slower than 1
 // GiB: the sample's time at the service is most of a job's, and the peak lasts only while
 // its result is encoded. Charging the decoded size and never waiting for the peak let 32
 // replies that came together take 950 MiB.
