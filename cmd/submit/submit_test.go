@@ -742,6 +742,84 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 	}
 }
 
+// TestInterruptedLocalRunLeavesItsJobsReadyToGoOn: the jobs that an interrupted submit
+// --local's worker had not sent, and handed back as it stopped, can be delivered again as
+// soon as the data directory's server runs again. They were nak'd and forgotten: the server,
+// stopped right after, lost the naks or kept them only in memory, and the same command run
+// again sat on a few hundred jobs for AckWait (30 s).
+func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in, out, data := filepath.Join(dir, "prompts.jsonl"), filepath.Join(dir, "results.jsonl"), filepath.Join(dir, "data")
+	const n = 3000
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, `{"custom_id":"c-%d","model":"Qwen/Qwen3-8B","prompt_tokens":[1,2,%d],"sampling_params":{"max_tokens":200}}`+"\n", i, i)
+	}
+	if err := os.WriteFile(in, []byte(lines.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	// 400 job slots against the simulator's 256 samples at once: once the worker meets its
+	// first 429, it holds jobs that wait for room or for the pause to end.
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	go func() {
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > 0 {
+				interrupt()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--batch-id", "b-handed", "--progress", "none", in, "-o", out}, env); !errors.Is(err, errInterrupted) {
+		t.Fatalf("interrupted run: %v", err)
+	}
+
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	stored, err := q.ResultsStored(context.Background(), "b-handed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := info.NumAckPending // delivered to the interrupted worker, and not settled
+	if held == 0 {
+		t.Fatalf("the interrupted worker held no job (%d of %d with results): the test interrupted it too late", stored, n)
+	}
+	ready := 0
+	for ready < n-stored {
+		batch, err := cons.Fetch(queue.MaxPull, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			_ = m.Ack() // within the consumer's MaxAckPending
+		}
+		if got == 0 {
+			break
+		}
+		ready += got
+	}
+	if ready != n-stored {
+		t.Fatalf("%d jobs can be delivered after the restart, want all %d without a result (%d held by the interrupted worker)", ready, n-stored, held)
+	}
+}
+
 // TestInterruptedWaitOnAFleetSaysTheFleetGoesOn: interrupted while waiting on a fleet, submit
 // says the fleet goes on and which command collects the rest; that command, interrupted in
 // turn, says how to go on too.

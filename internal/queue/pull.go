@@ -38,6 +38,10 @@ type JobPuller struct {
 	// current is the expiry of the request Pull waits on, zero once it is known to have
 	// ended; givenUp the latest expiry of the requests Pull gave up on (see OpenUntil).
 	current, givenUp time.Time
+	// givenUpReply is the reply subject of the request Pull gave up on last, and owed how
+	// many jobs it may still bring (see Close).
+	givenUpReply string
+	owed         int
 }
 
 // pullerBuffer is how many messages the inbox holds before the read loop drops the next (a
@@ -120,6 +124,9 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 				continue
 			}
 			if m.Subject != reply {
+				if m.Subject == p.givenUpReply && code != "100" {
+					p.givenUp, p.owed = time.Time{}, 0 // it has ended
+				}
 				continue // the end of a request given up on earlier
 			}
 			if err := requestEnd(code, m); err != nil || code != "100" {
@@ -133,7 +140,7 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 			if p.current.After(p.givenUp) { // the server may hold it until it expires
 				p.givenUp = p.current
 			}
-			p.current = time.Time{}
+			p.current, p.givenUpReply, p.owed = time.Time{}, reply, n-got
 			return got, ctx.Err()
 		}
 	}
@@ -184,21 +191,70 @@ func requestEnd(code string, m *nats.Msg) error {
 	return fmt.Errorf("queue: pull request: status %s %s", code, descr)
 }
 
-// Close unsubscribes, and hands back the jobs that came after their request was given up on
-// (a nak, so that they are delivered again at once rather than after AckWait).
+// Close waits out the requests Pull gave up on, which the server may still answer, then
+// unsubscribes and hands back every job that came for them. Each is handed back (HandBack)
+// to be delivered again at once, once no request is open: a job handed back into an open
+// request would come back to the inbox, each time one delivery closer to MaxDeliver. A job
+// the server sent after the unsubscribe would go to nobody and wait out AckWait, as a job or
+// two did once in a few stops of a worker, whose last request was then on its way.
 func (p *JobPuller) Close() error {
+	var late []*nats.Msg
+	if until := p.OpenUntil(); !until.IsZero() {
+		late = p.awaitEnd(until)
+	}
 	err := p.sub.Unsubscribe()
+drain:
 	for {
 		select {
 		case m := <-p.msgs:
 			if _, isStatus := statusOf(m); !isStatus {
-				_ = (&jobMsg{msg: m, nc: p.nc}).Nak()
+				late = append(late, m)
 			}
 		default:
-			return err
+			break drain
 		}
 	}
+	for _, m := range late {
+		p.handBack(m)
+	}
+	return err
 }
+
+// awaitEnd returns the jobs that come until the request Pull gave up on last has ended: its
+// end came (a status), it brought all it owed, or a second has passed since it expired (its
+// end lost with a connection), as Pull waits.
+func (p *JobPuller) awaitEnd(until time.Time) (late []*nats.Msg) {
+	t := time.NewTimer(time.Until(until) + time.Second)
+	defer t.Stop()
+	for p.owed > 0 {
+		select {
+		case m := <-p.msgs:
+			code, isStatus := statusOf(m)
+			switch {
+			case !isStatus:
+				p.owed--
+				late = append(late, m)
+			case m.Subject == p.givenUpReply && code != "100":
+				p.owed = 0
+			}
+		case <-t.C:
+			p.owed = 0
+		}
+	}
+	p.givenUp, p.current = time.Time{}, time.Time{}
+	return late
+}
+
+// handBack hands back a job that came for nobody.
+func (p *JobPuller) handBack(m *nats.Msg) {
+	ctx, cancel := context.WithTimeout(context.Background(), HandBackWait)
+	defer cancel()
+	_ = HandBack(ctx, &jobMsg{msg: m, nc: p.nc})
+}
+
+// HandBackWait is how long a job handed back is waited for: the server takes it at once
+// unless it is unavailable, and a job it did not take comes back after AckWait.
+const HandBackWait = 5 * time.Second
 
 // jobMsg is a job pulled by a JobPuller: a jetstream.Msg, which settles itself by publishing
 // to its ack subject, with the bodies jetstream's messages send.
@@ -216,6 +272,13 @@ const (
 	ackNak      = "-NAK"
 	ackProgress = "+WPI"
 	ackTerm     = "+TERM"
+	// ackNakStored is a nak for a delivery at once, sent with the shortest delay: the server
+	// stores a delayed nak with the consumer's state (as a delivery whose AckWait is over),
+	// where a plain nak only queues the job again in its memory. A job nak'd plainly just
+	// before its server stopped (an interrupted submit --local stops its embedded server
+	// with its worker; a restart; a new stream leader) waited out AckWait, 30 s, once a
+	// server ran on the store again.
+	ackNakStored = ackNak + ` {"delay": 1}`
 )
 
 func (j *jobMsg) Data() []byte         { return j.msg.Data }
@@ -223,7 +286,7 @@ func (j *jobMsg) Headers() nats.Header { return j.msg.Header }
 func (j *jobMsg) Subject() string      { return j.msg.Subject }
 func (j *jobMsg) Reply() string        { return j.msg.Reply }
 func (j *jobMsg) Ack() error           { return j.settle([]byte(ackAck)) }
-func (j *jobMsg) Nak() error           { return j.settle([]byte(ackNak)) }
+func (j *jobMsg) Nak() error           { return j.settle([]byte(ackNakStored)) }
 func (j *jobMsg) Term() error          { return j.settle([]byte(ackTerm)) }
 func (j *jobMsg) InProgress() error    { return j.send([]byte(ackProgress)) }
 func (j *jobMsg) TermWithReason(reason string) error {
@@ -236,6 +299,30 @@ func (j *jobMsg) NakWithDelay(delay time.Duration) error {
 		return j.Nak()
 	}
 	return j.settle(fmt.Appendf(nil, `%s {"delay": %d}`, ackNak, delay.Nanoseconds()))
+}
+
+// HandBack gives msg, a job that a JobPuller delivered, back for another delivery at once,
+// and returns once the server has taken it (or ctx ends). The server stores it so (see
+// ackNakStored), and, unlike a nak, it is waited for: the server handles acks in a queue of
+// its own, after the client's flush has returned, and a server stopped right after a nak
+// may never get to it. Either way the job would wait out AckWait. A message of another kind
+// is nak'd the same way, but not waited for.
+func HandBack(ctx context.Context, msg jetstream.Msg) error {
+	j, ok := msg.(*jobMsg)
+	if !ok {
+		return msg.NakWithDelay(time.Nanosecond)
+	}
+	if j.acked.Load() {
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	if j.msg.Reply == "" {
+		return jetstream.ErrMsgNoReply
+	}
+	if _, err := j.nc.RequestWithContext(ctx, j.msg.Reply, []byte(ackNakStored)); err != nil {
+		return fmt.Errorf("hand back job: %w", err)
+	}
+	j.acked.Store(true)
+	return nil
 }
 
 // DoubleAck acks and waits for the server to confirm it.

@@ -179,6 +179,52 @@ func TestJobPullerCloseHandsBackLateJobs(t *testing.T) {
 	}
 }
 
+// TestJobPullerCloseWaitsOutARequestGivenUpOn: a request Pull gave up on stays open at the
+// server until it expires, and a job it sends as the puller unsubscribes goes to nobody, to
+// wait out AckWait. So Close waits for the request's end, and hands back once what came for
+// it meanwhile: the job is delivered again at once, a second time, not a third.
+func TestJobPullerCloseWaitsOutARequestGivenUpOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{}) // AckWait 30 s
+	p, err := b.q.NewJobPuller(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.Pull(short, 2, 2*time.Second, func(jetstream.Msg) {}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a request given up on: %v", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	time.Sleep(100 * time.Millisecond) // Close is under way
+	publishJob(t, b.q, "b1", "sent-to-the-open-request")
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the request expired")
+	}
+	cons, err := b.q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered []uint64
+	for m := range batch.Messages() {
+		delivered = append(delivered, NumDelivered(m))
+		_ = m.Ack()
+	}
+	if len(delivered) != 1 || delivered[0] != 2 {
+		t.Fatalf("deliveries after Close: %v, want one, the job's second", delivered)
+	}
+}
+
 func TestJobPullerReportsADeletedConsumer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -27,7 +27,14 @@ type testBundle struct {
 
 func setup(t *testing.T, cfg Config, opts ...nats.Option) *testBundle {
 	t.Helper()
-	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	return setupIn(t, t.TempDir(), cfg, opts...)
+}
+
+// setupIn is setup with the embedded server's store in dir, so that a test can start a
+// server on the store of one it stopped.
+func setupIn(t *testing.T, dir string, cfg Config, opts ...nats.Option) *testBundle {
+	t.Helper()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: dir, Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

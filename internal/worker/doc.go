@@ -22,6 +22,8 @@
 //     large (long samples, prompt logprobs of long prompts) slow down rather than exhaust
 //     the machine.
 //   - Stopping (Run's context done) stops pulling at once and hands back every job not yet
-//     sent, lets the samples already sent finish within the grace period, then naks what is
-//     left, so that other workers take it immediately.
+//     sent, lets the samples already sent finish within the grace period, then hands back
+//     what is left, so that other workers take it immediately. A job handed back is stored
+//     as such (queue.HandBack): a NATS server that stops right after the worker (submit
+//     --local's) delivers it again as soon as it runs again.
 package worker

@@ -112,9 +112,14 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)
 	case settleNak:
+		// Once the puller is closed: until then, the server could deliver the job again into
+		// the request the puller still waits out, to be handed back once more.
 		<-w.pullDone
-		time.Sleep(time.Until(w.pullExpired))
-		err = msg.Nak()
+		// Waited for, so that a NATS server stopped right after this worker (submit --local's)
+		// has taken the job back; past the grace period too, when ctx is done.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queue.HandBackWait)
+		err = queue.HandBack(hctx, msg)
+		cancel()
 	}
 	if err != nil {
 		log().Warn("settle job message", "err", err)

@@ -34,8 +34,7 @@ type Worker struct {
 	health  sessionHealth
 	alive   aliveSet
 
-	pullDone    chan struct{} // closed when Run stopped pulling
-	pullExpired time.Time     // when the last pull request has expired at the server (zero: it ended)
+	pullDone    chan struct{} // closed when Run stopped pulling and closed the puller
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 
 	samplers   samplerCache
@@ -118,25 +117,20 @@ func (w *Worker) Run(ctx context.Context) error {
 		deliveries <- d // d holds a slot, so a handler is finishing and will take it
 	})
 	// Samples already sent finish within the grace period; jobs not yet sent go back now.
+	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 	w.gate.capacity.close()
+	// Close waits out the last pull request, which the server may still answer with jobs.
 	if cerr := puller.Close(); cerr != nil {
 		w.log.Debug("close job puller", "err", cerr)
 	}
 	close(deliveries)
-	// The server keeps the last pull request open until it expires, unless it ended (its jobs
-	// all came): a nak before then would redeliver the job into that request, which nobody
-	// reads once the puller is closed, and strand it until AckWait.
-	if open := puller.OpenUntil(); !open.IsZero() {
-		w.pullExpired = open.Add(250 * time.Millisecond)
-	}
 	close(w.pullDone)
-	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 
 	done := make(chan struct{})
 	go func() { handlers.Wait(); close(done) }() // ends when every job handler has returned.
 	select {
 	case <-done:
-	case <-time.After(w.cfg.ShutdownGrace):
+	case <-time.After(time.Until(graceOver)):
 		w.log.Warn("shutdown grace period over: handing unfinished jobs back", "grace", w.cfg.ShutdownGrace)
 		cancelJobs()
 		<-done
