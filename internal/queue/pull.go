@@ -36,7 +36,7 @@ type JobPuller struct {
 	seq     uint64 // the last request's number
 	body    []byte
 	// current is the expiry of the request Pull waits on, zero once it is known to have
-	// ended; givenUp the latest expiry of the requests Pull gave up on (see OpenUntil).
+	// ended; givenUp the latest expiry of the requests Pull gave up on (see openUntil).
 	current, givenUp time.Time
 	// givenUpReply is the reply subject of the request Pull gave up on last, and owed how
 	// many jobs it may still bring (see Close).
@@ -148,12 +148,11 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 	return got, nil
 }
 
-// OpenUntil returns when the server has ended every request of this puller at the latest:
+// openUntil returns when the server has ended every request of this puller at the latest:
 // the expiry of the latest one Pull gave up on, or of one under way; zero if none may be open
 // (each got all it asked for, the server ended it, or it expired). Until then the server may
-// deliver a job into a request nobody reads once the puller is closed: a job nak'd then
-// would wait out AckWait.
-func (p *JobPuller) OpenUntil() time.Time {
+// still send jobs to the puller's inbox (see Close).
+func (p *JobPuller) openUntil() time.Time {
 	if p.current.After(p.givenUp) {
 		return p.current
 	}
@@ -191,19 +190,34 @@ func requestEnd(code string, m *nats.Msg) error {
 	return fmt.Errorf("queue: pull request: status %s %s", code, descr)
 }
 
-// Close waits out the requests Pull gave up on, which the server may still answer, then
-// unsubscribes and hands back every job that came for them. Each is handed back (HandBack)
-// to be delivered again at once, once no request is open: a job handed back into an open
-// request would come back to the inbox, each time one delivery closer to MaxDeliver. A job
-// the server sent after the unsubscribe would go to nobody and wait out AckWait, as a job or
-// two did once in a few stops of a worker, whose last request was then on its way.
+// Close ends the puller, and hands back (HandBack) every job that came for a request Pull
+// gave up on, or that the server sends as it goes: such a job would otherwise go to nobody
+// and wait out AckWait, as a job or two did once in a few stops of a busy worker, whose last
+// request the server answered as it unsubscribed.
+//
+// It waits briefly for the last request given up on (closeLinger): a server that has jobs
+// answers at once. Then it drains the inbox: the server takes the unsubscribe after the
+// requests sent before it, and what it sent before is read. Only a job for a request still
+// waiting, sent by the consumer's leader on another server of a cluster before the
+// unsubscribe reached it, can still go to nobody. The jobs are handed back last, once the
+// server knows of no request here: one handed back into an open request would come back,
+// each time one delivery closer to MaxDeliver.
 func (p *JobPuller) Close() error {
 	var late []*nats.Msg
-	if until := p.OpenUntil(); !until.IsZero() {
-		late = p.awaitEnd(until)
+	if p.owed > 0 && time.Now().Before(p.openUntil()) {
+		late = p.awaitEnd(time.Now().Add(closeLinger))
 	}
-	err := p.sub.Unsubscribe()
-drain:
+	closed := p.sub.StatusChanged(nats.SubscriptionClosed)
+	err := p.sub.Drain()
+	if err == nil {
+		select {
+		case <-closed:
+		case <-time.After(drainWait):
+		}
+	} else {
+		err = p.sub.Unsubscribe()
+	}
+read:
 	for {
 		select {
 		case m := <-p.msgs:
@@ -211,7 +225,7 @@ drain:
 				late = append(late, m)
 			}
 		default:
-			break drain
+			break read
 		}
 	}
 	for _, m := range late {
@@ -220,11 +234,18 @@ drain:
 	return err
 }
 
-// awaitEnd returns the jobs that come until the request Pull gave up on last has ended: its
-// end came (a status), it brought all it owed, or a second has passed since it expired (its
-// end lost with a connection), as Pull waits.
-func (p *JobPuller) awaitEnd(until time.Time) (late []*nats.Msg) {
-	t := time.NewTimer(time.Until(until) + time.Second)
+const (
+	// closeLinger is how long Close waits for the jobs a request given up on may still
+	// bring: a server with jobs answers within a round trip.
+	closeLinger = 100 * time.Millisecond
+	// drainWait bounds Close's wait for the server to take the unsubscribe.
+	drainWait = 2 * time.Second
+)
+
+// awaitEnd returns the jobs that come until the request Pull gave up on last has ended (its
+// end came, a status, or it brought all it owed) or deadline.
+func (p *JobPuller) awaitEnd(deadline time.Time) (late []*nats.Msg) {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	for p.owed > 0 {
 		select {
@@ -238,10 +259,9 @@ func (p *JobPuller) awaitEnd(until time.Time) (late []*nats.Msg) {
 				p.owed = 0
 			}
 		case <-t.C:
-			p.owed = 0
+			return late
 		}
 	}
-	p.givenUp, p.current = time.Time{}, time.Time{}
 	return late
 }
 

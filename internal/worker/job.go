@@ -113,7 +113,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		err = msg.NakWithDelay(delay)
 	case settleNak:
 		// Once the puller is closed: until then, the server could deliver the job again into
-		// the request the puller still waits out, to be handed back once more.
+		// the request the puller gave up on.
 		<-w.pullDone
 		// Waited for, so that a NATS server stopped right after this worker (submit --local's)
 		// has taken the job back; past the grace period too, when ctx is done.

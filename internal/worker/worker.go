@@ -119,7 +119,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Samples already sent finish within the grace period; jobs not yet sent go back now.
 	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 	w.gate.capacity.close()
-	// Close waits out the last pull request, which the server may still answer with jobs.
+	// Close hands back what the last pull request still brings: the server may answer it now.
 	if cerr := puller.Close(); cerr != nil {
 		w.log.Debug("close job puller", "err", cerr)
 	}
