@@ -60,3 +60,29 @@ func TestAJobHandedBackOutlivesAServerRestart(t *testing.T) {
 		t.Fatalf("%d of the %d jobs handed back came within 5 s of the restart", got, n)
 	}
 }
+
+// TestHandBackDoesNotWaitForAServerThatIsGone: with the connection down, HandBack leaves the
+// nak to nats.go's reconnect buffer and returns, rather than wait out its context for a
+// reply no server can send (a worker stopping in an outage took that long per job).
+func TestHandBackDoesNotWaitForAServerThatIsGone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	publishJob(t, b.q, "b1", "a")
+	p := newPuller(t, b)
+	var held []jetstream.Msg
+	if got, err := p.Pull(ctx, 1, time.Second, func(m jetstream.Msg) { held = append(held, m) }); err != nil || got != 1 {
+		t.Fatalf("pull: %d, %v", got, err)
+	}
+	b.emb.Shutdown()
+	waitFor(t, "the connection to drop", func() bool { return !b.nc.IsConnected() })
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	began := time.Now()
+	if err := HandBack(wait, held[0]); err != nil {
+		t.Fatalf("hand back while disconnected: %v", err)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Fatalf("HandBack took %v with no server to answer it", took)
+	}
+}

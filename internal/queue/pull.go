@@ -207,16 +207,7 @@ func (p *JobPuller) Close() error {
 	if p.owed > 0 && time.Now().Before(p.openUntil()) {
 		late = p.awaitEnd(time.Now().Add(closeLinger))
 	}
-	closed := p.sub.StatusChanged(nats.SubscriptionClosed)
-	err := p.sub.Drain()
-	if err == nil {
-		select {
-		case <-closed:
-		case <-time.After(drainWait):
-		}
-	} else {
-		err = p.sub.Unsubscribe()
-	}
+	err := p.unsubscribe()
 read:
 	for {
 		select {
@@ -232,6 +223,23 @@ read:
 		p.handBack(m)
 	}
 	return err
+}
+
+// unsubscribe ends the puller's interest in its inbox. Connected, it drains: the server
+// takes the unsubscribe after the requests sent before it, and once drained, what it sent
+// before is in the inbox. Without a connection there is no server to drain from or wait for.
+func (p *JobPuller) unsubscribe() error {
+	if p.nc.IsConnected() {
+		closed := p.sub.StatusChanged(nats.SubscriptionClosed)
+		if err := p.sub.Drain(); err == nil {
+			select {
+			case <-closed:
+			case <-time.After(drainWait):
+			}
+			return nil
+		}
+	}
+	return p.sub.Unsubscribe()
 }
 
 const (
@@ -337,6 +345,11 @@ func HandBack(ctx context.Context, msg jetstream.Msg) error {
 	}
 	if j.msg.Reply == "" {
 		return jetstream.ErrMsgNoReply
+	}
+	if !j.nc.IsConnected() {
+		// No server to wait for: nats.go keeps the nak for the reconnect, as it would a
+		// request, which would only wait out ctx.
+		return j.settle([]byte(ackNakStored))
 	}
 	if _, err := j.nc.RequestWithContext(ctx, j.msg.Reply, []byte(ackNakStored)); err != nil {
 		return fmt.Errorf("hand back job: %w", err)

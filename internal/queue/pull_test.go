@@ -318,3 +318,23 @@ func TestJobPullerAsksNothingWhileDisconnected(t *testing.T) {
 		t.Fatalf("%d messages buffered for the reconnect", after-before)
 	}
 }
+
+// TestJobPullerClosesAtOnceWithoutAConnection: with the connection down, Close does not wait
+// to drain the inbox from a server that is not there.
+func TestJobPullerClosesAtOnceWithoutAConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	p, err := b.q.NewJobPuller(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.emb.Shutdown()
+	waitFor(t, "the connection to drop", func() bool { return !b.nc.IsConnected() })
+	began := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Fatalf("Close took %v with no server to drain from", took)
+	}
+}
