@@ -690,6 +690,22 @@ func TestLocalSimulatedWorkerKeepsConnections(t *testing.T) {
 	}
 }
 
+// interruptAtFirstResult returns a context cancelled once the file out holds a line, as by a
+// user who interrupts a run once its first result is written.
+func interruptAtFirstResult(out string) (context.Context, context.CancelFunc) {
+	ctx, interrupt := context.WithCancel(context.Background())
+	go func() { // ends with ctx
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > 0 {
+				interrupt()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return ctx, interrupt
+}
+
 // TestInterruptedRunSaysHowToGoOn: an interrupt while results come in ends submit with
 // status 130 and a line saying how many results the file has and that the same command goes
 // on; run again, it does, and every job has one result.
@@ -709,17 +725,8 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 	// Two jobs at a time, about 22 ms each: the batch takes over two seconds.
 	args := []string{"--local", "--simulate", "--concurrency", "2", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", in, "-o", out}
 
-	ctx, interrupt := context.WithCancel(context.Background())
+	ctx, interrupt := interruptAtFirstResult(out)
 	defer interrupt()
-	go func() {
-		for ctx.Err() == nil {
-			if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > 0 {
-				interrupt()
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
 	err := run(ctx, args, env)
 	if !errors.Is(err, errInterrupted) || exitCode(err) != 130 {
 		t.Fatalf("interrupted run: err = %v (exit status %d), want errInterrupted (130)", err, exitCode(err))
@@ -762,17 +769,8 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	// 400 job slots against the simulator's 256 samples at once: once the worker meets its
 	// first 429, it holds jobs that wait for room or for the pause to end.
-	ctx, interrupt := context.WithCancel(context.Background())
+	ctx, interrupt := interruptAtFirstResult(out)
 	defer interrupt()
-	go func() {
-		for ctx.Err() == nil {
-			if b, _ := os.ReadFile(out); bytes.Count(b, []byte("\n")) > 0 {
-				interrupt()
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
 	if err := run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--batch-id", "b-handed", "--progress", "none", in, "-o", out}, env); !errors.Is(err, errInterrupted) {
 		t.Fatalf("interrupted run: %v", err)
 	}

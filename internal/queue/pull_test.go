@@ -179,47 +179,6 @@ func TestJobPullerCloseHandsBackLateJobs(t *testing.T) {
 	}
 }
 
-// TestJobPullerCloseLeavesNoJobToNobody: a job that the server sends to a request Pull gave
-// up on as the puller closes is handed back, not sent to an inbox nobody reads, where it
-// would wait out AckWait. Each round closes a puller just as a job comes for its request.
-func TestJobPullerCloseLeavesNoJobToNobody(t *testing.T) {
-	t.Parallel()
-	b := setup(t, Config{}) // AckWait 30 s
-	ctx := context.Background()
-	cons, err := b.q.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for round := range 20 {
-		p, err := b.q.NewJobPuller(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-		_, err = p.Pull(short, 2, 5*time.Second, func(jetstream.Msg) {})
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("round %d: a request given up on: %v", round, err)
-		}
-		publishJob(t, b.q, "b1", "job-"+strconv.Itoa(round))
-		if err := p.Close(); err != nil {
-			t.Fatal(err)
-		}
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			_ = m.Ack()
-		}
-		if got != 1 {
-			t.Fatalf("round %d: the job sent as the puller closed did not come back within 2 s", round)
-		}
-	}
-}
-
 func TestJobPullerReportsADeletedConsumer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
