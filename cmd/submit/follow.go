@@ -137,10 +137,17 @@ func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path st
 	}
 	got, err := followFrom(ctx, q, m, out, f, seen, sum, wait, po, env)
 	if cerr := out.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("write %s: %w", path, cerr)
+		err = fmt.Errorf("%w: %s: %w", errWrite, path, cerr)
+	}
+	if errors.Is(err, errWrite) {
+		err = fmt.Errorf("%w; the batch's results stay on the NATS server: once %s can be written, run the same command again to write the rest (the whole lines written so far are kept)", err, path)
 	}
 	return got, err
 }
+
+// errWrite marks a failure to write the results out (a full disk): the results themselves
+// are still on the NATS server.
+var errWrite = errors.New("write results")
 
 // follow reads the results of a batch from the start of the results stream, writes each to
 // out in format f (out nil: count them only, reading headers), shows progress, and returns once
@@ -164,7 +171,7 @@ const flushEvery = 100 * time.Millisecond
 
 // followFrom is follow for a reader that already holds the results in seen (job tokens),
 // counted in sum.
-func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
+func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (_ summary, err error) {
 	var out *bufio.Writer
 	flush := func() error { // what out holds, readable in w
 		if err := out.Flush(); err != nil {
@@ -177,7 +184,12 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	}
 	if w != nil {
 		out = bufio.NewWriterSize(w, 256<<10)
-		defer out.Flush()
+		defer func() {
+			// The last results written: a full disk must not pass for a complete file.
+			if ferr := out.Flush(); err == nil && ferr != nil {
+				err = fmt.Errorf("%w: %w", errWrite, ferr)
+			}
+		}()
 	}
 	codec, err := queue.NewCodec(0)
 	if err != nil {
@@ -221,7 +233,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		case errors.Is(err, nats.ErrTimeout):
 			if out != nil {
 				if err := flush(); err != nil {
-					return sum, fmt.Errorf("write results: %w", err)
+					return sum, fmt.Errorf("%w: %w", errWrite, err)
 				}
 			}
 			if quiet := prog.quiet(); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
@@ -264,11 +276,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			}
 			out.Write(line)
 			if err := out.WriteByte('\n'); err != nil {
-				return sum, fmt.Errorf("write results: %w", err)
+				return sum, fmt.Errorf("%w: %w", errWrite, err)
 			}
 			if now := time.Now(); now.Sub(lastFlush) >= flushEvery {
 				if err := flush(); err != nil {
-					return sum, fmt.Errorf("write results: %w", err)
+					return sum, fmt.Errorf("%w: %w", errWrite, err)
 				}
 				lastFlush = now
 			}

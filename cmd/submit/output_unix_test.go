@@ -1,0 +1,89 @@
+//go:build unix
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// writeLimitChild names the environment variable that makes this test binary a `submit` run
+// whose files may not grow past 4 KiB (RLIMIT_FSIZE, as a disk that fills up): its value is
+// the command's arguments, one per line.
+const writeLimitChild = "TINKERFLEET_TEST_WRITE_LIMIT_ARGS"
+
+// TestResultsThatCannotBeWrittenSayHowToGoOn: when the output file cannot take more (a full
+// disk), submit says what failed and how to go on; run again with room, it writes the rest
+// after the whole lines it kept, each result once.
+func TestResultsThatCannotBeWrittenSayHowToGoOn(t *testing.T) {
+	if args := os.Getenv(writeLimitChild); args != "" {
+		runWithWriteLimit(strings.Split(args, "\n"))
+		return
+	}
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	f.startWorker(16)
+	ctx := context.Background()
+	const n = 40
+	stdout, _, err := f.submit(ctx, writeLines(t, jobLines(n)), "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := strings.TrimSpace(stdout)
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+
+	child := exec.Command(os.Args[0], "-test.run=^TestResultsThatCannotBeWrittenSayHowToGoOn$")
+	child.Env = append(os.Environ(), writeLimitChild+"=results\n--nats-url\n"+f.emb.ClientURL()+"\n"+batch+"\n-o\n"+out)
+	var stderr bytes.Buffer
+	child.Stderr = &stderr
+	err = child.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("results into a file that cannot grow: %v, want exit status 1; stderr:\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"write results: ", "file too large", "once " + out + " can be written, run the same command again to write the rest"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Fatalf("stderr does not say %q:\n%s", want, stderr.String())
+		}
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole := bytes.Count(data, []byte("\n")); whole == 0 || whole == n {
+		t.Fatalf("%d of %d results in the file the limit stopped: the test needs some, not all", whole, n)
+	}
+
+	if _, _, err := f.submit(ctx, "results", batch, "-o", out); err != nil {
+		t.Fatalf("the same command again, with room: %v", err)
+	}
+	if got := len(readResults(t, out)); got != n {
+		t.Fatalf("%d results after going on, want %d", got, n)
+	}
+}
+
+// runWithWriteLimit runs submit with args in this process, its files held to 4 KiB, and
+// exits with its exit status.
+func runWithWriteLimit(args []string) {
+	// Go ignores SIGXFSZ, so a write past the limit fails with EFBIG.
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 4 << 10, Max: 4 << 10}); err != nil {
+		os.Stderr.WriteString("setrlimit: " + err.Error() + "\n")
+		os.Exit(2)
+	}
+	env := &environment{getenv: os.Getenv, stdin: strings.NewReader(""), stdout: os.Stdout, stderr: os.Stderr}
+	if err := run(context.Background(), args, env); err != nil {
+		os.Stderr.WriteString("submit: " + err.Error() + "\n")
+		os.Exit(exitCode(err))
+	}
+	os.Exit(0)
+}
