@@ -35,13 +35,18 @@ type JobPuller struct {
 	msgs    chan *nats.Msg
 	seq     uint64 // the last request's number
 	body    []byte
-	// current is the expiry of the request Pull waits on, zero once it is known to have
-	// ended; givenUp the latest expiry of the requests Pull gave up on (see openUntil).
-	current, givenUp time.Time
-	// givenUpReply is the reply subject of the request Pull gave up on last, and owed how
-	// many jobs it may still bring (see Close).
-	givenUpReply string
-	owed         int
+	// abandoned is the last request Pull gave up on, which the server may answer until it
+	// expires (zero: none, or it has ended). Pull gives up only when its ctx ends, which for
+	// a worker is its stop; Close waits briefly for what that request still brings.
+	abandoned abandonedRequest
+}
+
+// abandonedRequest is a pull request given up on: where the server answers it, when it
+// expires, and how many jobs it may still bring.
+type abandonedRequest struct {
+	reply   string
+	expires time.Time
+	owed    int
 }
 
 // pullerBuffer is how many messages the inbox holds before the read loop drops the next (a
@@ -108,7 +113,7 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 	if err := p.nc.PublishRequest(p.subject, reply, p.body); err != nil {
 		return 0, fmt.Errorf("queue: pull request: %w", err)
 	}
-	p.current = time.Now().Add(expires)
+	expiry := time.Now().Add(expires)
 	// The server answers an expired request with a 408; wait a second longer for that, and
 	// take the request as gone after it (a lost connection takes its answer along).
 	t := time.NewTimer(expires + time.Second)
@@ -124,39 +129,23 @@ func (p *JobPuller) Pull(ctx context.Context, n int, expires time.Duration, deli
 				continue
 			}
 			if m.Subject != reply {
-				if m.Subject == p.givenUpReply && code != "100" {
-					p.givenUp, p.owed = time.Time{}, 0 // it has ended
+				if m.Subject == p.abandoned.reply && code != "100" {
+					p.abandoned = abandonedRequest{} // it has ended
 				}
 				continue // the end of a request given up on earlier
 			}
 			if err := requestEnd(code, m); err != nil || code != "100" {
-				p.current = time.Time{}
 				return got, err
 			}
 		case <-t.C:
-			p.current = time.Time{} // expired at the server
-			return got, nil
+			return got, nil // expired at the server
 		case <-ctx.Done():
-			if p.current.After(p.givenUp) { // the server may hold it until it expires
-				p.givenUp = p.current
-			}
-			p.current, p.givenUpReply, p.owed = time.Time{}, reply, n-got
+			// The server may still answer it until it expires.
+			p.abandoned = abandonedRequest{reply: reply, expires: expiry, owed: n - got}
 			return got, ctx.Err()
 		}
 	}
-	p.current = time.Time{} // it got all it asked for, which ends it
-	return got, nil
-}
-
-// openUntil returns when the server has ended every request of this puller at the latest:
-// the expiry of the latest one Pull gave up on, or of one under way; zero if none may be open
-// (each got all it asked for, the server ended it, or it expired). Until then the server may
-// still send jobs to the puller's inbox (see Close).
-func (p *JobPuller) openUntil() time.Time {
-	if p.current.After(p.givenUp) {
-		return p.current
-	}
-	return p.givenUp
+	return got, nil // it got all it asked for, which ends it
 }
 
 // statusOf returns the status code of a status message of the server (no data, a Status
@@ -204,8 +193,8 @@ func requestEnd(code string, m *nats.Msg) error {
 // each time one delivery closer to MaxDeliver.
 func (p *JobPuller) Close() error {
 	var late []*nats.Msg
-	if p.owed > 0 && time.Now().Before(p.openUntil()) {
-		late = p.awaitEnd(time.Now().Add(closeLinger))
+	if a := p.abandoned; a.owed > 0 && time.Now().Before(a.expires) {
+		late = awaitEnd(p.msgs, a, time.Now().Add(closeLinger))
 	}
 	err := p.unsubscribe()
 read:
@@ -250,21 +239,21 @@ const (
 	drainWait = 2 * time.Second
 )
 
-// awaitEnd returns the jobs that come until the request Pull gave up on last has ended (its
+// awaitEnd returns the jobs that come on msgs until the abandoned request a has ended (its
 // end came, a status, or it brought all it owed) or deadline.
-func (p *JobPuller) awaitEnd(deadline time.Time) (late []*nats.Msg) {
+func awaitEnd(msgs <-chan *nats.Msg, a abandonedRequest, deadline time.Time) (late []*nats.Msg) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	for p.owed > 0 {
+	for a.owed > 0 {
 		select {
-		case m := <-p.msgs:
+		case m := <-msgs:
 			code, isStatus := statusOf(m)
 			switch {
 			case !isStatus:
-				p.owed--
+				a.owed--
 				late = append(late, m)
-			case m.Subject == p.givenUpReply && code != "100":
-				p.owed = 0
+			case m.Subject == a.reply && code != "100":
+				return late
 			}
 		case <-t.C:
 			return late
@@ -275,14 +264,12 @@ func (p *JobPuller) awaitEnd(deadline time.Time) (late []*nats.Msg) {
 
 // handBack hands back a job that came for nobody.
 func (p *JobPuller) handBack(m *nats.Msg) {
-	ctx, cancel := context.WithTimeout(context.Background(), HandBackWait)
-	defer cancel()
-	_ = HandBack(ctx, &jobMsg{msg: m, nc: p.nc})
+	_ = HandBack(context.Background(), &jobMsg{msg: m, nc: p.nc})
 }
 
-// HandBackWait is how long a job handed back is waited for: the server takes it at once
-// unless it is unavailable, and a job it did not take comes back after AckWait.
-const HandBackWait = 5 * time.Second
+// handBackWait bounds HandBack's wait: the server takes a job at once unless it is
+// unavailable, and a job it did not take comes back after AckWait.
+const handBackWait = 5 * time.Second
 
 // jobMsg is a job pulled by a JobPuller: a jetstream.Msg, which settles itself by publishing
 // to its ack subject, with the bodies jetstream's messages send.
@@ -330,11 +317,11 @@ func (j *jobMsg) NakWithDelay(delay time.Duration) error {
 }
 
 // HandBack gives msg, a job that a JobPuller delivered, back for another delivery at once,
-// and returns once the server has taken it (or ctx ends). The server stores it so (see
-// ackNakStored), and, unlike a nak, it is waited for: the server handles acks in a queue of
-// its own, after the client's flush has returned, and a server stopped right after a nak
-// may never get to it. Either way the job would wait out AckWait. A message of another kind
-// is nak'd the same way, but not waited for.
+// and returns once the server has taken it (or ctx ends, or 5 s pass). The server stores it
+// so (see ackNakStored), and, unlike a nak, it is waited for: the server handles acks in a
+// queue of its own, after the client's flush has returned, and a server stopped right after
+// a nak may never get to it. Either way the job would wait out AckWait. A message of another
+// kind is nak'd the same way, but not waited for.
 func HandBack(ctx context.Context, msg jetstream.Msg) error {
 	j, ok := msg.(*jobMsg)
 	if !ok {
@@ -349,8 +336,10 @@ func HandBack(ctx context.Context, msg jetstream.Msg) error {
 	if !j.nc.IsConnected() {
 		// No server to wait for: nats.go keeps the nak for the reconnect, as it would a
 		// request, which would only wait out ctx.
-		return j.settle([]byte(ackNakStored))
+		return j.Nak()
 	}
+	ctx, cancel := context.WithTimeout(ctx, handBackWait)
+	defer cancel()
 	if _, err := j.nc.RequestWithContext(ctx, j.msg.Reply, []byte(ackNakStored)); err != nil {
 		return fmt.Errorf("hand back job: %w", err)
 	}

@@ -89,10 +89,10 @@ func TestJobPullerDeliversAtMostWhatItAskedFor(t *testing.T) {
 	}
 }
 
-// TestJobPullerKnowsWhenItsRequestsEnded: openUntil is zero while every request got all it
-// asked for or the server ended it, and the expiry of one the caller gave up on, which the
-// server may still hold, also after later requests ended: Close lingers for such a request
-// only when it may still be open.
+// TestJobPullerKnowsWhenItsRequestsEnded: no request is abandoned while every request got
+// all it asked for or the server ended it; one the caller gave up on, which the server may
+// still hold, is kept with its expiry, also after later requests ended: Close lingers for
+// such a request only when it may still be open.
 func TestJobPullerKnowsWhenItsRequestsEnded(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
@@ -101,8 +101,8 @@ func TestJobPullerKnowsWhenItsRequestsEnded(t *testing.T) {
 	publishJob(t, b.q, "b1", "a")
 	publishJob(t, b.q, "b1", "b")
 	ack := func(m jetstream.Msg) { _ = m.Ack() }
-	if got, err := p.Pull(ctx, 2, 5*time.Second, ack); err != nil || got != 2 || !p.openUntil().IsZero() {
-		t.Fatalf("a request that got all it asked for: %d, %v, open until %v", got, err, p.openUntil())
+	if got, err := p.Pull(ctx, 2, 5*time.Second, ack); err != nil || got != 2 || !p.abandoned.expires.IsZero() {
+		t.Fatalf("a request that got all it asked for: %d, %v, open until %v", got, err, p.abandoned.expires)
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -110,12 +110,12 @@ func TestJobPullerKnowsWhenItsRequestsEnded(t *testing.T) {
 	if _, err := p.Pull(short, 5, 5*time.Second, ack); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a request given up on: %v", err)
 	}
-	open := p.openUntil()
+	open := p.abandoned.expires
 	if open.Before(sent.Add(5*time.Second)) || open.After(time.Now().Add(5*time.Second)) {
 		t.Fatalf("a request given up on is open until %v, want its expiry, 5 s after it was sent at %v", open, sent)
 	}
-	if got, err := p.Pull(ctx, 1, 100*time.Millisecond, ack); err != nil || got != 0 || !p.openUntil().Equal(open) {
-		t.Fatalf("after a request the server ended: %d, %v, open until %v, want %v (the one given up on)", got, err, p.openUntil(), open)
+	if got, err := p.Pull(ctx, 1, 100*time.Millisecond, ack); err != nil || got != 0 || !p.abandoned.expires.Equal(open) {
+		t.Fatalf("after a request the server ended: %d, %v, open until %v, want %v (the one given up on)", got, err, p.abandoned.expires, open)
 	}
 }
 

@@ -117,9 +117,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		<-w.pullDone
 		// Waited for, so that a NATS server stopped right after this worker (submit --local's)
 		// has taken the job back; past the grace period too, when ctx is done.
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queue.HandBackWait)
-		err = queue.HandBack(hctx, msg)
-		cancel()
+		err = queue.HandBack(context.WithoutCancel(ctx), msg)
 	}
 	if err != nil {
 		log().Warn("settle job message", "err", err)
