@@ -106,7 +106,8 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 			s.close()
 		}
 	}()
-	if o.conn.URL == "" || o.local {
+	embedded := o.conn.URL == "" || o.local
+	if embedded {
 		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1})
 		if err != nil {
 			return nil, err
@@ -131,6 +132,17 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 	}
 	if s.q, err = queue.Bind(ctx, js, o.queue); err != nil {
 		return nil, err
+	}
+	if embedded {
+		// No worker but ours can reach this server (a random loopback port): a job delivered
+		// and not settled is one a run killed before it could hand it back.
+		n, err := s.q.Reclaim(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			s.log.Info("jobs of a run that stopped without handing them back are ready again", "jobs", n)
+		}
 	}
 	ok = true
 	return s, nil

@@ -818,6 +818,57 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	}
 }
 
+// TestRunAgainAfterAKilledLocalRunGoesOnAtOnce: a local run killed with jobs delivered to
+// its worker (kill -9, a crash: nothing hands them back) leaves them pending on its store.
+// Run again, submit gives them out at once rather than after AckWait.
+func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
+	const n = 30
+	in := writeLines(t, jobLines(n))
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	args := []string{"--data-dir", data, "--batch-id", "b-killed", "--ack-wait", "10m", "--progress", "none", in}
+
+	// The killed run: the batch published, its jobs delivered to a worker that dies with them.
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), append([]string{"--nats-url", emb.ClientURL()}, args...), env); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{AckWait: 10 * time.Minute})
+	cons, err := q.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for range batch.Messages() {
+		held++
+	}
+	if held != n {
+		t.Fatalf("the killed worker holds %d jobs, want %d", held, n)
+	}
+	q.JS.Conn().Close()
+	emb.Shutdown()
+
+	// Run again: the jobs wait out ten minutes of AckWait unless submit takes them back.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run(ctx, append([]string{"--local", "--simulate", "-o", out}, args...), env); err != nil {
+		t.Fatalf("run again: %v", err)
+	}
+	results := readResults(t, out)
+	if len(results) != n {
+		t.Fatalf("%d results, want %d", len(results), n)
+	}
+}
+
 // TestInterruptedWaitOnAFleetSaysTheFleetGoesOn: interrupted while waiting on a fleet, submit
 // says the fleet goes on and which command collects the rest; that command, interrupted in
 // turn, says how to go on too.

@@ -244,3 +244,30 @@ func retry[T any](ctx context.Context, f func(context.Context) (T, error)) (T, e
 
 // setupAttemptTimeout bounds one JetStream API request of Setup or Bind.
 const setupAttemptTimeout = 10 * time.Second
+
+// Reclaim makes every job delivered and not settled deliverable again at once, and returns
+// how many there were. Call it only where no worker can hold a job: on the embedded server
+// of submit --local, just started on the store of a run that stopped without handing its
+// jobs back (kill -9, a crash, a closed laptop). There they would wait out AckWait (30 s on
+// a rerun of a few hundred jobs' end). Anywhere else a delivered job is a live worker's, and
+// AckWait is what gives it to another.
+//
+// The server resets the consumer to its ack floor: the work queue holds only jobs not yet
+// acked, and they go out again, their delivery counts back at zero.
+func (q *Queue) Reclaim(ctx context.Context) (int, error) {
+	c, err := q.JS.Consumer(ctx, q.Names.JobsStream(), ConsumerName)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("queue: reclaim: %w", err)
+	}
+	held := c.CachedInfo().NumAckPending
+	if held == 0 {
+		return 0, nil
+	}
+	if _, err := q.JS.ResetConsumer(ctx, q.Names.JobsStream(), ConsumerName); err != nil {
+		return 0, fmt.Errorf("queue: reclaim %d jobs: reset consumer %s: %w", held, ConsumerName, err)
+	}
+	return held, nil
+}
