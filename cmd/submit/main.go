@@ -23,13 +23,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/interrupt"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interrupt.Context(context.Background())
 	defer stop()
 	env := &environment{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, tty: -1}
 	if err := run(ctx, os.Args[1:], env); err != nil {
