@@ -197,6 +197,10 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 		}
 		return interruptedWith(sum, m, output, goOn)
 	}
+	if ended := sess.hostEnded(); err != nil && ended != "" {
+		return fmt.Errorf("stopped with %d of %d results of batch %s%s: %s (%w); run the same command again to go on",
+			sum.total(), m.Jobs, m.BatchID, outputNote(output), ended, err)
+	}
 	if err != nil {
 		return err
 	}

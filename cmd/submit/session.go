@@ -79,6 +79,19 @@ type session struct {
 	stopRun context.CancelFunc
 	// held counts the results the in-process worker cannot store now; nil without one.
 	held func() int
+	// host is the process whose embedded server this session reached through the data
+	// directory it holds (see open); nil otherwise.
+	host *queue.DataDirInUseError
+}
+
+// hostEnded says, once the process whose server this session reached has ended (taking its
+// server with it), that it has; "" while it runs, or for a session on a server of its own or
+// a fleet's.
+func (s *session) hostEnded() string {
+	if s.host == nil || !s.nc.IsClosed() {
+		return ""
+	}
+	return fmt.Sprintf("the process that served %s (pid %s) has ended, and its NATS server with it", s.host.Dir, s.host.PID)
 }
 
 func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
@@ -87,8 +100,18 @@ func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
 	return fs, envflag.New(fs, env.getenv)
 }
 
-// open connects to NATS (starting the embedded server in local mode) and sets up the queue.
+// open connects a subcommand to NATS and sets up the queue. In local mode it starts the
+// embedded server on the data directory, or, while another process runs one there (a
+// submit --local run in another terminal, worker --embedded-nats), connects to that one:
+// status, results, cancel and list work on its batches as it runs.
 func open(ctx context.Context, o connOptions, env *environment) (*session, error) {
+	return openSession(ctx, o, env, true)
+}
+
+// openSession connects to NATS (starting the embedded server in local mode) and sets up the
+// queue. join says whether a data directory in use may be reached through its holder's
+// server; submitting may not, as its worker would stop with that process.
+func openSession(ctx context.Context, o connOptions, env *environment, join bool) (*session, error) {
 	// Warnings always show (a Tinker service that cannot be reached, a billing pause, a
 	// message from the service); -v adds what the embedded worker does.
 	level := slog.LevelWarn
@@ -107,18 +130,34 @@ func open(ctx context.Context, o connOptions, env *environment) (*session, error
 		}
 	}()
 	embedded := o.conn.URL == "" || o.local
+	var inUse *queue.DataDirInUseError
 	if embedded {
 		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1})
-		if err != nil {
+		switch {
+		case errors.As(err, &inUse) && join && inUse.URL != "":
+			embedded, o.conn.URL, s.host = false, inUse.URL, inUse
+			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)
+		case errors.As(err, &inUse):
+			return nil, fmt.Errorf("%w; meanwhile submit status, results, cancel and list reach its batches", err)
+		case err != nil:
 			return nil, err
+		default:
+			s.closers = append(s.closers, emb.Shutdown)
+			o.conn.URL = emb.ClientURL()
 		}
-		s.closers = append(s.closers, emb.Shutdown)
-		o.conn.URL = emb.ClientURL()
 	}
 	o.conn.Name = "tinkerfleet-submit"
 	o.conn.Logger = s.log
-	nc, err := queue.Connect(o.conn)
+	var extra []nats.Option
+	if inUse != nil {
+		// Its server ends with that process: no other will take its address.
+		extra = append(extra, nats.NoReconnect())
+	}
+	nc, err := queue.Connect(o.conn, extra...)
 	if err != nil {
+		if inUse != nil { // it stopped since it said where it serves
+			return nil, fmt.Errorf("%w, and its server does not answer: %w", inUse, err)
+		}
 		return nil, err
 	}
 	s.nc = nc

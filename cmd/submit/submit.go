@@ -176,7 +176,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		}
 	}
 
-	sess, err := open(ctx, o.conn, env)
+	sess, err := openSession(ctx, o.conn, env, false)
 	if err != nil {
 		return err
 	}

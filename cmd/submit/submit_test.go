@@ -818,6 +818,69 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	}
 }
 
+// TestCommandsReachTheServerOfARunningLocalRun: while a local run holds the data directory,
+// status, list and results connect to its server rather than fail; a second submit there is
+// refused, saying so; and a results --wait whose host ends says so and how to go on.
+func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data, out, followedOut := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl"), filepath.Join(dir, "followed.jsonl")
+	in := writeLines(t, jobLines(5))
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	ctx := context.Background()
+
+	// The running local run: its embedded server holds the data directory; no worker samples.
+	host, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Shutdown()
+	if err := run(ctx, []string{"--nats-url", host.ClientURL(), "--batch-id", "b-hosted", "--progress", "none", in}, env); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+
+	var status bytes.Buffer
+	if err := run(ctx, []string{"status", "--data-dir", data, "--json", "b-hosted"}, &environment{getenv: env.getenv, stdout: &status, stderr: io.Discard}); err != nil {
+		t.Fatalf("status beside the running run: %v", err)
+	}
+	var st batchStatus
+	if err := json.Unmarshal(status.Bytes(), &st); err != nil || st.BatchID != "b-hosted" || st.Waiting != 5 {
+		t.Fatalf("status beside the running run: %s (%v), want b-hosted with 5 jobs waiting", status.String(), err)
+	}
+	if err := run(ctx, []string{"list", "--data-dir", data}, env); err != nil {
+		t.Fatalf("list beside the running run: %v", err)
+	}
+	err = run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", in, "-o", out}, env)
+	if err == nil || !strings.Contains(err.Error(), "is in use by another process") || !strings.Contains(err.Error(), "meanwhile submit status") {
+		t.Fatalf("a second local run on the data directory: %v", err)
+	}
+
+	followed := make(chan error, 1)
+	go func() {
+		followed <- run(ctx, []string{"results", "--data-dir", data, "--progress", "none", "b-hosted", "-o", followedOut, "--wait"}, env)
+	}()
+	for { // following once it has opened its output
+		if _, err := os.Stat(followedOut); err == nil {
+			break
+		}
+		select {
+		case err := <-followed:
+			t.Fatalf("results --wait beside the running run ended before its host: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	host.Shutdown()
+	select {
+	case err = <-followed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("results --wait goes on waiting on a server that has ended")
+	}
+	if err == nil || !strings.Contains(err.Error(), "stopped with 0 of 5 results of batch b-hosted in "+followedOut) ||
+		!strings.Contains(err.Error(), "the process that served "+data) || !strings.Contains(err.Error(), "run the same command again to go on") {
+		t.Fatalf("results --wait whose host ended: %v", err)
+	}
+}
+
 // TestRunAgainAfterAKilledLocalRunGoesOnAtOnce: a local run killed with jobs delivered to
 // its worker (kill -9, a crash: nothing hands them back) leaves them pending on its store.
 // Run again, submit gives them out at once rather than after AckWait.

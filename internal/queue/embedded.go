@@ -30,12 +30,13 @@ const DefaultMaxPayload = 8 << 20
 
 // Embedded is a running in-process nats-server with JetStream on disk.
 type Embedded struct {
-	srv    *server.Server
-	unlock func() // releases the data directory
+	srv  *server.Server
+	lock *dirLock // the data directory, held while the server runs
 }
 
 // StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits until it accepts
-// connections.
+// connections. A data directory the server of another process holds is refused with a
+// *DataDirInUseError, which says where that server serves once it is up.
 func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("embedded nats: a data directory is required")
@@ -47,14 +48,14 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
 	}
-	unlock, err := lockDataDir(dir)
+	lock, err := lockDataDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			unlock()
+			lock.release()
 		}
 	}()
 	opts := &server.Options{
@@ -86,8 +87,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("embedded nats: not ready after 30s (data dir %s)", dir)
 	}
+	lock.announce(srv.ClientURL())
 	ok = true
-	return &Embedded{srv: srv, unlock: unlock}, nil
+	return &Embedded{srv: srv, lock: lock}, nil
 }
 
 // ClientURL is the URL clients connect to.
@@ -100,5 +102,5 @@ func (e *Embedded) Server() *server.Server { return e.srv }
 func (e *Embedded) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
-	e.unlock()
+	e.lock.release()
 }

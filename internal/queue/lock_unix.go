@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 )
 
@@ -16,9 +15,9 @@ import (
 // (or the process ends, which the kernel releases it with). nats-server does not lock its
 // store, and two servers on one store write the same block files: a second `submit --local`
 // in the same directory would corrupt the first's batches. Only a lock held elsewhere is an
-// error; where the file system has no locks, dir is used unlocked.
-func lockDataDir(dir string) (release func(), err error) {
-	path := filepath.Join(dir, "tinkerfleet.lock")
+// error (a *DataDirInUseError); where the file system has no locks, dir is used unlocked.
+func lockDataDir(dir string) (*dirLock, error) {
+	path := filepath.Join(dir, lockFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
 	if err != nil {
 		return nil, fmt.Errorf("lock file: %w", err)
@@ -29,16 +28,38 @@ func lockDataDir(dir string) (release func(), err error) {
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			// A file system without locks (some network mounts: ENOLCK, EOPNOTSUPP) runs
 			// as it did before the lock: refusing to start there would cost more.
-			return func() {}, nil
+			return &dirLock{}, nil
 		}
-		who := "another process"
-		if pid := strings.TrimSpace(string(holder)); pid != "" {
-			who += " (pid " + pid + ")"
-		}
-		return nil, fmt.Errorf("%s is in use by %s: wait for it to end, or give this one a data directory of its own", dir, who)
+		return nil, inUse(dir, holder)
 	}
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	l := &dirLock{f: f}
+	l.write(strconv.Itoa(os.Getpid()) + "\n")
+	return l, nil
+}
+
+// dirLock is a data directory held by this process. Its file says by whom (the pid), and
+// once the server is up where it serves (its client URL).
+type dirLock struct {
+	f *os.File // nil where the file system has no locks
+}
+
+// announce adds the server's client URL to the lock file, after the pid.
+func (l *dirLock) announce(url string) {
+	l.write(strconv.Itoa(os.Getpid()) + "\n" + url + "\n")
+}
+
+func (l *dirLock) write(s string) {
+	if l.f == nil {
+		return
 	}
-	return func() { _ = f.Close() }, nil // closing the file releases the lock
+	if err := l.f.Truncate(0); err == nil {
+		_, _ = l.f.WriteAt([]byte(s), 0)
+	}
+}
+
+// release lets go of the directory: closing the file releases the lock.
+func (l *dirLock) release() {
+	if l.f != nil {
+		_ = l.f.Close()
+	}
 }
