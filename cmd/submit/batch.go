@@ -80,7 +80,7 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	defer sess.close()
-	st, err := status(ctx, sess.q, batch)
+	st, err := status(ctx, sess.q, batch, sess.alone())
 	if err != nil {
 		return err
 	}
@@ -115,8 +115,8 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 }
 
 // status counts a batch's results by status (reading headers only) and its waiting jobs, and
-// says what holds up the rest.
-func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, error) {
+// says what holds up the rest; alone is session.alone.
+func status(ctx context.Context, q *queue.Queue, batch string, alone bool) (batchStatus, error) {
 	m, _, err := q.GetManifest(ctx, batch)
 	if err != nil {
 		return batchStatus{}, err
@@ -145,7 +145,7 @@ func status(ctx context.Context, q *queue.Queue, batch string) (batchStatus, err
 	if err != nil {
 		return st, err
 	}
-	s.waiting, s.missing = st.Waiting, m.Jobs-st.Results
+	s.waiting, s.missing, s.alone = st.Waiting, m.Jobs-st.Results, alone
 	_, st.Activity = s.why(statusLookBack)
 	return st, nil
 }
@@ -184,6 +184,12 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	if err != nil {
 		return err
 	}
+	// With no worker that can reach this server, a wait would never end, and would keep the
+	// data directory from the submit --local run that samples the rest: read what is stored.
+	stranded := wait && sess.alone()
+	if stranded {
+		wait = false
+	}
 	var sum summary
 	if output == "" {
 		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, progressOptions{mode: "none"}, env)
@@ -203,6 +209,10 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	}
 	if err != nil {
 		return err
+	}
+	if stranded && sum.total() < m.Jobs {
+		return fmt.Errorf("%d of %d results of batch %s%s; no worker can take the rest: the NATS server runs in this command, which only reads; run the batch's submit --local command again (with -o) to sample them",
+			sum.total(), m.Jobs, m.BatchID, outputNote(output))
 	}
 	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)%s\n",
 		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled, tokensNote(sum.tokens))

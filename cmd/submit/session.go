@@ -82,7 +82,13 @@ type session struct {
 	// host is the process whose embedded server this session reached through the data
 	// directory it holds (see open); nil otherwise.
 	host *queue.DataDirInUseError
+	// own says the NATS server runs in this process, where no other process can reach it.
+	own bool
 }
+
+// alone says that no worker can take a job here: the NATS server is this process's own, and
+// it runs no worker (submit results, status, on a local data directory).
+func (s *session) alone() bool { return s.own && s.held == nil }
 
 // hostEnded says, once the process whose server this session reached has ended (taking its
 // server with it), that it has; "" while it runs, or for a session on a server of its own or
@@ -143,7 +149,7 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 			return nil, err
 		default:
 			s.closers = append(s.closers, emb.Shutdown)
-			o.conn.URL = emb.ClientURL()
+			o.conn.URL, s.own = emb.ClientURL(), true
 		}
 	}
 	o.conn.Name = "tinkerfleet-submit"

@@ -32,6 +32,7 @@ type stall struct {
 	trouble *queue.ServiceNote // what a worker's Tinker client last retried, if anything
 	now     time.Time          // the server's clock when it was asked
 	local   bool               // the worker runs in this process (submit --local)
+	alone   bool               // no worker can reach the NATS server (session.alone): status only
 	held    int                // results the in-process worker cannot store
 }
 
@@ -159,6 +160,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallPublishing, "its jobs are still being published (if that submit stopped, run it again to finish)"
 	case s.waiting == 0:
 		return stallGone, lostPhraseOf(s.missing, s.lostCause)
+	case s.alone:
+		return stallNoWorker, fmt.Sprintf("%s wait, and no worker can take them: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample them", plural(s.waiting, "job"))
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
 	case s.inFlight == 0 && s.pulls == 0 && s.troubled(since):

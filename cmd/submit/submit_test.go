@@ -881,6 +881,42 @@ func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
 	}
 }
 
+// TestWaitingOnALocalDataDirectoryAloneSaysHowToSample: results --wait on a local data
+// directory that no run holds would wait forever (no worker can reach the server it starts),
+// and keep the directory from the submit --local run that would sample the rest. It writes
+// what is stored and says which command samples the rest; status says so too.
+func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
+	in := writeLines(t, jobLines(5))
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"--nats-url", emb.ClientURL(), "--batch-id", "b-alone", "--progress", "none", in}, env); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+	fleettest.Queue(t, emb.ClientURL(), queue.Config{}) // a worker set the consumer up, and left
+	emb.Shutdown()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"results", "--data-dir", data, "--progress", "none", "b-alone", "-o", out, "--wait"}, env)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "0 of 5 results of batch b-alone in "+out+"; no worker can take the rest") ||
+		!strings.Contains(err.Error(), "run the batch's submit --local command again") {
+		t.Fatalf("results --wait with no worker: %v", err)
+	}
+	var status bytes.Buffer
+	if err := run(ctx, []string{"status", "--data-dir", data, "b-alone"}, &environment{getenv: env.getenv, stdout: &status, stderr: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(status.String(), "5 jobs wait, and no worker can take them: the NATS server runs in this command") {
+		t.Fatalf("status with no worker:\n%s", status.String())
+	}
+}
+
 // TestRunAgainAfterAKilledLocalRunGoesOnAtOnce: a local run killed with jobs delivered to
 // its worker (kill -9, a crash: nothing hands them back) leaves them pending on its store.
 // Run again, submit gives them out at once rather than after AckWait.
