@@ -20,6 +20,7 @@ type DataDirInUseError struct {
 	URL string
 }
 
+// Error says whose the directory is, and what to do.
 func (e *DataDirInUseError) Error() string {
 	who := "another process"
 	if e.PID != "" {

@@ -248,9 +248,9 @@ const setupAttemptTimeout = 10 * time.Second
 // Reclaim makes every job delivered and not settled deliverable again at once, and returns
 // how many there were. Call it only where no worker can hold a job: on the embedded server
 // of submit --local, just started on the store of a run that stopped without handing its
-// jobs back (kill -9, a crash, a closed laptop). There they would wait out AckWait (30 s on
-// a rerun of a few hundred jobs' end). Anywhere else a delivered job is a live worker's, and
-// AckWait is what gives it to another.
+// jobs back (kill -9, a crash, a power cut). There they would wait out AckWait, 30 s at the
+// end of the rerun. Anywhere else a delivered job is a live worker's, and AckWait is what
+// gives it to another.
 //
 // The server resets the consumer to its ack floor: the work queue holds only jobs not yet
 // acked, and they go out again, their delivery counts back at zero.
