@@ -162,7 +162,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		if err := os.Rename(rejectsTmp.Name(), path); err != nil {
 			return fmt.Errorf("rejects file: %w", err)
 		}
-		fmt.Fprintf(env.stderr, "%d invalid lines skipped; written to %s\n", scan.rejected, path)
+		fmt.Fprintf(env.stderr, "%s skipped; written to %s\n", plural(scan.rejected, "invalid line"), path)
 	}
 	if scan.accepted == 0 {
 		return fmt.Errorf("no valid lines to publish: %w", errInvalidInput)
