@@ -34,9 +34,12 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 	if err != nil {
 		return o, "", err
 	}
-	if len(rest) != 1 {
+	switch {
+	case len(rest) == 0: // the flags are not what is missing
+		return o, "", fmt.Errorf("%s needs a batch id (submit list shows them; submit %s -h, the flags): %w", name, name, errUsage)
+	case len(rest) > 1:
 		fs.Usage()
-		return o, "", fmt.Errorf("%s needs one batch id: %w", name, errUsage)
+		return o, "", fmt.Errorf("%s takes one batch id, not %q: %w", name, rest, errUsage)
 	}
 	return o, rest[0], queue.ValidateBatchID(rest[0])
 }

@@ -341,6 +341,26 @@ func TestEmptyFileIsAnError(t *testing.T) {
 	}
 }
 
+// TestABatchCommandWithoutABatchIdSaysWhereToFindOne: a batch command without its batch id
+// says where the ids are, in a line, rather than print every flag; with two ids it shows the
+// usage.
+func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"status", "results", "failed", "cancel", "delete"} {
+		var stderr bytes.Buffer
+		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+		err := run(context.Background(), []string{name, "--data-dir", t.TempDir()}, env)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), name+" needs a batch id (submit list shows them") || stderr.Len() != 0 {
+			t.Errorf("submit %s without a batch id: %v, and printed %q", name, err, stderr.String())
+		}
+		stderr.Reset()
+		err = run(context.Background(), []string{name, "--data-dir", t.TempDir(), "b-1", "b-2"}, env)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), name+` takes one batch id, not ["b-1" "b-2"]`) || !strings.Contains(stderr.String(), "usage: submit "+name) {
+			t.Errorf("submit %s with two batch ids: %v, and printed %q", name, err, stderr.String())
+		}
+	}
+}
+
 // TestAFileGivenTwiceIsRefused: the same file twice, under its name or through a link, is
 // refused before anything is read, naming it; two files of the same size are not the same.
 func TestAFileGivenTwiceIsRefused(t *testing.T) {
