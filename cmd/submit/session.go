@@ -138,8 +138,11 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 	embedded := o.conn.URL == "" || o.local
 	var inUse *queue.DataDirInUseError
 	if embedded {
-		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1})
+		// A subcommand reads what was submitted: where nothing was, it makes no store.
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1, Existing: join})
 		switch {
+		case errors.Is(err, queue.ErrNoDataDir):
+			return nil, fmt.Errorf("%w: nothing was submitted here; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err)
 		case errors.As(err, &inUse) && join && inUse.URL != "":
 			embedded, o.conn.URL, s.host = false, inUse.URL, inUse
 			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)

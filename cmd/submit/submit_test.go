@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -357,6 +358,24 @@ func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
 		err = run(context.Background(), []string{name, "--data-dir", t.TempDir(), "b-1", "b-2"}, env)
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), name+` takes one batch id, not ["b-1" "b-2"]`) || !strings.Contains(stderr.String(), "usage: submit "+name) {
 			t.Errorf("submit %s with two batch ids: %v, and printed %q", name, err, stderr.String())
+		}
+	}
+}
+
+// TestCommandsWhereNothingWasSubmittedSaySoAndMakeNoStore: status or list run in a folder
+// where nothing was submitted (the wrong working directory) say so, rather than "no such
+// batch" from a store they made there.
+func TestCommandsWhereNothingWasSubmittedSaySoAndMakeNoStore(t *testing.T) {
+	t.Parallel()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	data := filepath.Join(t.TempDir(), "nothing-here")
+	for _, args := range [][]string{{"status", "--data-dir", data, "b-1"}, {"list", "--data-dir", data}} {
+		err := run(context.Background(), args, env)
+		if !errors.Is(err, queue.ErrNoDataDir) || !strings.Contains(err.Error(), "nothing was submitted here; run this in the folder the batch was submitted from, or give its --data-dir") {
+			t.Errorf("submit %s: %v", args[0], err)
+		}
+		if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("submit %s made %s (%v)", args[0], data, err)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -22,7 +23,14 @@ type EmbeddedConfig struct {
 	MaxPayload int32
 	// Logs turns on the server's own log output (to stderr).
 	Logs bool
+	// Existing refuses, with ErrNoDataDir, a data directory no embedded server has used: a
+	// command that only reads must not make a store where nothing was submitted.
+	Existing bool
 }
+
+// ErrNoDataDir is StartEmbedded's error, with EmbeddedConfig.Existing, for a data directory no
+// embedded server has used.
+var ErrNoDataDir = errors.New("no tinkerfleet data directory")
 
 // DefaultMaxPayload is the max payload of the embedded server: results up to this size are
 // accepted; the worker compresses larger ones and replaces any that still do not fit.
@@ -44,6 +52,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
+	}
+	// nats-server keeps its JetStream store in a "jetstream" folder of StoreDir.
+	if _, err := os.Stat(filepath.Join(dir, "jetstream")); cfg.Existing && errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s", ErrNoDataDir, dir)
 	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded nats: data directory: %w", err)
