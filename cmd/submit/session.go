@@ -135,16 +135,15 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 			s.close()
 		}
 	}()
-	embedded := o.conn.URL == "" || o.local
 	var inUse *queue.DataDirInUseError
-	if embedded {
+	if o.conn.URL == "" || o.local {
 		// A subcommand reads what was submitted: where nothing was, it makes no store.
 		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1, Existing: join})
 		switch {
 		case errors.Is(err, queue.ErrNoDataDir):
 			return nil, fmt.Errorf("%w: nothing was submitted here; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err)
 		case errors.As(err, &inUse) && join && inUse.URL != "":
-			embedded, o.conn.URL, s.host = false, inUse.URL, inUse
+			o.conn.URL, s.host = inUse.URL, inUse
 			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)
 		case errors.As(err, &inUse):
 			return nil, fmt.Errorf("%w; meanwhile submit status, results, cancel and list reach its batches", err)
@@ -181,7 +180,7 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 	if s.q, err = queue.Bind(ctx, js, o.queue); err != nil {
 		return nil, err
 	}
-	if embedded {
+	if s.own {
 		// No worker but ours can reach this server (a random loopback port): a job delivered
 		// and not settled is one a run killed before it could hand it back.
 		n, err := s.q.Reclaim(ctx)
