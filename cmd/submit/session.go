@@ -135,10 +135,10 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 			s.close()
 		}
 	}()
-	var inUse *queue.DataDirInUseError
 	if o.conn.URL == "" || o.local {
 		// A subcommand reads what was submitted: where nothing was, it makes no store.
 		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Port: -1, Existing: join})
+		var inUse *queue.DataDirInUseError
 		switch {
 		case errors.Is(err, queue.ErrNoDataDir):
 			return nil, fmt.Errorf("%w: nothing was submitted here; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err)
@@ -157,14 +157,14 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 	o.conn.Name = "tinkerfleet-submit"
 	o.conn.Logger = s.log
 	var extra []nats.Option
-	if inUse != nil {
+	if s.host != nil {
 		// Its server ends with that process: no other will take its address.
 		extra = append(extra, nats.NoReconnect())
 	}
 	nc, err := queue.Connect(o.conn, extra...)
 	if err != nil {
-		if inUse != nil { // it stopped since it said where it serves
-			return nil, fmt.Errorf("%w, and its server does not answer: %w", inUse, err)
+		if s.host != nil { // it stopped since it said where it serves
+			return nil, fmt.Errorf("%w, and its server does not answer: %w", s.host, err)
 		}
 		return nil, err
 	}

@@ -1,12 +1,6 @@
 package queue
 
-import (
-	"fmt"
-	"strings"
-)
-
-// lockFileName is the file in a data directory that its embedded server's process locks.
-const lockFileName = "tinkerfleet.lock"
+import "fmt"
 
 // DataDirInUseError says that another process runs an embedded server on the data directory,
 // and where that server serves, so that a command that only reads or cancels can connect to
@@ -27,15 +21,4 @@ func (e *DataDirInUseError) Error() string {
 		who += " (pid " + e.PID + ")"
 	}
 	return fmt.Sprintf("%s is in use by %s: wait for it to end, or give this one a data directory of its own", e.Dir, who)
-}
-
-// inUse reads a lock file's content: the pid, then the URL once the server is up.
-func inUse(dir string, holder []byte) *DataDirInUseError {
-	e := &DataDirInUseError{Dir: dir}
-	lines := strings.Split(string(holder), "\n")
-	e.PID = strings.TrimSpace(lines[0])
-	if len(lines) > 1 {
-		e.URL = strings.TrimSpace(lines[1])
-	}
-	return e
 }

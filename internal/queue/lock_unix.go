@@ -8,8 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 )
+
+// lockFileName is the file in a data directory that its embedded server's process locks.
+const lockFileName = "tinkerfleet.lock"
 
 // lockDataDir takes an exclusive lock on dir for this process, held until release is called
 // (or the process ends, which the kernel releases it with). nats-server does not lock its
@@ -62,4 +66,15 @@ func (l *dirLock) release() {
 	if l.f != nil {
 		_ = l.f.Close()
 	}
+}
+
+// inUse reads a lock file's content: the pid, then the URL once the server is up.
+func inUse(dir string, holder []byte) *DataDirInUseError {
+	e := &DataDirInUseError{Dir: dir}
+	lines := strings.Split(string(holder), "\n")
+	e.PID = strings.TrimSpace(lines[0])
+	if len(lines) > 1 {
+		e.URL = strings.TrimSpace(lines[1])
+	}
+	return e
 }
