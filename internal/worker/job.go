@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -210,8 +211,16 @@ func (w *Worker) keep(s *settlement) {
 	}
 }
 
-// work decides the outcome of one delivery.
-func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, delivered uint64, r *dispatch.Reservation) outcome {
+// work decides the outcome of one delivery. A panic while working it (a tinkerfleet bug, met
+// perhaps on this job's input only) ends the job with an internal error result instead of the
+// worker: a crash would drop every job the worker holds, and the job, delivered again, would
+// crash the next worker too, or, under submit --local, every run of the batch.
+func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, delivered uint64, r *dispatch.Reservation) (out outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			out = w.panicked(msg, batch, customID, delivered, p)
+		}
+	}()
 	job, err := jobs.DecodeJob(msg.Data())
 	if err == nil {
 		err = job.Validate(w.cfg.Limits)
@@ -247,6 +256,27 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 	}
 	return w.sample(ctx, job, batch, r)
 }
+
+// panicked is the outcome of a job whose work panicked with p: an internal error result, and
+// the stack in the log. Called from the deferred recover, while the stack still shows where.
+func (w *Worker) panicked(msg jetstream.Msg, batch, customID string, delivered uint64, p any) outcome {
+	w.jobLog(batch, customID, delivered).Error("job panicked: a tinkerfleet bug; the job ends with an internal error result and the worker goes on",
+		"panic", p, "stack", string(debug.Stack()))
+	w.metrics.panicked()
+	what := fmt.Sprint(p)
+	if len(what) > maxPanicText {
+		what = what[:maxPanicText] + "…"
+	}
+	res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
+		Code:     jobs.CodeInternal,
+		Message:  fmt.Sprintf("tinkerfleet bug: the worker panicked on this job (%s); the worker's log has the stack", what),
+		Category: jobs.CategoryUnknown,
+	})
+	return outcome{result: &res, settle: settleTerm}
+}
+
+// maxPanicText bounds the panic's text in a result: a panic value may be any size.
+const maxPanicText = 300
 
 // cancelled is the outcome of a job of a cancelled batch: a cancelled result, not sampled.
 func cancelled(job jobs.Job, batch string) outcome {
@@ -304,6 +334,13 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	}
 
 	st := &sampleState{reservation: r, batch: batch}
+	kept := false // the result, and its memory charge, go to the outcome
+	defer func() {
+		if !kept { // a failure, or a panic (see work): give back what the sample held
+			w.gate.capacity.done(&st.phase)
+			mem.release()
+		}
+	}()
 	sctx := withSampleState(ctx, st)
 	req := tinker.SampleRequest{
 		Prompt:             tinker.EncodedText(prompt),
@@ -322,10 +359,10 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 			res, err = sampler.Sample(sctx, req)
 		}
 	}
-	w.gate.capacity.done(&st.phase)
-	if err != nil {
-		mem.release()
+	if err == nil && w.sampled != nil {
+		w.sampled(job)
 	}
+	w.gate.capacity.done(&st.phase)
 	if errors.Is(err, tinker.ErrFutureTimeout) {
 		return transient(fmt.Errorf("no result %s after the service accepted the sample: it may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
 	}
@@ -343,10 +380,10 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 	}
 	cells := replyCells(res.Response)
 	if err := mem.grow(ctx, int64(cells)*resultCellBytes); err != nil {
-		mem.release()
 		return w.failure(ctx, job, batch, err)
 	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
+	kept = true
 	return outcome{result: &result, settle: settleAck, mem: mem, cells: cells}
 }
 

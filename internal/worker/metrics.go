@@ -21,6 +21,7 @@ type Metrics struct {
 	jobsFinished     *prometheus.CounterVec
 	jobLatency       prometheus.Histogram
 	deadLetters      prometheus.Counter
+	panics           prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
 	requests         *prometheus.CounterVec
@@ -99,6 +100,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries.",
 		}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_job_panics_total",
+			Help: "Jobs whose work panicked (a tinkerfleet bug): each ended with an internal error result, and the worker logged the stack.",
+		}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_prompt_tokens_total", Help: "Prompt tokens of successful jobs.",
 		}),
@@ -129,7 +134,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.panics, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -222,6 +227,12 @@ func (m *Metrics) pulled() {
 func (m *Metrics) deadLetter() {
 	if m != nil {
 		m.deadLetters.Inc()
+	}
+}
+
+func (m *Metrics) panicked() {
+	if m != nil {
+		m.panics.Inc()
 	}
 }
 

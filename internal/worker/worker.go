@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
@@ -36,6 +37,9 @@ type Worker struct {
 
 	pullDone    chan struct{} // closed when Run stopped pulling and closed the puller
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
+	// sampled, when set (by a test), is called with each job the service sampled, as its
+	// reply arrives: where a bug decoding the reply would panic.
+	sampled func(jobs.Job)
 
 	samplers   samplerCache
 	models     modelCache

@@ -673,6 +673,55 @@ func TestResultTooLargeForNATSEndsAsAnErrorResult(t *testing.T) {
 	}
 }
 
+// TestAJobThatPanicsEndsAloneWithAnInternalError: a panic while working one job (here as the
+// service's reply arrives) ends that job with an internal error result, once, and
+// gives back what its sample held; the worker, its one job handler included, goes on.
+func TestAJobThatPanicsEndsAloneWithAnInternalError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 1, Registerer: reg})
+	w.sampled = func(job jobs.Job) {
+		if job.CustomID == "boom" {
+			var cells []int
+			_ = cells[len(job.CustomID)] // a runtime error, as a decoding bug would raise
+		}
+	}
+	run(t, w)
+	js := tokenJobs("ok-", 2)
+	js = append(js[:1], jobs.Job{CustomID: "boom", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1,
+		Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true}, js[1]) // memory reserved before sampling
+
+	publishJobs(t, b.results, "p", js)
+	res := waitResults(t, b.results, "p", 3, 30*time.Second)
+	if r := res["boom"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInternal ||
+		r.Error.Category != jobs.CategoryUnknown || !strings.Contains(r.Error.Message, "panicked on this job (runtime error: index out of range") {
+		t.Fatalf("result of the job that panicked = %+v", r)
+	}
+	for _, id := range []string{"ok-0000", "ok-0001"} {
+		if r := res[id]; r.Status != jobs.StatusOK {
+			t.Fatalf("result of %s = %+v", id, r)
+		}
+	}
+
+	// Nothing of the sample stays held: the job is settled, its result memory and its place
+	// in the capacity count given back.
+	c := w.gate.capacity
+	fleettest.Eventually(t, 5*time.Second, "the panicked job's memory and capacity given back", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.held() == 0 && w.memory.charged() == 0
+	})
+	if n := pendingAcks(t, b.results, 0); n != 0 {
+		t.Fatalf("%d jobs not acked", n)
+	}
+	got := gathered(t, reg)
+	if got["tinkerfleet_job_panics_total{}"] != 1 || got["tinkerfleet_jobs_finished_total{code="+jobs.CodeInternal+",status=error}"] != 1 {
+		t.Fatalf("panics %v, internal errors %v; want 1 each", got["tinkerfleet_job_panics_total{}"],
+			got["tinkerfleet_jobs_finished_total{code="+jobs.CodeInternal+",status=error}"])
+	}
+}
+
 func TestLearnedSharesAddUpToTheCapacity(t *testing.T) {
 	t.Parallel()
 	// Four workers burst into a service that runs 60 samples at once and is slow to say
