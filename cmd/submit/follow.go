@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -347,19 +348,40 @@ func (l *outputLine) ofBatch(path, batch string) error {
 		path, other, l.CustomID, batch, errOtherBatch)
 }
 
+// removeIfEmpty removes the file at path if it is empty: an output file that a run created
+// and then ended before writing to (the run was refused, or stopped first).
+func removeIfEmpty(path string) {
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		_ = os.Remove(path)
+	}
+}
+
 // errOtherBatch is the error of an output file that holds another batch's results.
 var errOtherBatch = errors.New("the output file belongs to another batch")
 
 // checkOutput returns an error when the output file at path cannot be written, or starts with
 // a result of another batch (errOtherBatch): submit checks it before publishing, so that no
-// job is sent for results that could not be written. It creates a missing file. openOutput
-// checks every line later.
-func checkOutput(path, batch string) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+// job is sent for results that could not be written. It creates a missing file, and says so
+// (created), for the caller to remove it again should the run end before writing to it.
+// openOutput checks every line later.
+func checkOutput(path, batch string) (created bool, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err == nil {
+		return true, f.Close() // new, so empty: nothing to check
+	}
+	if errors.Is(err, fs.ErrExist) {
+		f, err = os.OpenFile(path, os.O_RDWR, 0)
+	}
 	if err != nil {
-		return fmt.Errorf("output: %w", err)
+		return false, fmt.Errorf("output: %w", err)
 	}
 	defer f.Close()
+	return false, checkOutputStart(f, path, batch)
+}
+
+// checkOutputStart checks the first line of the output file f, if it has one, for
+// checkOutput.
+func checkOutputStart(f *os.File, path, batch string) error {
 	var in io.Reader = f
 	if kind := outputCompression(path); kind != "" {
 		if fi, err := f.Stat(); err == nil && fi.Size() > 0 {

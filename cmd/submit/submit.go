@@ -53,7 +53,7 @@ type submitOptions struct {
 // maxReported bounds the bad lines printed; all of them are counted.
 const maxReported = 50
 
-func runSubmit(ctx context.Context, args []string, env *environment) error {
+func runSubmit(ctx context.Context, args []string, env *environment) (runErr error) {
 	var o submitOptions
 	fs, s := newFlagSet("", env)
 	fs.Usage = func() { fmt.Fprint(env.stderr, submitUsage); fs.PrintDefaults() }
@@ -171,8 +171,16 @@ func runSubmit(ctx context.Context, args []string, env *environment) error {
 		return nil
 	}
 	if o.output != "" {
-		if err := checkOutput(o.output, o.batchID); err != nil {
+		created, err := checkOutput(o.output, o.batchID)
+		if err != nil {
 			return err
+		}
+		if created { // made to prove it can be written: a run that ends first leaves no empty file
+			defer func() {
+				if runErr != nil {
+					removeIfEmpty(o.output)
+				}
+			}()
 		}
 	}
 

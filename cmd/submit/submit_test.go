@@ -689,6 +689,35 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	}
 }
 
+// TestARefusedRunLeavesNoEmptyOutputFile: submit creates the -o file before publishing, to
+// know it can write it; a run refused after that (here: a local run without a Tinker key)
+// removes it again, and leaves alone an empty file that was there before.
+func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	refused := func(out string) {
+		t.Helper()
+		args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
+		if err := run(context.Background(), args, env); err == nil || !strings.Contains(err.Error(), "needs a Tinker key") {
+			t.Fatalf("a local run without a key: %v", err)
+		}
+	}
+	out := filepath.Join(dir, "results.jsonl")
+	refused(out)
+	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the refused run left its output file behind: %v", err)
+	}
+	mine := filepath.Join(dir, "mine.jsonl")
+	if err := os.WriteFile(mine, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused(mine)
+	if _, err := os.Stat(mine); err != nil {
+		t.Fatalf("the refused run removed an output file it did not create: %v", err)
+	}
+}
+
 // TestLocalSimulatedWorkerKeepsConnections: submit's in-process worker samples on the
 // simulator over connections it keeps, as it would on the real service: about one per job in
 // flight, not one per request. With Go's default pool (2 idle connections a host), which it
@@ -1617,11 +1646,11 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	if _, err := openOutput(openAIOnly, "other", map[string]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
 		t.Fatalf("OpenAI lines of batch b opened for batch other: %v", err)
 	}
-	if err := checkOutput(openAIOnly, "other"); !errors.Is(err, errOtherBatch) {
+	if _, err := checkOutput(openAIOnly, "other"); !errors.Is(err, errOtherBatch) {
 		t.Fatalf("checkOutput of OpenAI lines of batch b for batch other: %v", err)
 	}
-	if err := checkOutput(openAIOnly, "b"); err != nil {
-		t.Fatalf("checkOutput for its own batch: %v", err)
+	if created, err := checkOutput(openAIOnly, "b"); err != nil || created {
+		t.Fatalf("checkOutput for its own batch: created %v, %v", created, err)
 	}
 	seen := map[string]bool{}
 	var sum summary
