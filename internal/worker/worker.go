@@ -61,6 +61,9 @@ type Worker struct {
 func (w *Worker) Run(ctx context.Context) error {
 	puller, err := w.cfg.Queue.NewJobPuller(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it began: as clean a stop as any
+		}
 		return err
 	}
 	// Results are stored and their jobs acked in groups, until every handler has returned.

@@ -227,6 +227,20 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 // their batch is cancelled (here behind a fleet pause) are not sent when the pause ends: they
 // end as cancelled results, and the service sees no sample. A worker holds up to its
 // concurrency in such jobs, which were sampled, and billed, after the cancel.
+// TestAWorkerStoppedBeforeItBeganStopsCleanly: a worker stopped while it starts (a refused
+// submit --local stops its worker at once) returns nil, as from any clean stop, rather than
+// the error of the consumer lookup its stop cut short.
+func TestAWorkerStoppedBeforeItBeganStopsCleanly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	w := b.open(t, b.connect(t), Config{Concurrency: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("Run stopped before it began: %v", err)
+	}
+}
+
 func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
