@@ -137,6 +137,12 @@ type Timing struct {
 
 	QueueLogEvery time.Duration // 60 s debounce of paused-queue log lines (§4.3)
 	Bare400Budget int           // 16 bare 400s converted to connection errors (§1.4)
+
+	// MaxReplyBytes bounds the body of any reply read: 256 MiB, far past the largest result
+	// a request can ask for (a long prompt's top-20 logprobs are tens of MiB), so that a
+	// misbehaving service or proxy cannot make the client read without end. A larger reply
+	// is a *ProtocolError, read no further and not retried.
+	MaxReplyBytes int64
 }
 
 func (t Timing) withDefaults() Timing {
@@ -186,6 +192,9 @@ func (t Timing) withDefaults() Timing {
 	d(&t.QueueLogEvery, 60*time.Second)
 	if t.Bare400Budget == 0 {
 		t.Bare400Budget = 16
+	}
+	if t.MaxReplyBytes == 0 {
+		t.MaxReplyBytes = 256 << 20
 	}
 	return t
 }

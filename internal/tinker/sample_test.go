@@ -151,6 +151,48 @@ func TestPollJSONResultAndGarbage(t *testing.T) {
 	}
 }
 
+// TestReplySizeIsBounded: a reply over Timing.MaxReplyBytes is a protocol error, not
+// retried, whether its Content-Length says so or it streams without one, and without end; a
+// reply of exactly the bound is read.
+func TestReplySizeIsBounded(t *testing.T) {
+	const limit = 1 << 20
+	small := func(c *Config) { c.Timing.MaxReplyBytes = limit }
+	result := `{"type":"sample","sequences":[{"stop_reason":"length","tokens":[9],"logprobs":[-1.5]}]}`
+	padded := func(n int) reply { // the result, then spaces up to n bytes in all
+		return func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(result + strings.Repeat(" ", n-len(result))))
+		}
+	}
+	if res, _, _, _, err := runSample(t, small, padded(limit)); err != nil || res.Response.Sequences[0].Tokens[0] != 9 {
+		t.Fatalf("a reply of exactly the bound: %+v %v", res, err)
+	}
+	declared := func(w http.ResponseWriter, r *http.Request, b []byte) {
+		w.Header().Set("Content-Length", fmt.Sprint(limit+1))
+		padded(limit+1)(w, r, b)
+	}
+	endless := func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(result))
+		spaces := []byte(strings.Repeat(" ", 64<<10))
+		for r.Context().Err() == nil {
+			if _, err := w.Write(spaces); err != nil {
+				return // the client stopped reading
+			}
+		}
+	}
+	for name, rep := range map[string]reply{"streamed": padded(limit + 1), "declared": declared, "endless": endless} {
+		_, f, _, _, err := runSample(t, small, rep)
+		var pe *ProtocolError
+		if !errors.As(err, &pe) || IsRetryable(err) || !strings.Contains(err.Error(), "larger than 1048576 bytes") {
+			t.Fatalf("%s reply over the bound: %v", name, err)
+		}
+		if n := len(f.requests("retrieve_future")); n != 1 {
+			t.Fatalf("%s reply over the bound: %d polls, want 1 (no retry)", name, n)
+		}
+	}
+}
+
 func TestPoll408And5xxRepollImmediately(t *testing.T) {
 	res, f, fc, ev, err := runSample(t, nil,
 		jsonReply(408, `{"type":"try_again","request_id":"x","queue_state":"paused_rate_limit"}`),

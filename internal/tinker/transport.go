@@ -98,7 +98,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	var r *response
 	if err == nil {
 		r = &response{status: resp.StatusCode, header: resp.Header}
-		r.body, err = readBody(resp)
+		r.body, err = readBody(resp, c.t.MaxReplyBytes)
 		contentLen := resp.ContentLength
 		_ = resp.Body.Close()
 		if err == nil && r.status == http.StatusBadRequest && contentLen <= 0 {
@@ -124,6 +124,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	}
 	c.emit(Event{Kind: EventRequest, Endpoint: cl.name, Method: cl.method, StatusCode: status,
 		Duration: dur, Attempt: retryCount, SamplerID: cl.samplerID})
+	if errors.Is(err, errReplyTooLarge) {
+		return nil, &ProtocolError{Endpoint: cl.name, Msg: fmt.Sprintf("reply of status %d is larger than %d bytes (Timing.MaxReplyBytes)", status, c.t.MaxReplyBytes)}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("tinker: %s: %w", cl.name, ctx.Err())
@@ -135,7 +138,12 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	return r, nil
 }
 
-func readBody(resp *http.Response) ([]byte, error) {
+// readBody reads a reply's body, at most limit bytes of it: a longer one is errReplyTooLarge,
+// found before reading when its Content-Length says so.
+func readBody(resp *http.Response, limit int64) ([]byte, error) {
+	if resp.ContentLength > limit {
+		return nil, errReplyTooLarge
+	}
 	if resp.ContentLength > 0 && resp.ContentLength < 64<<20 {
 		b := make([]byte, resp.ContentLength)
 		if _, err := io.ReadFull(resp.Body, b); err != nil {
@@ -143,8 +151,15 @@ func readBody(resp *http.Response) ([]byte, error) {
 		}
 		return b, nil
 	}
-	return io.ReadAll(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err == nil && int64(len(b)) > limit {
+		return nil, errReplyTooLarge
+	}
+	return b, err
 }
+
+// errReplyTooLarge is readBody's error for a body over Timing.MaxReplyBytes.
+var errReplyTooLarge = errors.New("reply too large")
 
 // statusError turns a non-success reply into a *StatusError with a truncated
 // body from which the API key and any JWT are scrubbed (before truncating, so
