@@ -399,7 +399,7 @@ func checkOutputStart(f *os.File, path, batch string) error {
 	}
 	r, _, ok := parseOutputLine(line)
 	if !ok {
-		return nil // not a result: openOutput says so
+		return fmt.Errorf("%s holds a line that is not a result (line 1); give another -o file: %w", path, errNotResults)
 	}
 	return r.ofBatch(path, batch)
 }

@@ -82,6 +82,21 @@ func checkDistinct(files []string) error {
 	return nil
 }
 
+// checkOutputIsNoInput refuses an output file that is one of the input files (under its name
+// or another), before reading them: results written there would follow its prompts.
+func checkOutputIsNoInput(output string, files []string) error {
+	out, err := os.Stat(output)
+	if err != nil {
+		return nil // a new file, or one checkOutput reports
+	}
+	for _, name := range files {
+		if fi, err := os.Stat(name); err == nil && os.SameFile(fi, out) {
+			return fmt.Errorf("-o %s is the input file %s: give the results a file of their own: %w", output, name, errUsage)
+		}
+	}
+	return nil
+}
+
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,
 // line numbers and the batch's digest are those of the decompressed text, so a file
 // compressed again, another way, is the same batch.

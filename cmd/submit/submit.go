@@ -101,6 +101,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		return err
 	}
 	if o.output != "" {
+		if err := checkOutputIsNoInput(o.output, files); err != nil {
+			return err
+		}
 		o.wait = true
 	}
 	if o.batchID != "" {

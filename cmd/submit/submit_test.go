@@ -409,6 +409,47 @@ func TestAFileGivenTwiceIsRefused(t *testing.T) {
 	}
 }
 
+// TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing: an -o file that is an input file, or
+// starts with a line that is no result, is refused before a job is published, and is left as
+// it was. Such a file was found out only once the batch was published, and was being sampled.
+func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	in := writeLines(t, jobLines(3))
+	link := filepath.Join(t.TempDir(), "link.jsonl")
+	if err := os.Symlink(in, link); err != nil {
+		t.Fatal(err)
+	}
+	notes := filepath.Join(t.TempDir(), "notes.jsonl")
+	if err := os.WriteFile(notes, []byte("{\"note\": \"keep me\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		output string
+		want   string
+		is     error
+	}{
+		{in, "-o " + in + " is the input file " + in + ": give the results a file of their own", errUsage},
+		{link, "-o " + link + " is the input file " + in, errUsage},
+		{notes, notes + " holds a line that is not a result (line 1); give another -o file", errNotResults},
+	} {
+		before, err := os.ReadFile(c.output)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = f.submit(context.Background(), in, "-o", c.output)
+		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("submit -o %s: %v; want %q", c.output, err, c.want)
+		}
+		if after, _ := os.ReadFile(c.output); !bytes.Equal(after, before) {
+			t.Errorf("submit -o %s changed it", c.output)
+		}
+	}
+	if n := jobsIn(t, bind(t, f)); n != 0 {
+		t.Fatalf("%d jobs published for results that could not be written", n)
+	}
+}
+
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
