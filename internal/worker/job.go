@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -216,9 +217,10 @@ func (w *Worker) keep(s *settlement) {
 // worker: a crash would drop every job the worker holds, and the job, delivered again, would
 // crash the next worker too, or, under submit --local, every run of the batch.
 func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID string, delivered uint64, r *dispatch.Reservation) (out outcome) {
+	var job jobs.Job // as far as it is decoded, for the result of a panic
 	defer func() {
 		if p := recover(); p != nil {
-			out = w.panicked(msg, batch, customID, delivered, p)
+			out = w.panicked(job, batch, customID, delivered, p)
 		}
 	}()
 	job, err := jobs.DecodeJob(msg.Data())
@@ -259,23 +261,38 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 
 // panicked is the outcome of a job whose work panicked with p: an internal error result, and
 // the stack in the log. Called from the deferred recover, while the stack still shows where.
-func (w *Worker) panicked(msg jetstream.Msg, batch, customID string, delivered uint64, p any) outcome {
+// job is what work had decoded of the job (nothing, when decoding panicked), so that the
+// result keeps its format and metadata: the job is not decoded again, which may panic again.
+func (w *Worker) panicked(job jobs.Job, batch, customID string, delivered uint64, p any) outcome {
 	w.jobLog(batch, customID, delivered).Error("job panicked: a tinkerfleet bug; the job ends with an internal error result and the worker goes on",
 		"panic", p, "stack", string(debug.Stack()))
 	w.metrics.panicked()
-	what := fmt.Sprint(p)
-	if len(what) > maxPanicText {
-		what = what[:maxPanicText] + "…"
+	if job.CustomID == "" {
+		job.CustomID = customID
 	}
-	res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
+	res := errorResult(job, batch, jobs.ResultError{
 		Code:     jobs.CodeInternal,
-		Message:  fmt.Sprintf("tinkerfleet bug: the worker panicked on this job (%s); the worker's log has the stack", what),
+		Message:  fmt.Sprintf("tinkerfleet bug: the worker panicked on this job (%s); the worker's log has the stack", panicText(p)),
 		Category: jobs.CategoryUnknown,
 	})
 	return outcome{result: &res, settle: settleTerm}
 }
 
-// maxPanicText bounds the panic's text in a result: a panic value may be any size.
+// panicText is p as text for a result: at most maxPanicText bytes (a panic value may be any
+// size), cut between characters.
+func panicText(p any) string {
+	text := fmt.Sprint(p)
+	if len(text) <= maxPanicText {
+		return text
+	}
+	cut := maxPanicText
+	for cut > 0 && !utf8.RuneStart(text[cut]) {
+		cut--
+	}
+	return text[:cut] + "…"
+}
+
+// maxPanicText bounds panicText.
 const maxPanicText = 300
 
 // cancelled is the outcome of a job of a cancelled batch: a cancelled result, not sampled.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -704,13 +705,17 @@ func TestAJobThatPanicsEndsAloneWithAnInternalError(t *testing.T) {
 	run(t, w)
 	js := tokenJobs("ok-", 2)
 	js = append(js[:1], jobs.Job{CustomID: "boom", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1,
-		Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true}, js[1]) // memory reserved before sampling
+		Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true, // memory reserved before sampling
+		Metadata: json.RawMessage(`{"row":7}`)}, js[1])
 
 	publishJobs(t, b.results, "p", js)
 	res := waitResults(t, b.results, "p", 3, 30*time.Second)
 	if r := res["boom"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInternal ||
 		r.Error.Category != jobs.CategoryUnknown || !strings.Contains(r.Error.Message, "panicked on this job (runtime error: index out of range") {
 		t.Fatalf("result of the job that panicked = %+v", r)
+	}
+	if r := res["boom"]; string(r.Metadata) != `{"row":7}` || r.Model != "Qwen/Qwen3-8B" {
+		t.Fatalf("the result of the job that panicked lost its metadata or model: %+v", r)
 	}
 	for _, id := range []string{"ok-0000", "ok-0001"} {
 		if r := res[id]; r.Status != jobs.StatusOK {
@@ -733,6 +738,19 @@ func TestAJobThatPanicsEndsAloneWithAnInternalError(t *testing.T) {
 	if got["tinkerfleet_job_panics_total{}"] != 1 || got["tinkerfleet_jobs_finished_total{code="+jobs.CodeInternal+",status=error}"] != 1 {
 		t.Fatalf("panics %v, internal errors %v; want 1 each", got["tinkerfleet_job_panics_total{}"],
 			got["tinkerfleet_jobs_finished_total{code="+jobs.CodeInternal+",status=error}"])
+	}
+}
+
+// TestAPanicsTextIsCutBetweenCharacters: a long panic value is cut to maxPanicText bytes at
+// most, never inside a character (the result's message must stay valid UTF-8).
+func TestAPanicsTextIsCutBetweenCharacters(t *testing.T) {
+	if got := panicText("index out of range"); got != "index out of range" {
+		t.Fatalf("a short panic text became %q", got)
+	}
+	long := strings.Repeat("é", maxPanicText) // two bytes each: byte maxPanicText-1 starts one
+	got := panicText("x" + long)
+	if !utf8.ValidString(got) || !strings.HasSuffix(got, "…") || len(got) > maxPanicText+len("…") || len(got) < maxPanicText-2 {
+		t.Fatalf("a long panic text became %d bytes, valid UTF-8 %v: %q", len(got), utf8.ValidString(got), got)
 	}
 }
 
