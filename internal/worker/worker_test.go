@@ -224,10 +224,6 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	}
 }
 
-// TestJobsAtTheGateOfACancelledBatchAreNotSampled: jobs a worker holds at the gate when
-// their batch is cancelled (here behind a fleet pause) are not sent when the pause ends: they
-// end as cancelled results, and the service sees no sample. A worker holds up to its
-// concurrency in such jobs, which were sampled, and billed, after the cancel.
 // TestAWorkerStoppedBeforeItBeganStopsCleanly: a worker stopped while it starts (a refused
 // submit --local stops its worker at once) returns nil, as from any clean stop, rather than
 // the error of the consumer lookup its stop cut short.
@@ -242,6 +238,10 @@ func TestAWorkerStoppedBeforeItBeganStopsCleanly(t *testing.T) {
 	}
 }
 
+// TestJobsAtTheGateOfACancelledBatchAreNotSampled: jobs a worker holds at the gate when
+// their batch is cancelled (here behind a fleet pause) are not sent when the pause ends: they
+// end as cancelled results, and the service sees no sample. A worker holds up to its
+// concurrency in such jobs, which were sampled, and billed, after the cancel.
 func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
