@@ -59,7 +59,9 @@ func checkReadTwice(name string, once bool) error {
 // checkDistinct refuses a file given twice, under one name or two (a path and a link to it, a
 // shell glob that overlaps another argument). Each of its lines would otherwise be reported
 // as a duplicate custom_id of itself, "first used on line 1" of the same file, line by line.
-func checkDistinct(files []string) error {
+// It refuses as well an output file (output; "" for none) that is one of the inputs: results
+// written there would follow its prompts.
+func checkDistinct(files []string, output string) error {
 	bySize := make(map[int64][]int) // files that may be the same, by size
 	infos := make([]fs.FileInfo, len(files))
 	for i, name := range files {
@@ -79,19 +81,16 @@ func checkDistinct(files []string) error {
 		infos[i] = fi
 		bySize[fi.Size()] = append(bySize[fi.Size()], i)
 	}
-	return nil
-}
-
-// checkOutputIsNoInput refuses an output file that is one of the input files (under its name
-// or another), before reading them: results written there would follow its prompts.
-func checkOutputIsNoInput(output string, files []string) error {
+	if output == "" {
+		return nil
+	}
 	out, err := os.Stat(output)
 	if err != nil {
 		return nil // a new file, or one checkOutput reports
 	}
-	for _, name := range files {
-		if fi, err := os.Stat(name); err == nil && os.SameFile(fi, out) {
-			return fmt.Errorf("-o %s is the input file %s: give the results a file of their own: %w", output, name, errUsage)
+	for _, j := range bySize[out.Size()] {
+		if os.SameFile(infos[j], out) {
+			return fmt.Errorf("-o %s is the input file %s: give the results a file of their own: %w", output, files[j], errUsage)
 		}
 	}
 	return nil

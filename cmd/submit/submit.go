@@ -97,13 +97,10 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 			return err
 		}
 	}
-	if err := checkDistinct(files); err != nil {
+	if err := checkDistinct(files, o.output); err != nil {
 		return err
 	}
 	if o.output != "" {
-		if err := checkOutputIsNoInput(o.output, files); err != nil {
-			return err
-		}
 		o.wait = true
 	}
 	if o.batchID != "" {
