@@ -9,7 +9,6 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -279,17 +278,13 @@ func (w *Worker) panicked(job jobs.Job, batch, customID string, delivered uint64
 }
 
 // panicText is p as text for a result: at most maxPanicText bytes (a panic value may be any
-// size), cut between characters.
+// size), cut between characters (the bytes of one cut in two are dropped).
 func panicText(p any) string {
 	text := fmt.Sprint(p)
 	if len(text) <= maxPanicText {
 		return text
 	}
-	cut := maxPanicText
-	for cut > 0 && !utf8.RuneStart(text[cut]) {
-		cut--
-	}
-	return text[:cut] + "…"
+	return strings.ToValidUTF8(text[:maxPanicText], "") + "…"
 }
 
 // maxPanicText bounds panicText.
