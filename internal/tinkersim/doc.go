@@ -97,5 +97,5 @@
 // 429: a lone 429). Server.Stats (GET /admin/stats) reports requests by
 // endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
 // concurrency, the TCP connections accepted (whether a client keeps its connections, §1.4)
-// and, for every 429, 402 and pause window, how many asample calls arrived inside it.
+// and, for every 429, 402, 401 and pause window, how many asample calls arrived inside it.
 package tinkersim

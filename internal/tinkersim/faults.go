@@ -51,6 +51,10 @@ const (
 	// request away faster than it takes one in, so a client reads some 429s while acceptances
 	// sent before them are still on the wire.
 	FaultSlowAccept FaultKind = "slow_accept"
+	// FaultUnauthorized refuses the credential: requests answer 401 with the detail of an
+	// unknown key (or Fault.Reason), as after the key was revoked (§7.1 AuthenticationError).
+	// Default endpoints: every API endpoint ("*"); admin endpoints are not affected.
+	FaultUnauthorized FaultKind = "401"
 )
 
 // Fault is one injected misbehaviour. It is active from Start (zero: when injected) for
@@ -102,6 +106,7 @@ var defaultEndpoints = map[FaultKind][]string{
 	FaultBare400:         {epAsample, epRetrieveFuture},
 	FaultSlowHeartbeat:   {epHeartbeat},
 	FaultSlowAccept:      {epAsample},
+	FaultUnauthorized:    {"*"},
 }
 
 // fixedEndpointKinds cannot be moved to other endpoints: their effect is specific to one.
@@ -161,7 +166,7 @@ func (f Fault) validate() (Fault, error) {
 // windowed reports whether the stats keep a per-window count of asample calls for this kind.
 func (k FaultKind) windowed() bool {
 	switch k {
-	case FaultRateLimit, FaultPaymentRequired, FaultPausedCapacity, FaultPausedRateLimit:
+	case FaultRateLimit, FaultPaymentRequired, FaultPausedCapacity, FaultPausedRateLimit, FaultUnauthorized:
 		return true
 	}
 	return false

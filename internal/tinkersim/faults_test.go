@@ -175,6 +175,45 @@ func TestFaultPaymentRequired(t *testing.T) {
 	}
 }
 
+// A 401 fault refuses the credential on every API endpoint, as a revoked key, while admin
+// endpoints still answer; its window counts the asample calls that came anyway, and the key
+// works again once the fault is removed.
+func TestFaultUnauthorized(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	sid := h.do("POST", "/api/v1/create_session", `{"sdk_version":"0.25.0","type":"create_session"}`).json(t)["session_id"].(string)
+	id := mustInject(t, h.srv, Fault{Kind: FaultUnauthorized})
+	for i := range 2 {
+		d := mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, int64(i), []int32{1}, nil)), http.StatusUnauthorized)
+		if d["detail"] != "invalid or missing X-API-Key" {
+			t.Fatalf("401 detail %v", d)
+		}
+	}
+	mustJSONError(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), http.StatusUnauthorized)
+	mustJSONError(t, h.do("POST", "/api/v1/client/config", `{"sdk_version":"0.25.0"}`), http.StatusUnauthorized)
+	mustStatus(t, h.do("GET", "/admin/stats", nil), 200)
+	st := h.srv.Stats()
+	if len(st.Windows) != 1 || st.Windows[0].Kind != FaultUnauthorized || st.Windows[0].AsampleCalls != 2 {
+		t.Fatalf("windows %+v", st.Windows)
+	}
+	if !h.srv.RemoveFault(id) {
+		t.Fatal("remove the fault")
+	}
+	h.asample(sampleBody(ssid, 2, []int32{1}, nil))
+	mustStatus(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), 200)
+
+	f, err := ParseFault("kind=401,endpoints=asample,reason=key revoked", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustInject(t, h.srv, f)
+	if d := mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 3, []int32{1}, nil)), http.StatusUnauthorized); d["detail"] != "key revoked" {
+		t.Fatalf("401 detail %v", d)
+	}
+	mustStatus(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), 200)
+}
+
 func TestFaultPausedHoldsFutures(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{LongPollWait: 50 * time.Millisecond})

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Inject adds a fault and returns its id. Faults of kind 429, 402 and the paused kinds also
+// Inject adds a fault and returns its id. Faults of kind 429, 402, 401 and the paused kinds also
 // open a window in Stats.Windows.
 func (s *Server) Inject(f Fault) (FaultID, error) {
 	v, err := f.validate()
@@ -227,6 +227,19 @@ func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string,
 			writeJSONError(w, http.StatusRequestTimeout, orDefault(a.f.Reason, "request timeout"))
 		}
 	}
+	return true
+}
+
+// refuseCredential answers 401 when an injected FaultUnauthorized hits the request, as the
+// service answers a key it no longer accepts; it reports whether it did.
+func (s *Server) refuseCredential(w http.ResponseWriter, endpoint string, now time.Time) bool {
+	s.mu.Lock()
+	a := s.hitLocked(endpoint, now, FaultUnauthorized)
+	s.mu.Unlock()
+	if a == nil {
+		return false
+	}
+	writeJSONError(w, http.StatusUnauthorized, orDefault(a.f.Reason, "invalid or missing X-API-Key"))
 	return true
 }
 

@@ -382,6 +382,9 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, endpoint, rest
 	if endpoint == epAsample {
 		s.countAsampleInWindows(now)
 	}
+	if s.refuseCredential(w, endpoint, now) {
+		return
+	}
 	if endpoint != epRetrieveFuture && s.genericFault(w, endpoint, "", now) {
 		return
 	}

@@ -39,7 +39,7 @@ type Stats struct {
 	PollsHeld int64 `json:"polls_held"`
 	// PeakConcurrent is the largest Concurrent seen.
 	PeakConcurrent int `json:"peak_concurrent"`
-	// Windows lists every injected 429, 402 and pause window with the asample calls that
+	// Windows lists every injected 429, 402, 401 and pause window with the asample calls that
 	// arrived inside it, in injection order.
 	Windows []WindowStats `json:"windows"`
 }
