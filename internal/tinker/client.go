@@ -286,6 +286,35 @@ func (c *Client) sessionLost(ctx context.Context, id string) bool {
 	return errors.As(err, &se) && se.StatusCode == http.StatusNotFound
 }
 
+// CheckCredential asks the service whether it accepts this client's credential now, after a
+// request was refused with 401 or 403 (§7.1): with JWT exchange on, it first mints a new JWT
+// (the service may have stopped honouring the one in use, §2.2), then sends one
+// session_heartbeat (§3.4). It returns nil when the service accepted the credential (a
+// heartbeat answered 404, for a session the service no longer knows, accepted it too), an
+// error for which CredentialRefused is true when the service refused it, and another error
+// when it could not tell (the service unreachable, say).
+func (c *Client) CheckCredential(ctx context.Context) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	if a := c.jwt; a != nil {
+		if !a.lock(ctx) {
+			return fmt.Errorf("tinker: check credential: %w", ctx.Err())
+		}
+		err := a.refresh(ctx)
+		a.unlock()
+		if err != nil {
+			return fmt.Errorf("tinker: check credential: %w", err)
+		}
+	}
+	err := c.doJSON(ctx, c.heartbeatCall(c.SessionID()), nil)
+	var se *StatusError
+	if err == nil || errors.As(err, &se) && se.StatusCode == http.StatusNotFound {
+		return nil
+	}
+	return fmt.Errorf("tinker: check credential: %w", err)
+}
+
 // heartbeatCall is one session_heartbeat of session id (§3.4): no retries, a 10 s timeout.
 func (c *Client) heartbeatCall(id string) *call {
 	body := mustJSON(struct {

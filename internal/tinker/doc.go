@@ -49,7 +49,9 @@
 //
 // Errors are typed: [*StatusError], [*RequestFailedError] (with its [Category]),
 // [*ConnectionError], [*ProtocolError] and [ErrProgressTimeout]; [IsRetryable]
-// tells whether the sample-level layer would retry an error. The API key is an
+// tells whether the sample-level layer would retry an error. A 401 or 403 ([CredentialRefused])
+// is about the credential or about what one request asked for; [Client.CheckCredential]
+// asks the service which, minting a new JWT first when the exchange is on. The API key is an
 // [APIKey], whose String, GoString, Format, LogValue and MarshalText methods all
 // print a redacted form; the key, the credential command's output and the JWTs only ever
 // leave the process in the X-API-Key header, and error bodies are scrubbed of them.

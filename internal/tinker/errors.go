@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // ErrProgressTimeout is returned (wrapped) by [Sampler.Sample] when no request
@@ -130,6 +131,14 @@ func IsRetryable(err error) bool {
 		return se.StatusCode == 410 || retryableStatus(se.StatusCode)
 	}
 	return false
+}
+
+// CredentialRefused reports whether err is a reply of 401 (AuthenticationError) or 403
+// (PermissionDeniedError) from any endpoint (§7.1): the service refused the credential, or
+// refused it what the request asked for. Client.CheckCredential tells the two apart.
+func CredentialRefused(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && (se.StatusCode == http.StatusUnauthorized || se.StatusCode == http.StatusForbidden)
 }
 
 // retryableStatus is the status set of §6.1/§6.2: 408, 409, 429 and 5xx.
