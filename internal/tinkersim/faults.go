@@ -55,6 +55,10 @@ const (
 	// unknown key (or Fault.Reason), as after the key was revoked (§7.1 AuthenticationError).
 	// Default endpoints: every API endpoint ("*"); admin endpoints are not affected.
 	FaultUnauthorized FaultKind = "401"
+	// FaultForbidden answers 403 with a JSON detail (Fault.Reason): the key may not do what
+	// the request asks, a model of another account, say (§7.1 PermissionDeniedError); default
+	// endpoint asample. On every endpoint ("*") it refuses the key as FaultUnauthorized does.
+	FaultForbidden FaultKind = "403"
 )
 
 // Fault is one injected misbehaviour. It is active from Start (zero: when injected) for
@@ -107,6 +111,7 @@ var defaultEndpoints = map[FaultKind][]string{
 	FaultSlowHeartbeat:   {epHeartbeat},
 	FaultSlowAccept:      {epAsample},
 	FaultUnauthorized:    {"*"},
+	FaultForbidden:       {epAsample},
 }
 
 // fixedEndpointKinds cannot be moved to other endpoints: their effect is specific to one.

@@ -214,6 +214,19 @@ func TestFaultUnauthorized(t *testing.T) {
 	mustStatus(t, h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"}), 200)
 }
 
+// A 403 fault refuses one request (by default an asample) with a JSON detail; the key goes on
+// working elsewhere.
+func TestFaultForbidden(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultForbidden, Count: 1})
+	if d := mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(ssid, 0, []int32{1}, nil)), http.StatusForbidden); d["detail"] != "permission denied" {
+		t.Fatalf("403 detail %v", d)
+	}
+	h.asample(sampleBody(ssid, 1, []int32{1}, nil))
+}
+
 func TestFaultPausedHoldsFutures(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{LongPollWait: 50 * time.Millisecond})

@@ -230,16 +230,21 @@ func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string,
 	return true
 }
 
-// refuseCredential answers 401 when an injected FaultUnauthorized hits the request, as the
-// service answers a key it no longer accepts; it reports whether it did.
+// refuseCredential answers 401 or 403 when an injected FaultUnauthorized or FaultForbidden
+// hits the request, as the service answers a key it no longer accepts, or one that may not do
+// what the request asks; it reports whether it did.
 func (s *Server) refuseCredential(w http.ResponseWriter, endpoint string, now time.Time) bool {
 	s.mu.Lock()
-	a := s.hitLocked(endpoint, now, FaultUnauthorized)
+	a := s.hitLocked(endpoint, now, FaultUnauthorized, FaultForbidden)
 	s.mu.Unlock()
-	if a == nil {
+	switch {
+	case a == nil:
 		return false
+	case a.f.Kind == FaultForbidden:
+		writeJSONError(w, http.StatusForbidden, orDefault(a.f.Reason, "permission denied"))
+	default:
+		writeJSONError(w, http.StatusUnauthorized, orDefault(a.f.Reason, "invalid or missing X-API-Key"))
 	}
-	writeJSONError(w, http.StatusUnauthorized, orDefault(a.f.Reason, "invalid or missing X-API-Key"))
 	return true
 }
 
