@@ -48,7 +48,7 @@ type Stats struct {
 type WindowStats struct {
 	// FaultID is the injected fault.
 	FaultID FaultID `json:"fault_id"`
-	// Kind is the fault kind (429, 402, paused_capacity, paused_rate_limit).
+	// Kind is the fault kind (429, 402, 401, paused_capacity, paused_rate_limit).
 	Kind FaultKind `json:"kind"`
 	// Start is when the window opened.
 	Start time.Time `json:"start"`

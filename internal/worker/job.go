@@ -428,6 +428,9 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err er
 		}
 		return transient(err)
 	}
+	if tinker.CredentialRefused(err) {
+		return w.refused(ctx, job, batch, err)
+	}
 	var status *tinker.StatusError
 	if errors.As(err, &status) {
 		switch status.StatusCode {

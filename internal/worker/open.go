@@ -224,7 +224,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		var se *tinker.StatusError
 		if errors.As(err, &se) && (se.StatusCode == http.StatusUnauthorized || se.StatusCode == http.StatusForbidden) {
 			// §7.1: AuthenticationError, PermissionDeniedError. The key is not in the error.
-			return nil, fmt.Errorf("tinker session: the service refused the API key (check TINKER_API_KEY, TINKER_API_KEY_FILE or TINKER_CREDENTIAL_CMD): %w", err)
+			return nil, fmt.Errorf("tinker session: %w: %w", ErrCredentialRefused, err)
 		}
 		return nil, fmt.Errorf("tinker session: %w", err)
 	}

@@ -35,7 +35,10 @@ type Worker struct {
 	health  sessionHealth
 	alive   aliveSet
 
-	pullDone    chan struct{} // closed when Run stopped pulling and closed the puller
+	pullDone    chan struct{}           // closed when Run stopped pulling and closed the puller
+	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
+	stopOnce    sync.Once
+	credential  credentialCheck
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 	// sampled, when set (by a test), is called with each job the service sampled, as its
 	// reply arrives: where a bug decoding the reply would panic.
@@ -59,6 +62,8 @@ type Worker struct {
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
 // ShutdownGrace to finish, naks the rest and returns. It returns nil after a clean stop.
 func (w *Worker) Run(ctx context.Context) error {
+	ctx, w.stop = context.WithCancelCause(ctx)
+	defer w.stop(nil)
 	puller, err := w.cfg.Queue.NewJobPuller(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -151,6 +156,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopBG()
 	stopAlive()
 	bg.Wait()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrCredentialRefused) {
+		return cause
+	}
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
