@@ -32,13 +32,16 @@ func (n RetryNote) RetryIn() time.Duration { return time.Duration(n.RetryInMS) *
 // ServiceNote says what a worker's Tinker client last retried: a request the service failed
 // (5xx) or that did not reach it. The client retries such requests inside a job for minutes
 // (the SDK's retry layers, §6 of the wire notes) before the job fails, so without the note a
-// user waiting on a batch sees only that its jobs are at the workers. The latest note of the
-// fleet is kept, whichever worker and account it came from.
+// user waiting on a batch sees only that its jobs are at the workers. Or, with Stopped, the
+// refusal of the worker's key that stopped it (or kept it from starting). The latest note of
+// the fleet is kept, whichever worker and account it came from.
 type ServiceNote struct {
 	Endpoint  string `json:"endpoint"`    // the request retried: asample, retrieve_future, …
 	Status    int    `json:"status"`      // its HTTP status; 0: it did not reach the service
 	RetryInMS int64  `json:"retry_in_ms"` // how long the client waits before it tries again
 	Error     string `json:"error"`
+	// Stopped says the worker stopped on it, or could not start: the service refuses its key.
+	Stopped bool `json:"stopped,omitempty"`
 	// At is when the note was stored, in the NATS server's clock (set by ReadNotes).
 	At time.Time `json:"-"`
 }

@@ -15,6 +15,9 @@
 //     NakWithDelay, using the fleet backoff's remaining time when it is the cause; the last
 //     allowed delivery publishes an error result and keeps the payload in the dead stream, and
 //     an advisory handler does the same for jobs whose last delivery died with its worker.
+//   - A request refused with 401 or 403 is about the key or about the job: one credential
+//     check tells which. A key the service refuses stops the worker (Run returns
+//     ErrCredentialRefused) and fails no job: its jobs go back to the stream.
 //   - A cancelled batch's jobs end as cancelled results without sampling, also those already
 //     waiting at the gate (for room, or for a pause to end); only a sample already sent runs on.
 //   - Results take bounded memory (Config.ResultMemory): no new sample is sent while the

@@ -224,7 +224,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		var se *tinker.StatusError
 		if errors.As(err, &se) && (se.StatusCode == http.StatusUnauthorized || se.StatusCode == http.StatusForbidden) {
 			// §7.1: AuthenticationError, PermissionDeniedError. The key is not in the error.
-			return nil, fmt.Errorf("tinker session: %w: %w", ErrCredentialRefused, err)
+			err = fmt.Errorf("tinker session: %w: %w", ErrCredentialRefused, err)
+			noteRefusal(cfg.Queue, err, cfg.Logger)
+			return nil, err
 		}
 		return nil, fmt.Errorf("tinker session: %w", err)
 	}

@@ -37,7 +37,7 @@ type Worker struct {
 
 	pullDone    chan struct{}           // closed when Run stopped pulling and closed the puller
 	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
-	stopOnce    sync.Once
+	stopped     atomic.Bool             // stopRun called stop
 	credential  credentialCheck
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 	// sampled, when set (by a test), is called with each job the service sampled, as its
@@ -60,7 +60,9 @@ type Worker struct {
 }
 
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs
-// ShutdownGrace to finish, naks the rest and returns. It returns nil after a clean stop.
+// ShutdownGrace to finish, naks the rest and returns. It returns nil after a clean stop. It
+// stops the same way by itself when the service refuses the worker's credential, and then
+// returns an error wrapping ErrCredentialRefused.
 func (w *Worker) Run(ctx context.Context) error {
 	ctx, w.stop = context.WithCancelCause(ctx)
 	defer w.stop(nil)

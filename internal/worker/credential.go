@@ -1,0 +1,100 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+)
+
+// ErrCredentialRefused is why a worker cannot start, or stops (Run returns it, wrapped): the
+// Tinker service refuses its credential (§7.1: 401 AuthenticationError, 403
+// PermissionDeniedError), as after the key was revoked. No job is at fault, so none fails for
+// it: a worker that stops hands its jobs back to the stream, where they wait for a worker
+// whose credential the service accepts.
+var ErrCredentialRefused = errors.New("the service refused the API key (check TINKER_API_KEY, TINKER_API_KEY_FILE or TINKER_CREDENTIAL_CMD)")
+
+// credentialCheck runs one Client.CheckCredential for all the jobs that a refusal met at
+// about the same time: a revoked key fails every job the worker holds at once.
+type credentialCheck struct {
+	mu    sync.Mutex
+	began time.Time // when the last check began (zero: none yet)
+	err   error     // its outcome
+}
+
+// since returns the outcome of a check that began no earlier than refusedAt, and runs one
+// when there is none. A credential found refused stays so: the worker stops.
+func (c *credentialCheck) since(ctx context.Context, refusedAt time.Time, check func(context.Context) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.began.IsZero() && (!c.began.Before(refusedAt) || tinker.CredentialRefused(c.err)) {
+		return c.err
+	}
+	c.began, c.err = time.Now(), check(ctx)
+	if ctx.Err() != nil {
+		c.began = time.Time{} // cut short: no answer for the jobs that wait for it
+	}
+	return c.err
+}
+
+// refused decides the outcome of a job whose request the service refused with 401 or 403
+// (err), by asking the service whether it still accepts the worker's credential:
+//
+//   - refused: the key is at fault, not the job, and every other job would meet the same
+//     refusal. The worker stops (Run returns ErrCredentialRefused) and hands the job back;
+//     nothing fails, and nothing is sampled while the key is refused.
+//   - accepted, after a 403: the key may not have what this job asked for (a model path of
+//     another account, say): the job ends with an api_error result.
+//   - accepted, after a 401 (a JWT the service stopped honouring, renewed by the check), or
+//     no answer: the job is tried again later.
+func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, err error) outcome {
+	cerr := w.credential.since(ctx, time.Now(), w.client.CheckCredential)
+	var status *tinker.StatusError
+	errors.As(err, &status)
+	switch {
+	case tinker.CredentialRefused(cerr):
+		cause := fmt.Errorf("%w: %w", ErrCredentialRefused, cerr)
+		if w.stopRun(cause) {
+			noteRefusal(w.cfg.Queue, cause, w.log)
+		}
+		return outcome{settle: settleNak}
+	case cerr == nil && status.StatusCode == http.StatusForbidden:
+		res := errorResult(job, batch, jobs.ResultError{
+			Code: jobs.CodeAPIError, Message: err.Error(), Category: jobs.CategoryUser,
+		})
+		return outcome{result: &res, settle: settleTerm}
+	}
+	return transient(err)
+}
+
+// stopRun stops Run for cause: it stops pulling jobs, hands back those not yet sent to the
+// service, and returns cause. It reports whether this call stopped Run (false: it did
+// already, or Run has not begun).
+func (w *Worker) stopRun(cause error) bool {
+	if w.stop == nil || !w.stopped.CompareAndSwap(false, true) {
+		return false
+	}
+	w.stop(cause)
+	return true
+}
+
+// noteRefusal leaves on the NATS server why the worker stopped, or could not start: the
+// service refuses its key (err). A user waiting on a batch then reads that, rather than that
+// no worker takes jobs.
+func noteRefusal(q *queue.Queue, err error, log *slog.Logger) {
+	n := queue.ServiceNote{Error: err.Error(), Stopped: true}
+	var se *tinker.StatusError
+	if errors.As(err, &se) {
+		n.Endpoint, n.Status = se.Endpoint, se.StatusCode
+	}
+	if nerr := q.NoteServiceRetry(n); nerr != nil {
+		log.Debug("note the refused key for submit", "err", nerr)
+	}
+}

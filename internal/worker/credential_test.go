@@ -1,0 +1,164 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// A key revoked in the middle of a batch stops the worker at once: Run returns
+// ErrCredentialRefused, no job gets a result for it (no error, no dead letter), the jobs not
+// done wait in the stream, and the service saw no more asample calls than the worker had jobs
+// in hand, nor more than one credential check; the NATS server holds a note of why, for
+// submit. A worker whose key is accepted then finishes the batch, each job once.
+func TestARevokedKeyStopsTheWorkerAndFailsNoJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 100 * time.Millisecond})
+	const n, concurrency = 60, 8
+	w := b.open(t, b.connect(t), Config{Concurrency: concurrency})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	publishJobs(t, b.results, "revoked", tokenJobs("j", n))
+	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
+		stored, err := b.results.ResultsStored(context.Background(), "revoked")
+		return err == nil && stored > 0
+	})
+	revoked, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultUnauthorized})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker went on with a revoked key")
+	}
+	if !errors.Is(err, ErrCredentialRefused) || strings.Contains(err.Error(), fleettest.APIKey) {
+		t.Fatalf("Run: %v, want ErrCredentialRefused without the key", err)
+	}
+	before, _ := fleettest.Results(t, b.results, "revoked", 0, 0)
+	for id, r := range before {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s ended while the key was refused: %+v", id, r.Error)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "the jobs not done back in the stream", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == uint64(n-len(before))
+	})
+	fleettest.Eventually(t, 5*time.Second, "a note of the refusal that stopped the worker, for submit", func() bool {
+		notes, err := b.results.ReadNotes(context.Background(), "revoked")
+		n := notes.Service
+		return err == nil && n != nil && n.Stopped && n.Status == http.StatusUnauthorized && strings.Contains(n.Error, "refused the API key")
+	})
+	st := b.sim.Stats()
+	if calls := st.Windows[0].AsampleCalls; calls > concurrency {
+		t.Errorf("%d asample calls with the key refused, want at most the %d jobs in hand", calls, concurrency)
+	}
+	// One check for all the jobs refused (and perhaps the client's own heartbeat).
+	if checks := st.Requests["session_heartbeat"][401]; checks > 2 {
+		t.Errorf("%d heartbeats refused: the credential was checked for each job", checks)
+	}
+
+	b.sim.RemoveFault(revoked)
+	run(t, b.open(t, b.connect(t), Config{Concurrency: concurrency}))
+	for id, r := range waitResults(t, b.results, "revoked", n, 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+}
+
+// A JWT the service stops honouring (RevokeJWTs: it lost its signing key) fails no job and
+// does not stop the worker: the credential check mints a new JWT, and the jobs refused are
+// tried again on it.
+func TestARevokedJWTFailsNoJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 100 * time.Millisecond, JWTAuth: true})
+	const n = 40
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, RetryDelay: 100 * time.Millisecond})
+	run(t, w)
+	publishJobs(t, b.results, "jwt", tokenJobs("j", n))
+	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
+		stored, err := b.results.ResultsStored(context.Background(), "jwt")
+		return err == nil && stored > 0
+	})
+	b.sim.RevokeJWTs()
+	for id, r := range waitResults(t, b.results, "jwt", n, 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	if st := b.sim.Stats(); st.JWTRejections == 0 || st.Requests["auth/token"][200] < 2 {
+		t.Errorf("%d JWT refusals, %d JWTs minted: want the revoked JWT refused and a new one minted",
+			st.JWTRejections, st.Requests["auth/token"][200])
+	}
+}
+
+// A 403 on one job's request, while the service accepts the key, ends that job alone with an
+// api_error result; the worker and the other jobs go on.
+func TestAJobTheKeyMayNotRunEndsAloneWithAnAPIError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultForbidden, Count: 1, Reason: "no access to this model"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+	publishJobs(t, b.results, "forbidden", tokenJobs("j", n))
+	failed := 0
+	for id, r := range waitResults(t, b.results, "forbidden", n, 30*time.Second) {
+		if r.Status == jobs.StatusOK {
+			continue
+		}
+		failed++
+		if r.Error.Code != jobs.CodeAPIError || r.Error.Category != jobs.CategoryUser || !strings.Contains(r.Error.Message, "no access to this model") {
+			t.Errorf("%s: %+v, want an api_error of category user naming the refusal", id, r.Error)
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d jobs failed, want the one refused", failed)
+	}
+}
+
+// One check answers every refusal that came before it began, and a credential found refused
+// answers every later refusal too (the worker stops; each job's next poll, coming back 401
+// over the long-poll wait, must not send a check of its own); one found accepted does not.
+func TestOneCredentialCheckAnswersTheRefusalsBeforeIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	refusedErr := &tinker.StatusError{Endpoint: "session_heartbeat", StatusCode: http.StatusUnauthorized}
+	for _, tc := range []struct {
+		name   string
+		answer error
+		later  int // checks run for a refusal after the first check
+	}{
+		{"refused", refusedErr, 0},
+		{"accepted", nil, 1},
+	} {
+		var c credentialCheck
+		checks := 0
+		check := func(context.Context) error { checks++; return tc.answer }
+		before := time.Now()
+		if err := c.since(ctx, before, check); err != tc.answer {
+			t.Fatalf("%s: first check: %v", tc.name, err)
+		}
+		if err := c.since(ctx, before, check); err != tc.answer || checks != 1 {
+			t.Fatalf("%s: a refusal from before the check: %v after %d checks, want its answer from 1", tc.name, err, checks)
+		}
+		if err := c.since(ctx, time.Now().Add(time.Millisecond), check); err != tc.answer || checks != 1+tc.later {
+			t.Fatalf("%s: a later refusal: %v after %d checks, want %d", tc.name, err, checks, 1+tc.later)
+		}
+	}
+}
