@@ -87,6 +87,10 @@ func isSubcommand(name string) bool {
 // errInvalidInput is returned when validation rejected lines and nothing was published.
 var errInvalidInput = errors.New("invalid input")
 
+// errWorkerStopped is returned when submit's in-process worker stopped by itself before the
+// batch was done; the error names why, and says how to go on.
+var errWorkerStopped = errors.New("the local worker stopped")
+
 // errInterrupted is returned when an interrupt (SIGINT, SIGTERM) stopped a publish or a wait
 // for results; its message says how to go on.
 var errInterrupted = errors.New("interrupted")

@@ -196,8 +196,9 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 }
 
 // startWorker runs a worker in this process until the session closes, sampling on the real
-// service (TINKER_API_KEY) or, with --simulate, on an in-process simulator.
-func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Config, env *environment) error {
+// service (TINKER_API_KEY) or, with --simulate, on an in-process simulator. A worker that
+// stops by itself first (the service refused the key, say) calls stopped with why.
+func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Config, env *environment, stopped func(error)) error {
 	// The in-process worker is the fleet here: it sets up the consumer (submit only binds).
 	q, err := queue.Setup(ctx, s.q.JS, qcfg)
 	if err != nil {
@@ -252,7 +253,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 	s.stopRun, s.held = stop, w.ResultsHeld
 	s.workers.Go(func() {
 		if err := w.Run(runCtx); err != nil {
-			fmt.Fprintln(env.stderr, "submit: local worker stopped:", err)
+			stopped(err)
 		}
 		w.Close()
 	})

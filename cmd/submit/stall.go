@@ -141,6 +141,7 @@ const (
 	stallNoWorker
 	stallRetrying
 	stallServiceFails
+	stallKeyRefused
 	stallAtWorkers
 )
 
@@ -164,6 +165,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNoWorker, fmt.Sprintf("%s wait, and no worker can take them: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample them", plural(s.waiting, "job"))
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
+	case s.troubled(since) && s.trouble.Stopped:
+		return stallKeyRefused, fmt.Sprintf("%s wait, and the Tinker service refuses the workers' key: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
 	case s.inFlight == 0 && s.pulls == 0 && s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s wait, and the Tinker service fails the workers' requests: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
 	case s.inFlight == 0 && s.pulls == 0 && s.local:
@@ -227,6 +230,9 @@ func troublePhrase(n queue.ServiceNote, now time.Time) string {
 	what := fmt.Sprintf("%s answered %d", n.Endpoint, n.Status)
 	if n.Status == 0 {
 		what = n.Endpoint + " did not reach it"
+	}
+	if n.Stopped {
+		next = "and a worker stopped"
 	}
 	return fmt.Sprintf("%s, %s, %s: %s", ago, what, next, n.Error)
 }

@@ -285,3 +285,22 @@ func TestStalledBatchSaysTheWorkersCannotReachTheService(t *testing.T) {
 	<-done
 	<-opened
 }
+
+// TestStalledBatchSaysTheServiceRefusesTheWorkersKey: a worker whose key the service refuses
+// (revoked after it started) stops, and submit says why no worker takes the batch's jobs:
+// the refusal, and that it stopped a worker.
+func TestStalledBatchSaysTheServiceRefusesTheWorkersKey(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{
+		{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}}}})
+	f.startWorker(4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stderr, done := watchedSubmit(t, ctx, f, 2)
+	waitSaid(t, stderr, "2 jobs wait, and the Tinker service refuses the workers' key: the last ")
+	if out := stderr.String(); !regexp.MustCompile(`the last \d+s ago, session_heartbeat answered 401, and a worker stopped: the service refused the API key \(check TINKER_API_KEY`).MatchString(out) {
+		t.Errorf("the refusal that stopped the worker is not named:\n%s", out)
+	}
+	cancel()
+	<-done
+}

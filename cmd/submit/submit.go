@@ -190,8 +190,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	}
 	defer sess.close()
 	local := o.conn.conn.URL == "" || o.conn.local
+	// Following the results ends when the local worker stops by itself: nothing else would
+	// bring them.
+	followCtx, workerStopped := context.WithCancelCause(ctx)
+	defer workerStopped(nil)
 	if local {
-		if err := sess.startWorker(ctx, o.local, o.conn.queue, env); err != nil {
+		stopped := func(err error) { workerStopped(fmt.Errorf("%w: %w", errWorkerStopped, err)) }
+		if err := sess.startWorker(ctx, o.local, o.conn.queue, env, stopped); err != nil {
 			return err
 		}
 		o.progress.held = sess.held
@@ -231,9 +236,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	// 3. Follow the results.
 	var sum summary
 	if o.output != "" {
-		sum, err = followToFile(ctx, sess.q, m, o.output, format, true, o.progress, env)
+		sum, err = followToFile(followCtx, sess.q, m, o.output, format, true, o.progress, env)
 	} else {
-		sum, err = follow(ctx, sess.q, m, nil, format, true, o.progress, env)
+		sum, err = follow(followCtx, sess.q, m, nil, format, true, o.progress, env)
+	}
+	if cause := context.Cause(followCtx); err != nil && ctx.Err() == nil && errors.Is(cause, errWorkerStopped) {
+		return fmt.Errorf("%w; %d of %d results of batch %s%s, its other jobs wait in %s: run the same command again to go on",
+			cause, sum.total(), m.Jobs, m.BatchID, outputNote(o.output), o.conn.dataDir)
 	}
 	if err != nil && ctx.Err() != nil {
 		goOn := "the fleet goes on with it; run the same command again, or submit results " + m.BatchID + outputFlag(o.output) + " --wait, to collect the rest"

@@ -1738,3 +1738,56 @@ func TestOneJobIsCountedInTheSingular(t *testing.T) {
 		t.Errorf("err %v, said:\n%s", err, stderr)
 	}
 }
+
+// TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater: when the service refuses the key after
+// the local worker started (a 401 fault on asample and the heartbeat: the key revoked), submit
+// stops at once with an error that says so and how to go on, instead of waiting for results
+// that nothing brings; no job gets a result for it. Run again once the key is accepted, the
+// same command finishes the batch, each job once.
+func TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater(t *testing.T) {
+	t.Parallel()
+	sim, url := fleettest.Sim(t, tinkersim.Config{})
+	revoked, err := sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	env := &environment{getenv: func(k string) string {
+		switch k {
+		case "TINKER_API_KEY":
+			return fleettest.APIKey
+		case "TINKER_BASE_URL":
+			return url
+		}
+		return ""
+	}, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	out := filepath.Join(dir, "out.jsonl")
+	args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = run(ctx, args, env)
+	if !errors.Is(err, errWorkerStopped) || !errors.Is(err, worker.ErrCredentialRefused) ||
+		!strings.Contains(err.Error(), "run the same command again") || strings.Contains(err.Error(), fleettest.APIKey) {
+		t.Fatalf("a run whose key the service refuses: %v", err)
+	}
+	if exitCode(err) != 1 {
+		t.Fatalf("exit status %d, want 1", exitCode(err))
+	}
+	if data, err := os.ReadFile(out); len(data) != 0 || err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("results written while the key was refused: %q, %v", data, err)
+	}
+
+	sim.RemoveFault(revoked)
+	if err := run(ctx, args, env); err != nil {
+		t.Fatalf("the same command once the key is accepted: %v", err)
+	}
+	got := readResults(t, out)
+	if len(got) != 21 {
+		t.Fatalf("%d results, want 21", len(got))
+	}
+	for id, r := range got {
+		if lineStatus(t, r) != "ok" {
+			t.Errorf("%s: %v", id, r)
+		}
+	}
+}
