@@ -184,6 +184,17 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 
+	// A worker that hosts the NATS server of others keeps serving it when its own work fails
+	// (its key refused, say) until it is stopped: going would cut the other workers and
+	// submit off every batch.
+	host := func(err error) error {
+		if err != nil && o.embedded && ctx.Err() == nil {
+			log.Error("the worker stopped; this process goes on serving NATS to the other workers and submit until it is stopped", "err", err)
+			<-ctx.Done()
+		}
+		return err
+	}
+
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
 	tokOpts.Dir = o.tokenizerDir
 	w, err := worker.Open(ctx, worker.Config{
@@ -203,15 +214,16 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		Logger:              log,
 	})
 	if err != nil {
-		return err
+		return host(err)
 	}
 	defer w.Close()
 	running.Store(&runningWorker{nc: nc, w: w})
-	defer running.Store(nil)
 	log.Info("worker started", "concurrency", o.concurrency, "prefix", q.Names.Prefix, "session", w.Client().SessionID())
 	err = w.Run(ctx)
+	running.Store(nil)
+	w.Close() // the Tinker session ends now, while a host goes on serving NATS
 	log.Info("worker stopped")
-	return err
+	return host(err)
 }
 
 // runningWorker is what /readyz checks once the worker is open.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
 
 // env is an injected environment.
@@ -298,5 +302,56 @@ func TestRunOnATakenMetricsPortSaysWhatToDo(t *testing.T) {
 		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "give each its own --metrics-addr") {
 		t.Fatalf("run = %v, want that the address is taken, and what to do", err)
+	}
+}
+
+// TestAHostWhoseKeyIsRefusedGoesOnServingNATS: a worker that hosts the NATS server
+// (--embedded-nats) and stops because the service refuses its key (revoked after it started)
+// keeps serving NATS, with the job it handed back, until it is stopped; then it ends with
+// the refusal. Exiting at once would cut the other workers and submit off every batch.
+func TestAHostWhoseKeyIsRefusedGoesOnServingNATS(t *testing.T) {
+	_, simURL := fleettest.Sim(t, tinkersim.Config{Faults: []tinkersim.Fault{
+		{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}}}})
+	port := fleettest.FreePorts(t, 1)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
+			"--tinker-base-url", simURL, "--metrics-addr", ""}, env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
+	}()
+	fleettest.Eventually(t, 30*time.Second, "the worker started", func() bool { return strings.Contains(logs.String(), "worker started") })
+	q := fleettest.Queue(t, fmt.Sprintf("nats://127.0.0.1:%d", port), queue.Config{})
+	fleettest.Publish(t, q, "refused", []jobs.Job{{CustomID: "j", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+
+	fleettest.Eventually(t, 30*time.Second, "the worker stopped, NATS still served", func() bool {
+		return strings.Contains(logs.String(), "goes on serving NATS")
+	})
+	// Handed back, not held until AckWait (30 s by default): the job can be taken now.
+	cons, err := q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range msgs.Messages() {
+		got++
+		_ = m.Nak()
+	}
+	if got != 1 {
+		t.Fatalf("%d jobs ready to be taken, want the one the stopped worker handed back", got)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the host ended while it was not stopped: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, worker.ErrCredentialRefused) {
+		t.Fatalf("run = %v, want the refusal", err)
 	}
 }
