@@ -193,10 +193,23 @@ func (s stall) retrying(since time.Duration) bool {
 	return s.retry != nil && lately(s.retry.At, s.retry.RetryIn(), s.now, since)
 }
 
-// troubled reports whether a worker's client retried a request the service failed lately.
+// troubled reports whether a worker's client retried a request the service failed lately,
+// or a worker stopped on a refused key about when the results stopped: its last results
+// and its note leave it together, in either order.
 func (s stall) troubled(since time.Duration) bool {
-	return s.trouble != nil && lately(s.trouble.At, s.trouble.RetryIn(), s.now, since)
+	if s.trouble == nil {
+		return false
+	}
+	wait := s.trouble.RetryIn()
+	if s.trouble.Stopped {
+		wait = stoppedNoteSlack
+	}
+	return lately(s.trouble.At, wait, s.now, since)
 }
+
+// stoppedNoteSlack is how long before the results stopped a note of a worker that stopped
+// may have been stored and still be why.
+const stoppedNoteSlack = 5 * time.Second
 
 // lately reports whether a note stored at at, of something put off for wait, concerns a
 // reader who has had no result for since, at now in the server's clock: it was stored within

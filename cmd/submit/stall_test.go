@@ -304,3 +304,22 @@ func TestStalledBatchSaysTheServiceRefusesTheWorkersKey(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestAStoppedWorkersNoteExplainsTheStallItBegan: a worker that stopped on a refused key
+// leaves its note about when its last results came, a moment before or after the last one
+// read; that note is why results stopped. One stored well before (results came after it)
+// is not.
+func TestAStoppedWorkersNoteExplainsTheStallItBegan(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	note := queue.ServiceNote{Endpoint: "session_heartbeat", Status: 401, Error: "the service refused the API key", Stopped: true}
+	s := stall{missing: 5, waiting: 5, inFlight: 5, trouble: &note, now: now}
+	note.At = now.Add(-11 * time.Second) // the results stopped 10 s ago
+	if kind, text := s.why(10 * time.Second); kind != stallKeyRefused || !strings.Contains(text, "5 jobs wait, and the Tinker service refuses the workers' key: the last 11s ago, session_heartbeat answered 401, and a worker stopped") {
+		t.Errorf("a note a second before the results stopped: %v %q", kind, text)
+	}
+	note.At = now.Add(-time.Minute)
+	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers {
+		t.Errorf("a note from before the last results: %v %q", kind, text)
+	}
+}
