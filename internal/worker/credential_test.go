@@ -162,3 +162,23 @@ func TestOneCredentialCheckAnswersTheRefusalsBeforeIt(t *testing.T) {
 		}
 	}
 }
+
+// A worker whose key the service refuses at start (restarted with a key still revoked) fails
+// to open with ErrCredentialRefused, and leaves the same note for submit as one that stopped.
+func TestAWorkerRefusedAtStartLeavesANote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{{Kind: tinkersim.FaultUnauthorized}}})
+	q := b.connect(t)
+	_, err := Open(context.Background(), Config{Queue: q, TinkerBaseURL: b.simURL, TinkerAPIKey: fleettest.APIKey, Tokenizers: b.tokens})
+	if !errors.Is(err, ErrCredentialRefused) {
+		t.Fatalf("Open: %v, want ErrCredentialRefused", err)
+	}
+	if err := q.JS.Conn().Flush(); err != nil { // the note is not waited for
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 5*time.Second, "a note of the refusal, for submit", func() bool {
+		notes, err := b.results.ReadNotes(context.Background(), "any")
+		n := notes.Service
+		return err == nil && n != nil && n.Stopped && n.Status == http.StatusUnauthorized && n.Endpoint == "client/config"
+	})
+}

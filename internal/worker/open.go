@@ -221,8 +221,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		FutureTimeout: max(cfg.SampleTimeout, 0),
 	})
 	if err != nil {
-		var se *tinker.StatusError
-		if errors.As(err, &se) && (se.StatusCode == http.StatusUnauthorized || se.StatusCode == http.StatusForbidden) {
+		if tinker.CredentialRefused(err) {
 			// §7.1: AuthenticationError, PermissionDeniedError. The key is not in the error.
 			err = fmt.Errorf("tinker session: %w: %w", ErrCredentialRefused, err)
 			noteRefusal(cfg.Queue, err, cfg.Logger)
