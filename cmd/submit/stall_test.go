@@ -38,10 +38,11 @@ func watchedSubmit(t *testing.T, ctx context.Context, f *fleet, n int) (*fleette
 	return &stderr, done
 }
 
-// waitSaid waits until out holds want, failing after 15 s.
+// waitSaid waits until out holds want, failing after 30 s (the package's tests run in
+// parallel, under -race: a worker's first job can take seconds to reach the service).
 func waitSaid(t *testing.T, out *fleettest.Buffer, want string) {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(out.String(), want); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), want); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("submit never said %q; it printed:\n%s", want, out)
 		}
@@ -294,7 +295,7 @@ func TestStalledBatchSaysTheServiceRefusesTheWorkersKey(t *testing.T) {
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{
 		{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}}}})
 	f.startWorker(4)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stderr, done := watchedSubmit(t, ctx, f, 2)
 	waitSaid(t, stderr, "2 jobs wait, and the Tinker service refuses the workers' key: the last ")
