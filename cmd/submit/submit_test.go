@@ -170,6 +170,21 @@ func readResults(t *testing.T, path string) map[string]map[string]any {
 	return out
 }
 
+// wantResults reads the output file at path and fails unless it holds n results (no custom
+// id twice), each of status (see lineStatus).
+func wantResults(t *testing.T, path string, n int, status string) {
+	t.Helper()
+	res := readResults(t, path)
+	if len(res) != n {
+		t.Fatalf("%d results in %s, want %d", len(res), path, n)
+	}
+	for id, r := range res {
+		if lineStatus(t, r) != status {
+			t.Fatalf("%s: %v, want %s", id, r, status)
+		}
+	}
+}
+
 func TestTenThousandJobsOverThreeWorkersOneKilled(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
@@ -514,15 +529,7 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out, "--wait"); err != nil {
 		t.Fatalf("%v: %s", err, stderr)
 	}
-	res := readResults(t, out)
-	if len(res) != 30 {
-		t.Fatalf("%d results", len(res))
-	}
-	for id, r := range res {
-		if lineStatus(t, r) != "cancelled" {
-			t.Fatalf("%s: %v", id, r)
-		}
-	}
+	wantResults(t, out, 30, "cancelled")
 	// Reading the file again counts what it holds, OpenAI lines (a third of the jobs) included.
 	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out); err != nil ||
 		!strings.Contains(stderr, "30 of 30 results (0 ok, 0 error, 30 cancelled)") {
@@ -719,15 +726,7 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	if strings.Contains(stderr.String(), "level=") {
 		t.Fatalf("a clean run logged:\n%s", stderr.String())
 	}
-	res := readResults(t, out)
-	if len(res) != 21 {
-		t.Fatalf("%d results for the 21 example lines", len(res))
-	}
-	for id, r := range res {
-		if lineStatus(t, r) != "ok" {
-			t.Fatalf("%s: %v", id, r)
-		}
-	}
+	wantResults(t, out, 21, "ok") // the 21 example lines
 }
 
 // TestARefusedRunLeavesNoEmptyOutputFile: submit creates the -o file before publishing, to
@@ -1781,13 +1780,5 @@ func TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater(t *testing.T) {
 	if err := run(ctx, args, env); err != nil {
 		t.Fatalf("the same command once the key is accepted: %v", err)
 	}
-	got := readResults(t, out)
-	if len(got) != 21 {
-		t.Fatalf("%d results, want 21", len(got))
-	}
-	for id, r := range got {
-		if lineStatus(t, r) != "ok" {
-			t.Errorf("%s: %v", id, r)
-		}
-	}
+	wantResults(t, out, 21, "ok")
 }
