@@ -12,7 +12,8 @@
 //	KV p_batches      <batch> -> manifest (counts, digest, status)
 //	KV p_backoff      <account> -> fleet backoff deadline (owned by internal/backoff)
 //	                  retry.<batch> -> why a worker last put off a job of the batch (RetryNote)
-//	                  service.retry -> what a worker's Tinker client last retried (ServiceNote)
+//	                  service.retry -> what a worker's Tinker client last retried, or the refused
+//	                                   key that stopped a worker (ServiceNote)
 //
 // <job> is a digest of the custom_id (custom ids may hold characters that subjects cannot), so a
 // result can be looked up by subject, and a repeated result is refused rather than added or put
