@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -72,6 +75,16 @@ type batchStatus struct {
 	// Activity says, while the batch is not done, what holds up its results: the fleet
 	// paused, no worker, or how many jobs are at the workers.
 	Activity string `json:"activity,omitempty"`
+	// Workers, while the batch is not done, counts the workers running (from their presence
+	// notes); absent when nobody can tell (no worker of the fleet backs off fleet-wide:
+	// such workers keep no notes).
+	Workers *workerCount `json:"workers,omitempty"`
+}
+
+// workerCount is batchStatus.Workers.
+type workerCount struct {
+	Running int      `json:"running"`
+	Hosts   []string `json:"hosts"` // their host names, one per worker, sorted
 }
 
 func runStatus(ctx context.Context, args []string, env *environment) error {
@@ -114,6 +127,9 @@ func runStatus(ctx context.Context, args []string, env *environment) error {
 	if st.Activity != "" {
 		fmt.Fprintf(tw, "activity\t%s\n", st.Activity)
 	}
+	if w := st.Workers; w != nil {
+		fmt.Fprintf(tw, "workers\t%s\n", workersPhrase(*w))
+	}
 	return tw.Flush()
 }
 
@@ -150,8 +166,31 @@ func status(ctx context.Context, q *queue.Queue, batch string, alone bool) (batc
 	}
 	s.waiting, s.missing, s.alone = st.Waiting, m.Jobs-st.Results, alone
 	_, st.Activity = s.why(statusLookBack)
+	if a := s.attendance; a != nil {
+		st.Workers = &workerCount{Running: len(a.Workers), Hosts: make([]string, 0, len(a.Workers))}
+		for _, p := range a.Workers {
+			st.Workers.Hosts = append(st.Workers.Hosts, cmp.Or(p.Host, "?"))
+		}
+		slices.Sort(st.Workers.Hosts)
+	}
 	return st, nil
 }
+
+// workersPhrase words a count of workers for status: "2 running (host-a, host-b)"; past
+// maxHostsShown hosts, how many more.
+func workersPhrase(w workerCount) string {
+	if w.Running == 0 {
+		return "none running"
+	}
+	text := fmt.Sprintf("%d running (%s", w.Running, strings.Join(w.Hosts[:min(len(w.Hosts), maxHostsShown)], ", "))
+	if more := len(w.Hosts) - maxHostsShown; more > 0 {
+		text += fmt.Sprintf(" and %d more", more)
+	}
+	return text + ")"
+}
+
+// maxHostsShown bounds the hosts status names.
+const maxHostsShown = 5
 
 // statusLookBack is how recent a pause of the fleet must be for status to name it.
 const statusLookBack = 10 * time.Second

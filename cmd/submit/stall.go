@@ -27,6 +27,11 @@ type stall struct {
 	maxInFlight int  // the consumer's cap on jobs in flight (MaxAckPending)
 	pulls       int  // pull requests waiting at the server: workers with room for jobs
 
+	// attendance is the workers that noted their presence lately (queue.Present), if anyone
+	// can tell: with them the stall tells a fleet whose every slot is busy from one that is
+	// gone, which the consumer cannot (both show jobs in flight and no pull request).
+	attendance *queue.Attendance
+
 	pause   *backoff.Pause     // the latest account backoff, if any
 	retry   *queue.RetryNote   // why a worker last put off a job of the batch, if one did
 	trouble *queue.ServiceNote // what a worker's Tinker client last retried, if anything
@@ -121,6 +126,9 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 	if notes, err := q.ReadNotes(bctx, m.BatchID); err == nil {
 		s.retry, s.trouble = notes.Retry, notes.Service
 	}
+	if a, known, err := q.Present(bctx, queue.PresenceWindow); err == nil && known {
+		s.attendance = &a
+	}
 	return s, nil
 }
 
@@ -167,11 +175,13 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
 	case s.troubled(since) && s.trouble.Stopped:
 		return stallKeyRefused, fmt.Sprintf("%s wait, and the Tinker service refuses the workers' key: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
-	case s.inFlight == 0 && s.pulls == 0 && s.troubled(since):
+	case s.idle() && s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s wait, and the Tinker service fails the workers' requests: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
-	case s.inFlight == 0 && s.pulls == 0 && s.local:
+	case s.idle() && s.local:
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
-	case s.inFlight == 0 && s.pulls == 0:
+	case s.gone():
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; start one, or see in the workers' logs why they stopped", plural(s.waiting, "job"))
+	case s.idle():
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	case s.retrying(since):
 		return stallRetrying, fmt.Sprintf("%s at the workers; some of its jobs failed and wait to be tried again, %s", plural(s.inFlight, "job"), retryPhrase(*s.retry, s.now))
@@ -186,6 +196,18 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		text += fmt.Sprintf("; %s of other batches queued or at work", plural(others, "job"))
 	}
 	return stallAtWorkers, text
+}
+
+// idle reports whether no worker takes jobs: none asks for any, and none holds any, or no
+// worker runs (a job handed back, or held by a worker that crashed, stays in flight until
+// another worker takes it).
+func (s stall) idle() bool {
+	return s.pulls == 0 && (s.inFlight == 0 || s.gone())
+}
+
+// gone reports whether the workers' presence notes say that none runs.
+func (s stall) gone() bool {
+	return s.attendance != nil && len(s.attendance.Workers) == 0 && s.pulls == 0
 }
 
 // retrying reports whether a worker put off a job of the batch lately.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -143,11 +144,12 @@ func TestExamineNamesEachCause(t *testing.T) {
 }
 
 // TestStatusSaysWhatHoldsUpABatch: status names what holds up a batch that is not done (no
-// worker, then jobs at a worker), and nothing once it is done.
+// worker, then jobs at a worker, then no worker running once it stopped) and the workers
+// running.
 func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: time.Minute})
-	fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stdout, _, err := f.submit(ctx, writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2), jobLine(3)}))
@@ -166,15 +168,28 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	if out := status(); !regexp.MustCompile(`(?m)^activity +no worker is taking jobs: 4 wait;`).MatchString(out) {
 		t.Errorf("status without a worker:\n%s", out)
 	}
-	f.startWorker(8)
+	stop, _ := f.runWorker(q, 8)
+	var out string
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		out := status()
+		out = status()
 		if strings.Contains(out, "activity  4 jobs at the workers\n") {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("status with the jobs at a worker:\n%s", out)
 		}
+	}
+	host, _ := os.Hostname()
+	if !strings.Contains(out, "workers   1 running ("+host+")\n") {
+		t.Errorf("status does not name the running worker:\n%s", out)
+	}
+
+	// The worker stops and hands its jobs back. The server still counts them in flight until
+	// another worker takes them, and no pull request waits, as when a worker's every slot is
+	// busy: only the workers' presence tells the two apart.
+	stop()
+	if out := status(); !strings.Contains(out, "activity  no worker is running: 4 jobs wait; start one") || !strings.Contains(out, "workers   none running\n") {
+		t.Errorf("status once the only worker stopped:\n%s", out)
 	}
 }
 
@@ -322,5 +337,29 @@ func TestAStoppedWorkersNoteExplainsTheStallItBegan(t *testing.T) {
 	note.At = now.Add(-time.Minute)
 	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers {
 		t.Errorf("a note from before the last results: %v %q", kind, text)
+	}
+}
+
+// TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns: jobs a stopped or crashed worker held
+// stay in flight, with no pull request, as the jobs of a fleet whose every slot is busy do.
+// The workers' presence tells the two apart; a fleet that keeps no notes reads as before.
+func TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	s := stall{missing: 40, waiting: 40, inFlight: 12, now: now}
+	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers || text != "12 jobs at the workers" {
+		t.Errorf("nobody can tell whether a worker runs: %v %q", kind, text)
+	}
+	s.attendance = &queue.Attendance{Now: now, Workers: []queue.Presence{{Worker: "w1", Host: "a", At: now}}}
+	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers || text != "12 jobs at the workers" {
+		t.Errorf("a worker runs: %v %q", kind, text)
+	}
+	s.attendance.Workers = nil
+	if kind, text := s.why(10 * time.Second); kind != stallNoWorker || text != "no worker is running: 40 jobs wait; start one, or see in the workers' logs why they stopped" {
+		t.Errorf("no worker runs: %v %q", kind, text)
+	}
+	s.pulls = 1 // a worker that keeps no notes (an older version) asks for jobs
+	if kind, _ := s.why(10 * time.Second); kind != stallAtWorkers {
+		t.Errorf("a pull request waits: %v", kind)
 	}
 }

@@ -56,6 +56,15 @@ func (f *fleet) startWorker(concurrency int) (kill func()) {
 
 // startWorkerOn runs a worker on q, a connection of its own, as startWorker does.
 func (f *fleet) startWorkerOn(q *queue.Queue, concurrency int) (kill func()) {
+	f.t.Helper()
+	_, kill = f.runWorker(q, concurrency)
+	return kill
+}
+
+// runWorker runs a worker on q until stop, a clean stop (Run returns, having handed its
+// jobs back), or kill, which first closes its connection, as a crash would. Either may be
+// called more than once, and one runs at the test's end.
+func (f *fleet) runWorker(q *queue.Queue, concurrency int) (stop, kill func()) {
 	t := f.t
 	t.Helper()
 	nc := q.JS.Conn()
@@ -68,16 +77,20 @@ func (f *fleet) startWorkerOn(q *queue.Queue, concurrency int) (kill func()) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = w.Run(ctx) })
 	var once sync.Once
-	kill = func() {
+	end := func(crash bool) {
 		once.Do(func() {
-			nc.Close()
+			if crash {
+				nc.Close()
+			}
 			cancel()
 			wg.Wait()
 			w.Close()
+			nc.Close()
 		})
 	}
+	stop, kill = func() { end(false) }, func() { end(true) }
 	t.Cleanup(kill)
-	return kill
+	return stop, kill
 }
 
 // submit runs the command in-process against the fleet's NATS server.

@@ -14,6 +14,7 @@
 //	                  retry.<batch> -> why a worker last put off a job of the batch (RetryNote)
 //	                  service.retry -> what a worker's Tinker client last retried, or the refused
 //	                                   key that stopped a worker (ServiceNote)
+//	                  worker.<id> -> a running worker's presence, renewed every 5 s (Presence)
 //
 // <job> is a digest of the custom_id (custom ids may hold characters that subjects cannot), so a
 // result can be looked up by subject, and a repeated result is refused rather than added or put

@@ -29,4 +29,7 @@
 //     what is left, so that other workers take it immediately. A job handed back is stored
 //     as such (queue.HandBack): a NATS server that stops right after the worker (submit
 //     --local's) delivers it again as soon as it runs again.
+//   - While Run runs, the worker notes its presence on the NATS server every
+//     queue.PresencePeriod and removes the note as Run returns, so that submit tells a fleet
+//     that is gone from one whose slots are all busy (queue.Presence).
 package worker

@@ -137,6 +137,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		maxDeliver:  cfg.Queue.Config.MaxDeliver,
 		memory:      resultMemory{limit: cfg.ResultMemory},
 		fetchLinger: fetchLinger,
+		id:          newWorkerID(),
 	}
 	ok := false
 	defer func() {

@@ -34,6 +34,7 @@ type Worker struct {
 	closers []func()
 	health  sessionHealth
 	alive   aliveSet
+	id      string // in the worker's presence note (attend)
 
 	pullDone    chan struct{}           // closed when Run stopped pulling and closed the puller
 	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
@@ -103,6 +104,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()
 	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3) })
+	// Present to readers (submit) until Run returns, grace period included.
+	bg.Go(func() { w.attend(aliveCtx, queue.PresencePeriod) })
 	select { // know the cancelled batches before the first job
 	case <-loaded:
 	case <-ctx.Done():

@@ -1,0 +1,169 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Presence is what a running worker says of itself in the backoff bucket, every
+// PresencePeriod, so that a reader can tell a fleet at work from one that is gone. The
+// jobs consumer cannot: a job a worker handed back, or held when it crashed, counts as in
+// flight (NumAckPending) until another worker takes it, so once every worker has stopped
+// the server still shows jobs "at the workers", and no pull request, as a fleet whose
+// every slot is busy does.
+type Presence struct {
+	Host string `json:"host,omitempty"` // the worker's host name (a pod's name)
+	// Worker is the worker's id, and At when the note was stored, in the NATS server's clock
+	// (both set by Present).
+	Worker string    `json:"-"`
+	At     time.Time `json:"-"`
+}
+
+// Attendance is what Present read: the workers whose latest note is recent, and when the
+// server was asked, in its clock.
+type Attendance struct {
+	Workers []Presence
+	Now     time.Time
+}
+
+// present keeps the workers with a presence (At set).
+func (a Attendance) present() Attendance {
+	kept := a.Workers[:0]
+	for _, p := range a.Workers {
+		if !p.At.IsZero() {
+			kept = append(kept, p)
+		}
+	}
+	a.Workers = kept
+	return a
+}
+
+const (
+	// PresencePeriod is how often a running worker notes its presence.
+	PresencePeriod = 5 * time.Second
+	// PresenceWindow is how recent a worker's latest note must be for it to count as
+	// running: three periods, so that one note delayed or lost does not hide a worker, and
+	// a crashed worker stops counting within 15 s.
+	PresenceWindow = 3 * PresencePeriod
+)
+
+// presenceKeyPrefix begins the key of a worker's presence note in the backoff bucket: keys of
+// two tokens, apart from the accounts' keys (one token, hex), their capacity reports (three)
+// and the notes under "retry." and "service.".
+const presenceKeyPrefix = "worker."
+
+// NotePresence stores p as worker id's latest presence note. Like the other notes it does
+// not wait for the server: a worker that cannot reach it is not seen, which is what a reader
+// should learn. Without the bucket (no worker backs off fleet-wide), nothing is stored.
+func (q *Queue) NotePresence(id string, p Presence) error {
+	if err := q.publishNote(presenceKeyPrefix+id, p); err != nil {
+		return fmt.Errorf("presence note: %w", err)
+	}
+	return nil
+}
+
+// ForgetPresence removes worker id's presence note, as the worker stops: readers then know
+// at once that it is gone, not only once the note is older than PresenceWindow.
+func (q *Queue) ForgetPresence(ctx context.Context, id string) error {
+	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	if err == nil {
+		err = kv.Delete(ctx, presenceKeyPrefix+id)
+	}
+	if err != nil {
+		return fmt.Errorf("presence note: %w", err)
+	}
+	return nil
+}
+
+// Present reads the workers whose latest presence note was stored within the window before
+// the server's now (PresenceWindow, for a reader of the fleet). It reports known false when
+// the backoff bucket does not exist: no worker of a fleet that backs off per process notes
+// its presence, so nobody can tell. It asks the server only for what was stored within the
+// window, so that the notes of workers long gone (one per worker that ever ran) cost nothing.
+func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance, known bool, err error) {
+	bucket := q.Names.BackoffBucket()
+	kv, err := q.JS.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return a, false, nil
+	}
+	if err != nil {
+		return a, false, fmt.Errorf("presence notes: %w", err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return a, false, fmt.Errorf("presence notes: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil || bs.StreamInfo().TimeStamp.IsZero() {
+		return a, false, errors.New("presence notes: the server did not say its time")
+	}
+	a.Now = bs.StreamInfo().TimeStamp
+	from := a.Now.Add(-window)
+	subjectPrefix := "$KV." + bucket + "." + presenceKeyPrefix
+	cons, err := q.JS.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{subjectPrefix + "*"},
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &from,
+		InactiveThreshold: 5 * time.Second, // the server drops it soon after the read
+	})
+	if err != nil {
+		return a, false, fmt.Errorf("presence notes: %w", err)
+	}
+	info := cons.CachedInfo()
+	if info == nil || info.NumPending == 0 {
+		return a, true, nil
+	}
+	// An iterator, not FetchNoWait: a consumer just made may not deliver at once (a cluster
+	// whose node just stopped), while NumPending says what will come.
+	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return a, false, fmt.Errorf("presence notes: %w", err)
+	}
+	defer it.Stop()
+	defer context.AfterFunc(ctx, it.Stop)()
+	latest := make(map[string]int) // a worker's index in a.Workers, should the bucket keep history
+	for {
+		msg, err := it.Next(jetstream.NextMaxWait(2 * time.Second))
+		if ctx.Err() != nil {
+			return a, false, fmt.Errorf("presence notes: %w", ctx.Err())
+		}
+		if errors.Is(err, nats.ErrTimeout) {
+			return a, false, errors.New("presence notes: the notes the server counted did not come")
+		}
+		if err != nil {
+			return a, false, fmt.Errorf("presence notes: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return a, false, fmt.Errorf("presence notes: %w", err)
+		}
+		id := msg.Subject()[len(subjectPrefix):]
+		i, seen := latest[id]
+		if !seen {
+			i = len(a.Workers)
+			latest[id] = i
+			a.Workers = append(a.Workers, Presence{Worker: id})
+		}
+		// A delete marker (its worker stopped) is not a presence; nor is what is not a note.
+		var p Presence
+		if msg.Headers().Get(kvOperationHeader) == "" && json.Unmarshal(msg.Data(), &p) == nil {
+			p.Worker, p.At = id, meta.Timestamp
+		}
+		a.Workers[i] = p
+		if meta.NumPending == 0 {
+			return a.present(), true, nil
+		}
+	}
+}
+
+// kvOperationHeader marks a KV delete or purge marker (its value is DEL or PURGE).
+const kvOperationHeader = "KV-Operation"

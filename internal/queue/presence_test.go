@@ -1,0 +1,77 @@
+package queue
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestPresentCountsTheWorkersThatNotedThemselvesLately: a worker counts from its note until
+// it forgets it, or until its latest note is older than the window (a crashed worker); the
+// notes of other kinds in the bucket are not workers; without the bucket nobody can tell.
+func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if a, known, err := b.q.Present(ctx, PresenceWindow); known || err != nil || len(a.Workers) != 0 {
+		t.Fatalf("without the backoff bucket: %+v known %v, err %v; want unknown", a, known, err)
+	}
+	// The bucket is the fleet's backoff bucket, which the workers' internal/backoff creates.
+	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
+		t.Fatal(err)
+	}
+	present := func(window time.Duration) []string {
+		t.Helper()
+		if err := b.nc.Flush(); err != nil { // the notes are published without waiting
+			t.Fatal(err)
+		}
+		a, known, err := b.q.Present(ctx, window)
+		if err != nil || !known {
+			t.Fatalf("present: known %v, err %v", known, err)
+		}
+		var ids []string
+		for _, p := range a.Workers {
+			if p.At.IsZero() || a.Now.Sub(p.At) > window {
+				t.Errorf("worker %s noted at %v, outside the window of %v before %v", p.Worker, p.At, window, a.Now)
+			}
+			ids = append(ids, p.Worker+"@"+p.Host)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	if got := present(PresenceWindow); len(got) != 0 {
+		t.Fatalf("an empty bucket: %v", got)
+	}
+	for _, id := range []string{"w1", "w2", "w3"} {
+		if err := b.q.NotePresence(id, Presence{Host: "host-" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What else the bucket holds is not a worker.
+	if err := b.q.NoteServiceRetry(ServiceNote{Endpoint: "asample", Status: 503}); err != nil {
+		t.Fatal(err)
+	}
+	if got := present(PresenceWindow); !slices.Equal(got, []string{"w1@host-w1", "w2@host-w2", "w3@host-w3"}) {
+		t.Fatalf("three workers noted: %v", got)
+	}
+
+	if err := b.q.ForgetPresence(ctx, "w2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := present(PresenceWindow); !slices.Equal(got, []string{"w1@host-w1", "w3@host-w3"}) {
+		t.Fatalf("once w2 stopped: %v", got)
+	}
+
+	// w3 goes on noting itself; w1 stopped without a word (a crash): its note ages out.
+	time.Sleep(600 * time.Millisecond)
+	if err := b.q.NotePresence("w3", Presence{Host: "host-w3"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := present(500 * time.Millisecond); !slices.Equal(got, []string{"w3@host-w3"}) {
+		t.Fatalf("with w1's note older than the window: %v", got)
+	}
+}

@@ -1,0 +1,49 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+)
+
+// newWorkerID returns a fresh random id for a worker's presence note.
+func newWorkerID() string {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
+
+// attend notes the worker's presence now and every period until ctx is done, then removes
+// the note: readers (submit) tell a fleet at work from one that is gone by these notes,
+// which the jobs consumer cannot show (queue.Presence). A note that cannot be sent is left:
+// the next one, or its absence, says what a reader should know.
+func (w *Worker) attend(ctx context.Context, period time.Duration) {
+	host, _ := os.Hostname()
+	note := func() {
+		p := queue.Presence{Host: host}
+		if err := w.cfg.Queue.NotePresence(w.id, p); err != nil {
+			w.log.Debug("note presence", "err", err)
+		}
+	}
+	note()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// The worker stops: say so at once rather than let the note age out.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			if err := w.cfg.Queue.ForgetPresence(fctx, w.id); err != nil {
+				w.log.Debug("forget presence", "err", err)
+			}
+			return
+		case <-t.C:
+			note()
+		}
+	}
+}
