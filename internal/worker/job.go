@@ -68,6 +68,12 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	if out.result != nil {
 		out.result.LatencyMS = time.Since(start).Milliseconds()
 	}
+	if out.settle == settleRetry && ctx.Err() != nil {
+		// The grace period is over: whatever failed may have failed for that (a tokenizer
+		// load, a lookup cut off), and the job goes to another worker now, whatever its
+		// delivery, rather than wait out a retry delay or end as a dead letter.
+		out.settle = settleNak
+	}
 	if out.settle == settleRetry && delivered >= uint64(w.maxDeliver) {
 		// The last allowed delivery: end the job here rather than leave it without a result.
 		res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
@@ -455,13 +461,14 @@ func (w *Worker) retryDelay(n uint64) time.Duration {
 }
 
 // transientTokenizerError tells a tokenizer that could not be fetched right now (a network
-// error) from one that cannot be had (not found, unauthorized, unknown chat format).
+// error, or a load cut off: the registry shares one load among the jobs that need it) from
+// one that cannot be had (not found, unauthorized, unknown chat format).
 func transientTokenizerError(err error) bool {
 	var tokErr *tokenizerError
 	if !errors.As(err, &tokErr) {
 		return false
 	}
-	return !errors.Is(err, tokenizer.ErrNotFound) && !errors.Is(err, tokenizer.ErrUnauthorized) && !errors.Is(err, context.Canceled)
+	return !errors.Is(err, tokenizer.ErrNotFound) && !errors.Is(err, tokenizer.ErrUnauthorized)
 }
 
 // tokenizerError marks a failure to obtain a tokenizer (as opposed to using one).

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -569,14 +571,22 @@ func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 		t.Fatalf("Run took %v to stop with a 200ms grace period", took)
 	}
 	// Handed back with a nak, not left to AckWait (30 s): another worker gets all five now.
-	cons, err := b.results.Consumer(context.Background())
+	if got := fetchWithin(t, b.results, 5, 5*time.Second); got != 5 {
+		t.Fatalf("another worker got %d of the 5 unfinished jobs within 5s", got)
+	}
+}
+
+// fetchWithin fetches up to n jobs from the workers' consumer within d, as another worker
+// would, and says how many came.
+func fetchWithin(t *testing.T, q *queue.Queue, n int, d time.Duration) int {
+	t.Helper()
+	cons, err := q.Consumer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := 0
-	deadline := time.Now().Add(5 * time.Second)
-	for got < 5 && time.Now().Before(deadline) {
-		msgs, err := cons.Fetch(5-got, jetstream.FetchMaxWait(time.Second))
+	for deadline := time.Now().Add(d); got < n && time.Now().Before(deadline); {
+		msgs, err := cons.Fetch(n-got, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -584,8 +594,45 @@ func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 			got++
 		}
 	}
-	if got != 5 {
-		t.Fatalf("another worker got %d of the 5 unfinished jobs within 5s", got)
+	return got
+}
+
+// TestAWorkerStoppedWhileItsTokenizerLoadsFailsNoJob: jobs waiting for their tokenizer (a
+// download from the hub, or the first load of one, seconds under load) when the grace period
+// ends are handed back, not ended: the load's "context canceled" is the stop's doing, not the
+// job's. They ended as tokenize_failed results, a permanent error of category user.
+func TestAWorkerStoppedWhileItsTokenizerLoadsFailsNoJob(t *testing.T) {
+	t.Parallel()
+	asked := make(chan struct{}, 1)
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done() // a download that takes longer than the grace period
+	}))
+	t.Cleanup(hub.Close)
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{HFHome: t.TempDir(), Endpoint: hub.URL})
+	js := make([]jobs.Job, 3)
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("load-%d", i), Model: "meta-llama/Llama-3.2-1B", Prompt: "Why is the sky blue?", NumSamples: 1}
+	}
+	publishJobs(t, b.results, "loading", js)
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, ShutdownGrace: 200 * time.Millisecond})
+	stop := run(t, w)
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker never asked the hub for the tokenizer")
+	}
+	stop()
+	if n, err := b.results.ResultsStored(context.Background(), "loading"); err != nil || n != 0 {
+		t.Fatalf("%d results stored (%v) for jobs whose worker stopped before it could tokenize them, want none", n, err)
+	}
+	// At once: not after a retry delay (5 s).
+	if got := fetchWithin(t, b.results, len(js), 3*time.Second); got != len(js) {
+		t.Fatalf("another worker got %d of the %d jobs within 3s", got, len(js))
 	}
 }
 
