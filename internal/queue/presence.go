@@ -91,22 +91,16 @@ func (q *Queue) ForgetPresence(ctx context.Context, id string) error {
 // window, so that the notes of workers long gone (one per worker that ever ran) cost nothing.
 func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance, known bool, err error) {
 	bucket := q.Names.BackoffBucket()
-	kv, err := q.JS.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	stream, err := q.JS.Stream(ctx, "KV_"+bucket) // the bucket's stream info says the server's time
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return a, false, nil
 	}
 	if err != nil {
 		return a, false, fmt.Errorf("presence notes: %w", err)
 	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return a, false, fmt.Errorf("presence notes: %w", err)
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil || bs.StreamInfo().TimeStamp.IsZero() {
+	if a.Now = stream.CachedInfo().TimeStamp; a.Now.IsZero() {
 		return a, false, errors.New("presence notes: the server did not say its time")
 	}
-	a.Now = bs.StreamInfo().TimeStamp
 	from := a.Now.Add(-window)
 	subjectPrefix := "$KV." + bucket + "." + presenceKeyPrefix
 	cons, err := q.JS.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
