@@ -167,8 +167,8 @@ func status(ctx context.Context, q *queue.Queue, batch string, alone bool) (batc
 	s.waiting, s.missing, s.alone = st.Waiting, m.Jobs-st.Results, alone
 	_, st.Activity = s.why(statusLookBack)
 	if a := s.attendance; a != nil {
-		st.Workers = &workerCount{Running: len(a.Workers), Hosts: make([]string, 0, len(a.Workers))}
-		for _, p := range a.Workers {
+		st.Workers = &workerCount{Running: len(a.Running), Hosts: make([]string, 0, len(a.Running))}
+		for _, p := range a.Running {
 			st.Workers.Hosts = append(st.Workers.Hosts, cmp.Or(p.Host, "?"))
 		}
 		slices.Sort(st.Workers.Hosts)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,11 +22,12 @@ type stall struct {
 	publishing bool   // its submit has not finished publishing
 	lostCause  string // why results would never come once none of its jobs is left (lostCause)
 
-	noConsumer  bool // no worker has set up the shared consumer on this server
-	queued      int  // jobs of every batch not yet taken by a worker
-	inFlight    int  // jobs of every batch at a worker (taken, not acked)
-	maxInFlight int  // the consumer's cap on jobs in flight (MaxAckPending)
-	pulls       int  // pull requests waiting at the server: workers with room for jobs
+	noConsumer  bool          // no worker has set up the shared consumer on this server
+	queued      int           // jobs of every batch not yet taken by a worker
+	inFlight    int           // jobs of every batch at a worker (taken, not acked)
+	maxInFlight int           // the consumer's cap on jobs in flight (MaxAckPending)
+	pulls       int           // pull requests waiting at the server: workers with room for jobs
+	ackWait     time.Duration // how long a job not heard of stays with its worker
 
 	// attendance is the workers that noted their presence lately (queue.Present), if anyone
 	// can tell: with them the stall tells a fleet whose every slot is busy from one that is
@@ -112,6 +114,7 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 			return s, fmt.Errorf("workers' consumer: %w", err)
 		}
 		s.queued, s.inFlight, s.maxInFlight, s.pulls = int(ci.NumPending), ci.NumAckPending, ci.Config.MaxAckPending, ci.NumWaiting
+		s.ackWait = ci.Config.AckWait
 	}
 	// The backoff comes last, and without it (a user whose permissions do not reach the bucket)
 	// the other causes are still named.
@@ -126,7 +129,9 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() 
 	if notes, err := q.ReadNotes(bctx, m.BatchID); err == nil {
 		s.retry, s.trouble = notes.Retry, notes.Service
 	}
-	if a, known, err := q.Present(bctx, queue.PresenceWindow); err == nil && known {
+	// A worker went silent at most a period after its last note, and the jobs it held go out
+	// again at most an ack wait after that: one silent longer holds none.
+	if a, known, err := q.Present(bctx, queue.PresenceWindow, s.ackWait+queue.PresencePeriod); err == nil && known {
 		s.attendance = &a
 	}
 	return s, nil
@@ -150,6 +155,7 @@ const (
 	stallRetrying
 	stallServiceFails
 	stallKeyRefused
+	stallSilent
 	stallAtWorkers
 )
 
@@ -187,6 +193,8 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallRetrying, fmt.Sprintf("%s at the workers; some of its jobs failed and wait to be tried again, %s", plural(s.inFlight, "job"), retryPhrase(*s.retry, s.now))
 	case s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("%s at the workers; the Tinker service fails requests, which the workers try again: %s", plural(s.inFlight, "job"), troublePhrase(*s.trouble, s.now))
+	case s.inFlight > 0 && s.attendance != nil && len(s.attendance.Silent) > 0:
+		return stallSilent, fmt.Sprintf("%s at the workers; %s", plural(s.inFlight, "job"), silentPhrase(*s.attendance, s.ackWait))
 	}
 	text := plural(s.inFlight, "job") + " at the workers"
 	if s.maxInFlight > 0 && s.inFlight >= s.maxInFlight {
@@ -207,7 +215,24 @@ func (s stall) idle() bool {
 
 // gone reports whether the workers' presence notes say that none runs.
 func (s stall) gone() bool {
-	return s.attendance != nil && len(s.attendance.Workers) == 0 && s.pulls == 0
+	return s.attendance != nil && len(s.attendance.Running) == 0 && s.pulls == 0
+}
+
+// silentPhrase words the workers that went silent without handing back their jobs (a
+// crash, a lost connection): the jobs they held go out again once their ack wait passes.
+func silentPhrase(a queue.Attendance, ackWait time.Duration) string {
+	last := a.Silent[0]
+	for _, p := range a.Silent[1:] {
+		if p.At.After(last.At) {
+			last = p
+		}
+	}
+	ago := max(a.Now.Sub(last.At), 0).Round(time.Second)
+	host := cmp.Or(last.Host, "an unknown host")
+	if len(a.Silent) == 1 {
+		return fmt.Sprintf("a worker on %s went silent %s ago without handing back its jobs, which go out again once their ack wait (%s, --ack-wait) has passed", host, ago, ackWait)
+	}
+	return fmt.Sprintf("%d workers went silent, the last %s ago (on %s), without handing back their jobs, which go out again once their ack wait (%s, --ack-wait) has passed", len(a.Silent), ago, host, ackWait)
 }
 
 // retrying reports whether a worker put off a job of the batch lately.

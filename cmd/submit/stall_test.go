@@ -350,16 +350,68 @@ func TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns(t *testing.T) {
 	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers || text != "12 jobs at the workers" {
 		t.Errorf("nobody can tell whether a worker runs: %v %q", kind, text)
 	}
-	s.attendance = &queue.Attendance{Now: now, Workers: []queue.Presence{{Worker: "w1", Host: "a", At: now}}}
+	s.attendance = &queue.Attendance{Now: now, Running: []queue.Presence{{Worker: "w1", Host: "a", At: now}}}
 	if kind, text := s.why(10 * time.Second); kind != stallAtWorkers || text != "12 jobs at the workers" {
 		t.Errorf("a worker runs: %v %q", kind, text)
 	}
-	s.attendance.Workers = nil
+	s.attendance.Running = nil
 	if kind, text := s.why(10 * time.Second); kind != stallNoWorker || text != "no worker is running: 40 jobs wait; start one, or see in the workers' logs why they stopped" {
 		t.Errorf("no worker runs: %v %q", kind, text)
 	}
 	s.pulls = 1 // a worker that keeps no notes (an older version) asks for jobs
 	if kind, _ := s.why(10 * time.Second); kind != stallAtWorkers {
 		t.Errorf("a pull request waits: %v", kind)
+	}
+
+	// Workers that went silent (crashed) hold their jobs until the ack wait has passed.
+	s.ackWait = 30 * time.Second
+	s.attendance.Running = []queue.Presence{{Worker: "w1", Host: "a", At: now}}
+	s.attendance.Silent = []queue.Presence{{Worker: "w2", Host: "b", At: now.Add(-20 * time.Second)}}
+	if kind, text := s.why(10 * time.Second); kind != stallSilent || text != "12 jobs at the workers; a worker on b went silent 20s ago without handing back its jobs, which go out again once their ack wait (30s, --ack-wait) has passed" {
+		t.Errorf("a worker went silent: %v %q", kind, text)
+	}
+	s.attendance.Silent = append(s.attendance.Silent, queue.Presence{Worker: "w3", Host: "c", At: now.Add(-17 * time.Second)})
+	if kind, text := s.why(10 * time.Second); kind != stallSilent || text != "12 jobs at the workers; 2 workers went silent, the last 17s ago (on c), without handing back their jobs, which go out again once their ack wait (30s, --ack-wait) has passed" {
+		t.Errorf("two workers went silent: %v %q", kind, text)
+	}
+}
+
+// TestStatusNamesAWorkerThatWentSilentWithItsJobs: a worker that crashed holding jobs keeps
+// them until their ack wait has passed; status says so, and counts the worker still running.
+// It waits for the crashed worker's note to age past queue.PresenceWindow (15 s).
+func TestStatusNamesAWorkerThatWentSilentWithItsJobs(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{AckWait: time.Minute}, tinkersim.Config{BaseLatency: time.Minute})
+	q := fleettest.Queue(t, f.emb.ClientURL(), f.qcfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stdout, _, err := f.submit(ctx, writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := strings.TrimSpace(stdout)
+	status := func() string {
+		t.Helper()
+		out, _, err := f.submit(ctx, "status", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	_, kill := f.runWorker(q, 8)
+	fleettest.Eventually(t, 20*time.Second, "the jobs at the worker", func() bool { return strings.Contains(status(), "activity  3 jobs at the workers\n") })
+	f.startWorker(8)
+	kill() // a crash: the connection goes first, and the worker removes no note
+
+	host, _ := os.Hostname()
+	want := "activity  3 jobs at the workers; a worker on " + host + " went silent "
+	var out string
+	fleettest.Eventually(t, 30*time.Second, "status naming the silent worker", func() bool {
+		out = status()
+		return strings.Contains(out, want)
+	})
+	if !strings.Contains(out, "without handing back its jobs, which go out again once their ack wait (1m0s, --ack-wait) has passed\n") ||
+		!strings.Contains(out, "workers   1 running ("+host+")\n") {
+		t.Errorf("status with one worker crashed and one running:\n%s", out)
 	}
 }

@@ -234,7 +234,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Errorf("submit: the fleet's backoff: %+v, %v; want the worker's one pause for a 429", pauses, err)
 	}
 	// Whether a worker runs: the worker notes its presence, submit reads the notes.
-	if a, known, err := sub.Present(ctx, queue.PresenceWindow); err != nil || !known || len(a.Workers) != 1 {
+	if a, known, err := sub.Present(ctx, queue.PresenceWindow, queue.PresenceWindow); err != nil || !known || len(a.Running) != 1 {
 		t.Errorf("submit: the workers running: %+v (known %v), %v; want the one worker", a, known, err)
 	}
 	// A capacity round (internal/share) as the worker: its report, and the round read back.

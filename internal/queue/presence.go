@@ -25,23 +25,28 @@ type Presence struct {
 	At     time.Time `json:"-"`
 }
 
-// Attendance is what Present read: the workers whose latest note is recent, and when the
-// server was asked, in its clock.
+// Attendance is what Present read, as of Now in the server's clock: the workers running,
+// and those that went silent without removing their note (a crash, a lost connection).
 type Attendance struct {
-	Workers []Presence
-	Now     time.Time
+	Running []Presence
+	// Silent are the workers whose latest note is older than the window: the jobs each held
+	// stay in flight until their ack wait, counted from its last keep-alive, has passed.
+	Silent []Presence
+	Now    time.Time
 }
 
-// present keeps the workers with a presence (At set).
-func (a Attendance) present() Attendance {
-	kept := a.Workers[:0]
-	for _, p := range a.Workers {
-		if !p.At.IsZero() {
-			kept = append(kept, p)
+// classify puts the latest note of each worker, a zero Presence for one that removed its note,
+// into the running or the silent workers.
+func (a *Attendance) classify(latest []Presence, window time.Duration) {
+	for _, p := range latest {
+		switch {
+		case p.At.IsZero(): // it stopped, and said so
+		case a.Now.Sub(p.At) <= window:
+			a.Running = append(a.Running, p)
+		default:
+			a.Silent = append(a.Silent, p)
 		}
 	}
-	a.Workers = kept
-	return a
 }
 
 const (
@@ -84,12 +89,13 @@ func (q *Queue) ForgetPresence(ctx context.Context, id string) error {
 	return nil
 }
 
-// Present reads the workers whose latest presence note was stored within the window before
-// the server's now (PresenceWindow, for a reader of the fleet). It reports known false when
-// the backoff bucket does not exist: no worker of a fleet that backs off per process notes
-// its presence, so nobody can tell. It asks the server only for what was stored within the
-// window, so that the notes of workers long gone (one per worker that ever ran) cost nothing.
-func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance, known bool, err error) {
+// Present reads the latest presence note of each worker stored within since before the
+// server's now: the workers whose note is at most window old run (PresenceWindow, for a
+// reader of the fleet), the others went silent. It reports known false when the backoff
+// bucket does not exist: no worker of a fleet that backs off per process notes its presence,
+// so nobody can tell. It asks the server only for what was stored within since, so that the
+// notes of workers long gone (one per worker that ever ran) cost nothing.
+func (q *Queue) Present(ctx context.Context, window, since time.Duration) (a Attendance, known bool, err error) {
 	bucket := q.Names.BackoffBucket()
 	stream, err := q.JS.Stream(ctx, "KV_"+bucket) // the bucket's stream info says the server's time
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -101,7 +107,7 @@ func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance
 	if a.Now = stream.CachedInfo().TimeStamp; a.Now.IsZero() {
 		return a, false, errors.New("presence notes: the server did not say its time")
 	}
-	from := a.Now.Add(-window)
+	from := a.Now.Add(-max(window, since))
 	subjectPrefix := "$KV." + bucket + "." + presenceKeyPrefix
 	cons, err := q.JS.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{subjectPrefix + "*"},
@@ -124,7 +130,8 @@ func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance
 	}
 	defer it.Stop()
 	defer context.AfterFunc(ctx, it.Stop)()
-	latest := make(map[string]int) // a worker's index in a.Workers, should the bucket keep history
+	var latest []Presence
+	index := make(map[string]int) // a worker's in latest, should the bucket keep history
 	for {
 		msg, err := it.Next(jetstream.NextMaxWait(2 * time.Second))
 		if ctx.Err() != nil {
@@ -141,20 +148,21 @@ func (q *Queue) Present(ctx context.Context, window time.Duration) (a Attendance
 			return a, false, fmt.Errorf("presence notes: %w", err)
 		}
 		id := msg.Subject()[len(subjectPrefix):]
-		i, seen := latest[id]
+		i, seen := index[id]
 		if !seen {
-			i = len(a.Workers)
-			latest[id] = i
-			a.Workers = append(a.Workers, Presence{Worker: id})
+			i = len(latest)
+			index[id] = i
+			latest = append(latest, Presence{})
 		}
 		// A delete marker (its worker stopped) is not a presence; nor is what is not a note.
 		var p Presence
 		if msg.Headers().Get(kvOperationHeader) == "" && json.Unmarshal(msg.Data(), &p) == nil {
 			p.Worker, p.At = id, meta.Timestamp
 		}
-		a.Workers[i] = p
+		latest[i] = p
 		if meta.NumPending == 0 {
-			return a.present(), true, nil
+			a.classify(latest, window)
+			return a, true, nil
 		}
 	}
 }

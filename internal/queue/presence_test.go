@@ -9,39 +9,51 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestPresentCountsTheWorkersThatNotedThemselvesLately: a worker counts from its note until
-// it forgets it, or until its latest note is older than the window (a crashed worker); the
-// notes of other kinds in the bucket are not workers; without the bucket nobody can tell.
+// TestPresentCountsTheWorkersThatNotedThemselvesLately: a worker runs from its note until
+// it removes it, or until its latest note is older than the window: then it went silent (a
+// crashed worker), until its note is older than what the reader asks for. The notes of other
+// kinds in the bucket are not workers; without the bucket nobody can tell.
 func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if a, known, err := b.q.Present(ctx, PresenceWindow); known || err != nil || len(a.Workers) != 0 {
+	if a, known, err := b.q.Present(ctx, PresenceWindow, PresenceWindow); known || err != nil || len(a.Running)+len(a.Silent) != 0 {
 		t.Fatalf("without the backoff bucket: %+v known %v, err %v; want unknown", a, known, err)
 	}
 	// The bucket is the fleet's backoff bucket, which the workers' internal/backoff creates.
 	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
 		t.Fatal(err)
 	}
-	present := func(window time.Duration) []string {
-		t.Helper()
-		if err := b.nc.Flush(); err != nil { // the notes are published without waiting
-			t.Fatal(err)
-		}
-		a, known, err := b.q.Present(ctx, window)
-		if err != nil || !known {
-			t.Fatalf("present: known %v, err %v", known, err)
-		}
+	ids := func(ps []Presence) []string {
 		var ids []string
-		for _, p := range a.Workers {
-			if p.At.IsZero() || a.Now.Sub(p.At) > window {
-				t.Errorf("worker %s noted at %v, outside the window of %v before %v", p.Worker, p.At, window, a.Now)
-			}
+		for _, p := range ps {
 			ids = append(ids, p.Worker+"@"+p.Host)
 		}
 		slices.Sort(ids)
 		return ids
+	}
+	// attendance returns the running and the silent workers.
+	attendance := func(window, since time.Duration) (running, silent []string) {
+		t.Helper()
+		if err := b.nc.Flush(); err != nil { // the notes are published without waiting
+			t.Fatal(err)
+		}
+		a, known, err := b.q.Present(ctx, window, since)
+		if err != nil || !known {
+			t.Fatalf("present: known %v, err %v", known, err)
+		}
+		for _, p := range a.Running {
+			if p.At.IsZero() || a.Now.Sub(p.At) > window {
+				t.Errorf("worker %s noted at %v runs, outside the window of %v before %v", p.Worker, p.At, window, a.Now)
+			}
+		}
+		return ids(a.Running), ids(a.Silent)
+	}
+	present := func(window time.Duration) []string {
+		t.Helper()
+		running, _ := attendance(window, window)
+		return running
 	}
 	if got := present(PresenceWindow); len(got) != 0 {
 		t.Fatalf("an empty bucket: %v", got)
@@ -71,7 +83,12 @@ func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
 	if err := b.q.NotePresence("w3", Presence{Host: "host-w3"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := present(500 * time.Millisecond); !slices.Equal(got, []string{"w3@host-w3"}) {
-		t.Fatalf("with w1's note older than the window: %v", got)
+	running, silent := attendance(500*time.Millisecond, PresenceWindow)
+	if !slices.Equal(running, []string{"w3@host-w3"}) || !slices.Equal(silent, []string{"w1@host-w1"}) {
+		t.Fatalf("with w1's note older than the window: running %v, silent %v", running, silent)
+	}
+	// Asked only for the window, the reader does not see w1 at all.
+	if running, silent := attendance(500*time.Millisecond, 500*time.Millisecond); !slices.Equal(running, []string{"w3@host-w3"}) || len(silent) != 0 {
+		t.Fatalf("asked for the window alone: running %v, silent %v", running, silent)
 	}
 }
