@@ -143,6 +143,25 @@ func TestExamineNamesEachCause(t *testing.T) {
 	}
 }
 
+// submitForStatus submits n jobs (jobLines) to f and returns what runs `submit status` on
+// their batch, for as long as ctx lasts.
+func submitForStatus(t *testing.T, ctx context.Context, f *fleet, n int) (status func() string) {
+	t.Helper()
+	stdout, _, err := f.submit(ctx, writeLines(t, jobLines(n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := strings.TrimSpace(stdout)
+	return func() string {
+		t.Helper()
+		out, _, err := f.submit(ctx, "status", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+}
+
 // TestStatusSaysWhatHoldsUpABatch: status names what holds up a batch that is not done (no
 // worker, then jobs at a worker, then no worker running once it stopped) and the workers
 // running.
@@ -152,19 +171,7 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stdout, _, err := f.submit(ctx, writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2), jobLine(3)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch := strings.TrimSpace(stdout)
-	status := func() string {
-		t.Helper()
-		out, _, err := f.submit(ctx, "status", batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	status := submitForStatus(t, ctx, f, 4)
 	if out := status(); !regexp.MustCompile(`(?m)^activity +no worker is taking jobs: 4 wait;`).MatchString(out) {
 		t.Errorf("status without a worker:\n%s", out)
 	}
@@ -385,19 +392,7 @@ func TestStatusNamesAWorkerThatWentSilentWithItsJobs(t *testing.T) {
 	q := fleettest.Queue(t, f.emb.ClientURL(), f.qcfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	stdout, _, err := f.submit(ctx, writeLines(t, []string{jobLine(0), jobLine(1), jobLine(2)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch := strings.TrimSpace(stdout)
-	status := func() string {
-		t.Helper()
-		out, _, err := f.submit(ctx, "status", batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	status := submitForStatus(t, ctx, f, 3)
 	_, kill := f.runWorker(q, 8)
 	fleettest.Eventually(t, 20*time.Second, "the jobs at the worker", func() bool { return strings.Contains(status(), "activity  3 jobs at the workers\n") })
 	f.startWorker(8)
