@@ -210,7 +210,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 // worker runs (a job handed back, or held by a worker that crashed, stays in flight until
 // another worker takes it).
 func (s stall) idle() bool {
-	return s.pulls == 0 && (s.inFlight == 0 || s.gone())
+	return s.gone() || s.pulls == 0 && s.inFlight == 0
 }
 
 // gone reports whether the workers' presence notes say that none runs.

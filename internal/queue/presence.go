@@ -37,7 +37,7 @@ type Attendance struct {
 
 // classify puts the latest note of each worker, a zero Presence for one that removed its note,
 // into the running or the silent workers.
-func (a *Attendance) classify(latest []Presence, window time.Duration) {
+func (a *Attendance) classify(latest map[string]Presence, window time.Duration) {
 	for _, p := range latest {
 		switch {
 		case p.At.IsZero(): // it stopped, and said so
@@ -130,8 +130,7 @@ func (q *Queue) Present(ctx context.Context, window, since time.Duration) (a Att
 	}
 	defer it.Stop()
 	defer context.AfterFunc(ctx, it.Stop)()
-	var latest []Presence
-	index := make(map[string]int) // a worker's in latest, should the bucket keep history
+	latest := make(map[string]Presence) // by worker: a later revision replaces an earlier one
 	for {
 		msg, err := it.Next(jetstream.NextMaxWait(2 * time.Second))
 		if ctx.Err() != nil {
@@ -148,18 +147,12 @@ func (q *Queue) Present(ctx context.Context, window, since time.Duration) (a Att
 			return a, false, fmt.Errorf("presence notes: %w", err)
 		}
 		id := msg.Subject()[len(subjectPrefix):]
-		i, seen := index[id]
-		if !seen {
-			i = len(latest)
-			index[id] = i
-			latest = append(latest, Presence{})
-		}
 		// A delete marker (its worker stopped) is not a presence; nor is what is not a note.
 		var p Presence
 		if msg.Headers().Get(kvOperationHeader) == "" && json.Unmarshal(msg.Data(), &p) == nil {
 			p.Worker, p.At = id, meta.Timestamp
 		}
-		latest[i] = p
+		latest[id] = p
 		if meta.NumPending == 0 {
 			a.classify(latest, window)
 			return a, true, nil
