@@ -51,6 +51,10 @@ type Config struct {
 	// Window is how far apart, in the server's clock, the reports of one round may be
 	// created (default 500 ms; rounds are at least a 1 s pause apart).
 	Window time.Duration
+	// Worker is the worker's id on the board, the one in its presence note
+	// (queue.Presence), so that both of its keys in the bucket name it alike (default: a
+	// fresh random id).
+	Worker string
 }
 
 // Board is one worker's place on the fleet's share board.
@@ -69,21 +73,24 @@ type Board struct {
 }
 
 // Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
-// under a fresh random worker id.
+// under cfg.Worker.
 func Open(ctx context.Context, js jetstream.JetStream, bucket, account string, cfg Config) (*Board, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("share: bind bucket %s: %w", bucket, err)
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
+	if cfg.Worker == "" {
+		var id [8]byte
+		_, _ = rand.Read(id[:])
+		cfg.Worker = hex.EncodeToString(id[:])
+	}
 	if cfg.Gather <= 0 {
 		cfg.Gather = 300 * time.Millisecond
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = 500 * time.Millisecond
 	}
-	return &Board{js: js, kv: kv, prefix: account + ".share.", id: hex.EncodeToString(id[:]), cfg: cfg}, nil
+	return &Board{js: js, kv: kv, prefix: account + ".share.", id: cfg.Worker, cfg: cfg}, nil
 }
 
 // Split writes r as this worker's report of a round, waits for the others' and returns this

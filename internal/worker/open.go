@@ -183,7 +183,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		w.backoff = fleet
 		w.closers = append(w.closers, func() { _ = fleet.Close() })
 		if cfg.CapacityTTL > 0 {
-			board, err := share.Open(ctx, cfg.Queue.JS, bucket, account, share.Config{})
+			board, err := share.Open(ctx, cfg.Queue.JS, bucket, account, share.Config{Worker: w.id})
 			if err != nil {
 				return nil, fmt.Errorf("capacity share board: %w", err)
 			}

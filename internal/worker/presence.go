@@ -10,7 +10,8 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
-// newWorkerID returns a fresh random id for a worker's presence note.
+// newWorkerID returns a fresh random id for a worker: its key in the backoff bucket, for
+// its presence note and its capacity reports alike.
 func newWorkerID() string {
 	var id [8]byte
 	_, _ = rand.Read(id[:])

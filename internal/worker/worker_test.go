@@ -896,6 +896,13 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 		other := leave.gate.capacity.current()
 		return part > 0 && other > 0 && part+other >= capacity-2 && reports() == 2
 	})
+	// A worker's capacity report and its presence note name it alike.
+	if _, err := kv.Get(context.Background(), "worker."+leave.id); err != nil {
+		t.Errorf("the leaving worker's presence note: %v", err)
+	}
+	if keys, err := kv.Keys(context.Background()); err != nil || !slices.ContainsFunc(keys, func(k string) bool { return strings.HasSuffix(k, ".share."+leave.id) }) {
+		t.Errorf("no capacity report under the leaving worker's id %s in %v (%v)", leave.id, keys, err)
+	}
 	stopLeaving()
 	leave.Close() // takes its report off the share board
 	fleettest.Eventually(t, 2*time.Second, "the staying worker to forget its part", func() bool {
