@@ -30,10 +30,7 @@ func TestARevokedKeyStopsTheWorkerAndFailsNoJob(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	publishJobs(t, b.results, "revoked", tokenJobs("j", n))
-	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
-		stored, err := b.results.ResultsStored(context.Background(), "revoked")
-		return err == nil && stored > 0
-	})
+	waitFirstResult(t, b.results, "revoked")
 	revoked, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultUnauthorized})
 	if err != nil {
 		t.Fatal(err)
@@ -90,10 +87,7 @@ func TestARevokedJWTFailsNoJob(t *testing.T) {
 	w := b.open(t, b.connect(t), Config{Concurrency: 8, RetryDelay: 100 * time.Millisecond})
 	run(t, w)
 	publishJobs(t, b.results, "jwt", tokenJobs("j", n))
-	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
-		stored, err := b.results.ResultsStored(context.Background(), "jwt")
-		return err == nil && stored > 0
-	})
+	waitFirstResult(t, b.results, "jwt")
 	b.sim.RevokeJWTs()
 	for id, r := range waitResults(t, b.results, "jwt", n, 30*time.Second) {
 		if r.Status != jobs.StatusOK {

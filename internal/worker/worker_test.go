@@ -147,6 +147,15 @@ func waitResults(t *testing.T, q *queue.Queue, batch string, want int, timeout t
 	return out
 }
 
+// waitFirstResult waits until batch has a result stored: the worker is under way.
+func waitFirstResult(t *testing.T, q *queue.Queue, batch string) {
+	t.Helper()
+	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
+		stored, err := q.ResultsStored(context.Background(), batch)
+		return err == nil && stored > 0
+	})
+}
+
 func intp(v int) *int { return &v }
 
 // tokenJobs returns n jobs of one sample of Qwen3-8B whose prompts are token ids, custom ids
@@ -483,10 +492,7 @@ func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
 	run(t, w)
 	const n = 48
 	publishJobs(t, b.results, "restart", tokenJobs("j", n))
-	fleettest.Eventually(t, 30*time.Second, "a first result", func() bool {
-		stored, err := b.results.ResultsStored(context.Background(), "restart")
-		return err == nil && stored > 0
-	})
+	waitFirstResult(t, b.results, "restart")
 	b.sim.ForgetSessions()
 
 	for id, r := range waitResults(t, b.results, "restart", n, 30*time.Second) {
