@@ -8,6 +8,10 @@
 //     and buckets with three replicas, a batch of 1,000 jobs worked by three workers
 //     connected to different nodes; the JOBS stream leader is shut down mid-batch, and every
 //     custom_id must end with exactly one result. Skipped with -short.
+//   - TestAWorkerCutOffFromItsNodeMovesToAnother: the network between the only worker and its
+//     node is cut mid-batch as a dead link cuts it (nothing closes, nothing arrives); the
+//     worker must notice by its pings, finish the batch from another node, one result per
+//     job. About 40 s, most of it the pings' wait. Skipped with -short.
 //   - TestNATSConfigPermissions: loads deploy/nats/nats-1.conf (with its auth.conf) into an
 //     embedded server and runs a worker and submit's calls under the "worker" and "submit"
 //     users: no permission violation in normal work, submit cannot take jobs, neither can

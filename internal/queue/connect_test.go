@@ -267,6 +267,40 @@ func TestConnectWarnsOfAReconnect(t *testing.T) {
 	}
 }
 
+// TestConnectLogsNATSErrorsThatComeLater: an error nats.go reports outside any call (here a
+// publish the server refuses) reaches the log as a warning, not nats.go's own line on stderr
+// (which broke --log-json output).
+func TestConnectLogsNATSErrorsThatComeLater(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &server.Options{Users: []*server.User{{
+		Username: "fleet", Password: "s3cret",
+		Permissions: &server.Permissions{Publish: &server.SubjectPermission{Deny: []string{"forbidden.>"}}},
+	}}})
+	var logs testLog
+	nc, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: "s3cret", Logger: logs.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish("forbidden.x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refusal in the log", func() bool { return strings.Contains(logs.String(), `msg="nats error"`) })
+	if want := `level=WARN msg="nats error" err="nats: permissions violation: Permissions Violation for Publish to \"forbidden.x\""`; !strings.Contains(logs.String(), want) {
+		t.Errorf("want %s in the log:\n%s", want, logs.String())
+	}
+
+	// While the connection is down, its subscriptions' complaints echo the drop, of which
+	// the disconnect warning told: they are for debugging.
+	var down testLog
+	report := asyncErrorLogger(slog.New(slog.NewTextHandler(&down, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	nc.Close()
+	report(nc, nil, nats.ErrConsumerNotActive)
+	if down.String() != "" {
+		t.Errorf("an error reported while disconnected was logged above debug: %s", down.String())
+	}
+}
+
 func TestRedactURLs(t *testing.T) {
 	for in, want := range map[string]string{
 		"nats://n1:4222": "nats://n1:4222",
