@@ -141,8 +141,19 @@ func defaultHTTPClient(roots *x509.CertPool) *http.Client {
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 512
 	tr.ForceAttemptHTTP2 = true
+	// HTTP/2 carries every request over one connection, and a request's timeout resets only
+	// its own stream: a connection whose link died without closing (a NAT or load balancer
+	// that forgot the flow) took each request to its timeout and the next ones with it, for
+	// as long as TCP took to give up. Pinged after h2PingAfter without a frame, and closed
+	// when the pong is h2PingAfter late, it ends 10-20 s after its last frame; its requests
+	// then fail as connection errors, which are tried again on a new connection (§6.2).
+	tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: h2PingAfter, PingTimeout: h2PingAfter}
 	return &http.Client{Transport: tr}
 }
+
+// h2PingAfter is how long an HTTP/2 connection of the default client may be silent before
+// it is pinged, and how long the pong may take before the connection is closed.
+const h2PingAfter = 10 * time.Second
 
 type sdkVersionBody struct {
 	SDKVersion string `json:"sdk_version"`

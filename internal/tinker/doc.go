@@ -56,5 +56,10 @@
 // print a redacted form; the key, the credential command's output and the JWTs only ever
 // leave the process in the X-API-Key header, and error bodies are scrubbed of them.
 //
+// Without [Config].HTTPClient, the client's own transport offers HTTP/2 (§1.4) and pings a
+// connection that has been silent for 10 s, closing it when the pong is 10 s late: a link
+// that died without closing would otherwise take every request to its timeout, try after
+// try, since HTTP/2 sends them all over that one connection.
+//
 // Every call takes a context.Context and returns promptly when it is cancelled.
 package tinker

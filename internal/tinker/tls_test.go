@@ -5,8 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,4 +178,142 @@ func TestRootCAs(t *testing.T) {
 	if st.HTTP2Requests == 0 || st.HTTP2Requests != total {
 		t.Fatalf("%d of %d requests came over HTTP/2, want all", st.HTTP2Requests, total)
 	}
+}
+
+// silentRelay forwards TCP connections to a target until silence; from then on the
+// connections it carries forward nothing either way and stay open, as over a link that died
+// without closing (a NAT or load balancer that forgot its flows). Connections made later are
+// forwarded again.
+type silentRelay struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	pairs []*relayPair
+}
+
+// relayPair is one relayed connection: the client's and the target's ends.
+type relayPair struct {
+	client, target net.Conn
+	silent         atomic.Bool
+}
+
+// startSilentRelay relays a loopback port to target until the test ends.
+func startSilentRelay(t *testing.T, target string) *silentRelay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &silentRelay{ln: ln, target: target}
+	r.wg.Add(1)
+	go r.accept() // ends when Cleanup closes the listener
+	t.Cleanup(func() {
+		ln.Close()
+		r.mu.Lock()
+		for _, p := range r.pairs {
+			p.client.Close()
+			p.target.Close()
+		}
+		r.mu.Unlock()
+		r.wg.Wait()
+	})
+	return r
+}
+
+func (r *silentRelay) addr() string { return r.ln.Addr().String() }
+
+func (r *silentRelay) accept() {
+	defer r.wg.Done()
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", r.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p := &relayPair{client: c, target: u}
+		r.mu.Lock()
+		r.pairs = append(r.pairs, p)
+		r.mu.Unlock()
+		r.wg.Add(2)
+		go r.copy(p, u, c)
+		go r.copy(p, c, u)
+	}
+}
+
+// copy forwards src to dst while p is not silent, and drops what comes after.
+func (r *silentRelay) copy(p *relayPair, dst, src net.Conn) {
+	defer r.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.silent.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !p.silent.Load() {
+				dst.Close()
+			}
+			return
+		}
+	}
+}
+
+// silence makes every connection open now go silent.
+func (r *silentRelay) silence() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.pairs {
+		p.silent.Store(true)
+	}
+	return len(r.pairs)
+}
+
+// TestADeadHTTP2ConnectionIsLeftForANewOne: the link under the default client's HTTP/2
+// connection dies without closing. The sample sent next must not wait on that connection
+// for ever: the client pings it, finds it dead, closes it and sends the sample again on a new
+// connection. Without the pings every try waited out its 60 s timeout on the same
+// connection, and the sample never went through.
+func TestADeadHTTP2ConnectionIsLeftForANewOne(t *testing.T) {
+	t.Parallel()
+	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, BaseLatency: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("ListenTLS: %v", err)
+	}
+	relay := startSilentRelay(t, strings.TrimPrefix(base, "https://"))
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: "https://" + relay.addr(), APIKey: simKey, RootCAs: roots})
+	if err != nil {
+		t.Fatalf("Dial through the relay: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatalf("new sampler: %v", err)
+	}
+	if n := relay.silence(); n != 1 {
+		t.Fatalf("%d connections through the relay before the cut; want the one HTTP/2 connection", n)
+	}
+	start := time.Now()
+	mt := 4
+	// Less than the 60 s a try waits for its answer: the sample must not wait one out.
+	sctx, scancel := context.WithTimeout(ctx, 45*time.Second)
+	defer scancel()
+	if _, err := s.Sample(sctx, tinker.SampleRequest{Prompt: tinker.EncodedText([]int{1, 2, 3}), Params: tinker.SamplingParams{MaxTokens: &mt}}); err != nil {
+		t.Fatalf("sample after the connection died: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("sampled %s after the connection died", time.Since(start).Round(time.Millisecond))
 }
