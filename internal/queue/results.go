@@ -27,6 +27,9 @@ import (
 // One group at a time: Publish holds a lock while it waits. Close releases the subscription.
 type ResultPublisher struct {
 	nc *nats.Conn
+	// down hears the connection drop: the acks not in yet were lost with it, or the messages
+	// they answer were, so the wait for them ends there, not after ResultAckTimeout.
+	down chan nats.Status
 
 	mu      sync.Mutex
 	sub     *nats.Subscription
@@ -47,6 +50,7 @@ func (q *Queue) NewResultPublisher() (*ResultPublisher, error) {
 	if err := p.subscribe(); err != nil {
 		return nil, err
 	}
+	p.down = nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED)
 	return p, nil
 }
 
@@ -107,6 +111,9 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 		p.replies = append(p.replies, p.inbox+"."+strconv.Itoa(len(p.replies)))
 	}
 	p.got = append(p.got[:0], make([]bool, len(msgs))...)
+	for len(p.down) > 0 { // a drop before this group: its reconnect is done or under way
+		<-p.down
+	}
 	waiting := 0
 	for i, msg := range msgs {
 		msg.Reply = p.replies[i]
@@ -129,6 +136,8 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 			waiting--
 		case <-t.C:
 			late = fmt.Errorf("%w within %s", errNoAck, ResultAckTimeout)
+		case <-p.down:
+			late = fmt.Errorf("the connection dropped before the stream's ack: %w", nats.ErrDisconnected)
 		case <-ctx.Done():
 			late = ctx.Err()
 		}
@@ -223,6 +232,7 @@ func (p *ResultPublisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	p.nc.RemoveStatusListener(p.down)
 	if p.sub == nil {
 		return nil
 	}

@@ -29,8 +29,9 @@ import (
 //
 // A job is acked (or termed) only after its result is stored (invariant 2). When the stream
 // cannot store anything (out of room, no leader, no answer: queue.StoreUnavailable), the
-// settler holds the results and tries them again, 100 ms apart and doubling up to 5 s, rather
-// than handing their jobs back: a job handed back is sampled again, and paid for again, and
+// settler holds the results and tries them again, 100 ms apart and doubling up to 5 s, and at
+// once when the connection is made again (the likeliest end of an outage), rather than
+// handing their jobs back: a job handed back is sampled again, and paid for again, and
 // its result would fail alike. Held jobs keep their job slots, so the worker takes no new
 // jobs once every slot holds one, and they are kept alive (InProgress) meanwhile. A result
 // the stream refuses for itself is left to the settled function, which hands its job back.
@@ -38,7 +39,11 @@ type settler struct {
 	results *queue.ResultPublisher
 	in      chan *settlement
 	linger  time.Duration // how long a group waits for more jobs after its first
-	settled func(*settlement)
+	conn    *nats.Conn    // whose reconnects end a wait to try held results again
+	// retryFrom and retryUpTo bound the wait before held results are tried again
+	// (firstRetry and lastRetry).
+	retryFrom, retryUpTo time.Duration
+	settled              func(*settlement)
 	// hold, if set, is told when a settlement's result is held for another try (true) and
 	// when a held one is let go (false), before settled.
 	hold func(s *settlement, held bool)
@@ -69,6 +74,7 @@ func newSettler(q *queue.Queue, capacity int, linger time.Duration, settled func
 		return nil, err
 	}
 	return &settler{results: results, in: make(chan *settlement, capacity), linger: linger, settled: settled,
+		conn: q.JS.Conn(), retryFrom: firstRetry, retryUpTo: lastRetry,
 		log: slog.New(slog.DiscardHandler), closed: make(chan struct{})}, nil
 }
 
@@ -110,12 +116,14 @@ func (st *settler) close(drainBy time.Time) {
 // stream's acks; once it is done, held results are let go.
 func (st *settler) run(ctx context.Context) (groups int) {
 	defer func() { _ = st.results.Close() }()
+	reconnected := st.conn.StatusChanged(nats.CONNECTED)
+	defer st.conn.RemoveStatusListener(reconnected)
 	group := make([]*settlement, 0, maxSettleGroup)
 	msgs := make([]*nats.Msg, 0, maxSettleGroup)
 	errs := make([]error, maxSettleGroup)
 	var (
 		held   []*settlement // results the stream could not store yet, oldest first
-		retry  = firstRetry
+		retry  = st.retryFrom
 		outage time.Time // since when the stream stores nothing (zero: it does)
 		warned time.Time // the last warning; at most one per heldLogEvery, as room comes and goes
 		in     = st.in   // nil once closed and drained
@@ -139,12 +147,16 @@ func (st *settler) run(ctx context.Context) (groups int) {
 					break waiting
 				}
 			}
-			if !st.waitToRetry(ctx, retry) {
+			switch st.waitToRetry(ctx, retry, reconnected) {
+			case retryLetGo:
 				st.letGo(held, unavailable)
 				held = held[:0]
 				continue
+			case retryReconnected:
+				retry = st.retryFrom
+			default:
+				retry = min(2*retry, st.retryUpTo)
 			}
-			retry = min(2*retry, lastRetry)
 			n := min(len(held), maxSettleGroup)
 			group = append(group, held[:n]...)
 			held = append(held[:0], held[n:]...)
@@ -214,7 +226,7 @@ func (st *settler) run(ctx context.Context) (groups int) {
 			if !warned.Before(outage) { // said for this outage
 				st.log.Info("results are stored again", "after", now.Sub(outage).Round(time.Millisecond), "still_held", len(held))
 			}
-			outage, retry = time.Time{}, firstRetry
+			outage, retry = time.Time{}, st.retryFrom
 		case refused && now.Sub(warned) >= heldLogEvery:
 			if outage.IsZero() {
 				outage = now
@@ -233,9 +245,19 @@ func (st *settler) run(ctx context.Context) (groups int) {
 	}
 }
 
-// waitToRetry waits before held results are tried again, and reports false when they are to
-// be let go instead: ctx is done, or the settler is closed and its drainBy has passed.
-func (st *settler) waitToRetry(ctx context.Context, d time.Duration) bool {
+// retryCall is what ends a wait before held results are tried again.
+type retryCall int
+
+const (
+	retryWaited      retryCall = iota // the wait is over: try them
+	retryReconnected                  // the connection was made again: try them now
+	retryLetGo                        // let them go: ctx is done, or the drain time has passed
+)
+
+// waitToRetry waits d before held results are tried again, or until reconnected says the
+// connection was made again. It calls for letting them go instead once ctx is done, or the
+// settler is closed and its drainBy has passed.
+func (st *settler) waitToRetry(ctx context.Context, d time.Duration, reconnected <-chan nats.Status) retryCall {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	closed := st.closed
@@ -243,16 +265,18 @@ func (st *settler) waitToRetry(ctx context.Context, d time.Duration) bool {
 	for {
 		select {
 		case <-t.C:
-			return true
+			return retryWaited
+		case <-reconnected:
+			return retryReconnected
 		case <-ctx.Done():
-			return false
+			return retryLetGo
 		case <-closed:
 			if !time.Now().Before(st.drainBy) {
-				return false
+				return retryLetGo
 			}
 			closed, drained = nil, time.After(time.Until(st.drainBy))
 		case <-drained:
-			return false
+			return retryLetGo
 		}
 	}
 }

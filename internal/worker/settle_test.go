@@ -368,13 +368,17 @@ func (h *holdLog) waitHeld(t *testing.T, n int) {
 }
 
 // holdingSettler runs a settler with n jobs' results handed in while the results stream is
-// full, and returns once it holds them all; done is closed when its run ends.
-func holdingSettler(t *testing.T, n int) (q *queue.Queue, st *settler, settled <-chan *settlement, holds *holdLog, done <-chan struct{}) {
+// full, and returns once it holds them all; done is closed when its run ends. A retry other
+// than 0 is the settler's every wait before it tries them again.
+func holdingSettler(t *testing.T, n int, retry time.Duration) (q *queue.Queue, st *settler, settled <-chan *settlement, holds *holdLog, done <-chan struct{}) {
 	t.Helper()
 	q, codec := queueAndCodec(t)
 	msgs := fetchJobs(t, q, "b1", n)
 	resultsRoom(t, q, 1)
 	st, settled = testSettler(t, q, n, 0)
+	if retry != 0 {
+		st.retryFrom, st.retryUpTo = retry, retry
+	}
 	holds = newHoldLog()
 	st.hold = holds.hold
 	handAll(st, storing(t, q, codec, msgs), 0)
@@ -399,7 +403,7 @@ func waitClosed(t *testing.T, done <-chan struct{}) {
 // stored, their jobs acked, once the stream has room.
 func TestSettlerHoldsResultsWhileTheStreamIsFull(t *testing.T) {
 	const n = 5
-	q, st, settled, holds, done := holdingSettler(t, n)
+	q, st, settled, holds, done := holdingSettler(t, n, 0)
 	time.Sleep(4 * (firstRetry + 2*firstRetry)) // the settler tries them again meanwhile
 	if len(settled) != 0 {
 		t.Fatalf("%d of %d results passed on while the stream was full; want them held", len(settled), n)
@@ -425,11 +429,38 @@ func TestSettlerHoldsResultsWhileTheStreamIsFull(t *testing.T) {
 	}
 }
 
+// TestSettlerTriesHeldResultsAgainOnAReconnect: a reconnect is the likeliest end of an
+// outage, so held results are tried again as the connection is made again, not after the
+// wait (up to 5 s). Here the wait is an hour: only the reconnect can bring them in.
+func TestSettlerTriesHeldResultsAgainOnAReconnect(t *testing.T) {
+	const n = 3
+	q, st, settled, _, done := holdingSettler(t, n, time.Hour)
+	resultsRoom(t, q, -1)
+	if err := q.JS.Conn().ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	finished := make(chan error, 1)
+	go func() { finished <- waitSettled(settled, n) }()
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Errorf("after the reconnect: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("held results not stored within 10 s of a reconnect: the settler waited out its hour")
+	}
+	st.close(time.Now())
+	waitClosed(t, done)
+	if stored, err := q.ResultsStored(context.Background(), "b1"); err != nil || stored != n {
+		t.Errorf("%d results stored (%v); want %d", stored, err, n)
+	}
+}
+
 // TestSettlerLetsHeldResultsGoWhenClosed: results the stream still cannot store when the
 // settler is closed are tried until the drain time, then passed on unstored, jobs unacked.
 func TestSettlerLetsHeldResultsGoWhenClosed(t *testing.T) {
 	const n = 3
-	q, st, settled, _, done := holdingSettler(t, n)
+	q, st, settled, _, done := holdingSettler(t, n, 0)
 	drainBy := time.Now().Add(500 * time.Millisecond)
 	st.close(drainBy)
 	waitClosed(t, done)
@@ -454,7 +485,7 @@ func TestSettlerLetsHeldResultsGoWhenClosed(t *testing.T) {
 // the settler is closed they are passed on with an error, never as settled.
 func TestSettlerLetsGoJobsThatWaitedBehindHeldOnes(t *testing.T) {
 	const n = maxSettleGroup + 44
-	q, st, settled, _, done := holdingSettler(t, n)
+	q, st, settled, _, done := holdingSettler(t, n, 0)
 	st.close(time.Now())
 	waitClosed(t, done)
 	if len(settled) != n {
