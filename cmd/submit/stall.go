@@ -185,6 +185,10 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s wait, and the Tinker service fails the workers' requests: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.local:
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
+	case s.gone() && len(s.attendance.Silent) == 1:
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; %s (it crashed, or lost its link to the NATS server): start one, or see its log", plural(s.waiting, "job"), silentWho(*s.attendance))
+	case s.gone() && len(s.attendance.Silent) > 1:
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; %s (they crashed, or lost their link to the NATS server): start one, or see their logs", plural(s.waiting, "job"), silentWho(*s.attendance))
 	case s.gone():
 		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; start one, or see in the workers' logs why they stopped", plural(s.waiting, "job"))
 	case s.idle():
@@ -221,6 +225,14 @@ func (s stall) gone() bool {
 // silentPhrase words the workers that went silent without handing back their jobs (a
 // crash, a lost connection): the jobs they held go out again once their ack wait passes.
 func silentPhrase(a queue.Attendance, ackWait time.Duration) string {
+	if len(a.Silent) > 1 {
+		return fmt.Sprintf("%s, without handing back their jobs, which go out again once their ack wait (%s, --ack-wait) has passed", silentWho(a), ackWait)
+	}
+	return fmt.Sprintf("%s without handing back its jobs, which go out again once their ack wait (%s, --ack-wait) has passed", silentWho(a), ackWait)
+}
+
+// silentWho names the workers that went silent: the one, or how many and the last.
+func silentWho(a queue.Attendance) string {
 	last := a.Silent[0]
 	for _, p := range a.Silent[1:] {
 		if p.At.After(last.At) {
@@ -230,9 +242,9 @@ func silentPhrase(a queue.Attendance, ackWait time.Duration) string {
 	ago := max(a.Now.Sub(last.At), 0).Round(time.Second)
 	host := cmp.Or(last.Host, "an unknown host")
 	if len(a.Silent) == 1 {
-		return fmt.Sprintf("a worker on %s went silent %s ago without handing back its jobs, which go out again once their ack wait (%s, --ack-wait) has passed", host, ago, ackWait)
+		return fmt.Sprintf("a worker on %s went silent %s ago", host, ago)
 	}
-	return fmt.Sprintf("%d workers went silent, the last %s ago (on %s), without handing back their jobs, which go out again once their ack wait (%s, --ack-wait) has passed", len(a.Silent), ago, host, ackWait)
+	return fmt.Sprintf("%d workers went silent, the last %s ago on %s", len(a.Silent), ago, host)
 }
 
 // retrying reports whether a worker put off a job of the batch lately.

@@ -378,8 +378,19 @@ func TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns(t *testing.T) {
 		t.Errorf("a worker went silent: %v %q", kind, text)
 	}
 	s.attendance.Silent = append(s.attendance.Silent, queue.Presence{Worker: "w3", Host: "c", At: now.Add(-17 * time.Second)})
-	if kind, text := s.why(10 * time.Second); kind != stallSilent || text != "12 jobs at the workers; 2 workers went silent, the last 17s ago (on c), without handing back their jobs, which go out again once their ack wait (30s, --ack-wait) has passed" {
+	if kind, text := s.why(10 * time.Second); kind != stallSilent || text != "12 jobs at the workers; 2 workers went silent, the last 17s ago on c, without handing back their jobs, which go out again once their ack wait (30s, --ack-wait) has passed" {
 		t.Errorf("two workers went silent: %v %q", kind, text)
+	}
+
+	// None runs, and some went silent, a crash or a link cut: that is where to look.
+	s.attendance.Running = nil
+	s.pulls = 0
+	if kind, text := s.why(10 * time.Second); kind != stallNoWorker || text != "no worker is running: 40 jobs wait; 2 workers went silent, the last 17s ago on c (they crashed, or lost their link to the NATS server): start one, or see their logs" {
+		t.Errorf("no worker runs, two went silent: %v %q", kind, text)
+	}
+	s.attendance.Silent = s.attendance.Silent[1:]
+	if kind, text := s.why(10 * time.Second); kind != stallNoWorker || text != "no worker is running: 40 jobs wait; a worker on c went silent 17s ago (it crashed, or lost its link to the NATS server): start one, or see its log" {
+		t.Errorf("no worker runs, one went silent: %v %q", kind, text)
 	}
 }
 
