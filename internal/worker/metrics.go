@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
@@ -140,8 +141,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // watch registers gauges read on scrape from the limiter, the backoff, the capacity, the
-// count of results held for another try and the memory results take.
-func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory) {
+// count of results held for another try, the memory results take and the NATS connection.
+func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory, nc *nats.Conn) {
 	if m == nil {
 		return
 	}
@@ -170,6 +171,17 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomi
 			Name: "tinkerfleet_result_memory_bytes",
 			Help: "Memory charged to results between their arrival and their storage (an estimate); no new sample is sent while it reaches --result-memory.",
 		}, func() float64 { return float64(mem.charged()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_nats_connected", Help: "1 while the worker's NATS connection is up; 0 while it is being made again.",
+		}, func() float64 {
+			if nc.IsConnected() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tinkerfleet_nats_reconnects_total", Help: "Times the worker's NATS connection was made again after a drop (a server restart, a link that died).",
+		}, func() float64 { return float64(nc.Stats().Reconnects) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
 		}, func() float64 {

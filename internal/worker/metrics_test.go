@@ -7,8 +7,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 // gathered returns every series of reg as "name{label=value,...}" → counter or gauge value,
@@ -76,5 +79,30 @@ func TestMetricsCountEachSeriesApart(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("all series: %v", got)
+	}
+}
+
+// TestMetricsFollowTheNATSConnection: the connection's state and its reconnects are
+// series, so that a link that keeps dying (a NAT that drops flows) shows on a dashboard.
+func TestMetricsFollowTheNATSConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	q := b.connect(t)
+	reg := prometheus.NewRegistry()
+	b.open(t, q, Config{Concurrency: 1, Registerer: reg})
+	if got := gathered(t, reg); got["tinkerfleet_nats_connected{}"] != 1 || got["tinkerfleet_nats_reconnects_total{}"] != 0 {
+		t.Fatalf("connected %v, reconnects %v; want 1 and 0", got["tinkerfleet_nats_connected{}"], got["tinkerfleet_nats_reconnects_total{}"])
+	}
+	nc := q.JS.Conn()
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 10*time.Second, "the reconnect in the metrics", func() bool {
+		got := gathered(t, reg)
+		return got["tinkerfleet_nats_reconnects_total{}"] == 1 && got["tinkerfleet_nats_connected{}"] == 1
+	})
+	nc.Close()
+	if got := gathered(t, reg)["tinkerfleet_nats_connected{}"]; got != 0 {
+		t.Errorf("connected %v with the connection closed; want 0", got)
 	}
 }

@@ -242,7 +242,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld, &w.memory)
+	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld, &w.memory, cfg.Queue.JS.Conn())
 	ok = true
 	return w, nil
 }
