@@ -3,6 +3,7 @@ package tinker_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -63,18 +64,10 @@ func (p *protoRecorder) seen() (protos, alpn map[string]int) {
 func TestSimTLSHTTP2SampleRoundTrip(t *testing.T) {
 	const maxTokens, numSamples = 8, 2
 	// MinGenTokens ≥ max_tokens and no stop condition: every sequence runs to max_tokens.
-	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, LongPollWait: 100 * time.Millisecond,
-		BaseLatency: 5 * time.Millisecond, MinGenTokens: maxTokens})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("ListenTLS: %v", err)
-	}
+	sim, base, roots := tlsSim(t, ctx, tinkersim.Config{APIKeys: []string{simKey}, LongPollWait: 100 * time.Millisecond,
+		BaseLatency: 5 * time.Millisecond, MinGenTokens: maxTokens})
 
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
@@ -133,17 +126,9 @@ func TestSimTLSHTTP2SampleRoundTrip(t *testing.T) {
 // TestRootCAs: the default client trusts Config.RootCAs (the simulator's certificate) and
 // still negotiates HTTP/2; without them the same certificate is refused.
 func TestRootCAs(t *testing.T) {
-	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("ListenTLS: %v", err)
-	}
+	sim, base, roots := tlsSim(t, ctx, tinkersim.Config{APIKeys: []string{simKey}})
 	noRetry := tinker.Timing{HTTPMaxRetries: -1, SubmitRetryDeadline: time.Millisecond}
 	if c, err := tinker.Dial(ctx, tinker.Config{BaseURL: base, APIKey: simKey, Sessionless: true, Timing: noRetry}); err == nil {
 		_ = c.Close()
@@ -178,6 +163,22 @@ func TestRootCAs(t *testing.T) {
 	if st.HTTP2Requests == 0 || st.HTTP2Requests != total {
 		t.Fatalf("%d of %d requests came over HTTP/2, want all", st.HTTP2Requests, total)
 	}
+}
+
+// tlsSim serves a simulator with cfg over HTTPS on loopback until ctx is done or the test
+// ends, and returns it with its base URL and the pool that trusts its certificate.
+func tlsSim(t *testing.T, ctx context.Context, cfg tinkersim.Config) (*tinkersim.Server, string, *x509.CertPool) {
+	t.Helper()
+	sim, err := tinkersim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("ListenTLS: %v", err)
+	}
+	return sim, base, roots
 }
 
 // silentRelay forwards TCP connections to a target until silence; from then on the
@@ -283,17 +284,9 @@ func (r *silentRelay) silence() int {
 // connection, and the sample never went through.
 func TestADeadHTTP2ConnectionIsLeftForANewOne(t *testing.T) {
 	t.Parallel()
-	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, BaseLatency: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	base, roots, err := sim.ListenTLS(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("ListenTLS: %v", err)
-	}
+	_, base, roots := tlsSim(t, ctx, tinkersim.Config{APIKeys: []string{simKey}, BaseLatency: time.Millisecond})
 	relay := startSilentRelay(t, strings.TrimPrefix(base, "https://"))
 	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: "https://" + relay.addr(), APIKey: simKey, RootCAs: roots})
 	if err != nil {
