@@ -39,11 +39,11 @@ type settler struct {
 	results *queue.ResultPublisher
 	in      chan *settlement
 	linger  time.Duration // how long a group waits for more jobs after its first
-	conn    *nats.Conn    // whose reconnects end a wait to try held results again
-	// retryFrom and retryUpTo bound the wait before held results are tried again
-	// (firstRetry and lastRetry).
+	settled func(*settlement)
+	// conn's reconnects end a wait to try held results again, which retryFrom and retryUpTo
+	// bound otherwise (firstRetry and lastRetry).
+	conn                 *nats.Conn
 	retryFrom, retryUpTo time.Duration
-	settled              func(*settlement)
 	// hold, if set, is told when a settlement's result is held for another try (true) and
 	// when a held one is let go (false), before settled.
 	hold func(s *settlement, held bool)
