@@ -147,16 +147,12 @@ func (st *settler) run(ctx context.Context) (groups int) {
 					break waiting
 				}
 			}
-			switch st.waitToRetry(ctx, retry, reconnected) {
-			case retryLetGo:
+			if !st.waitToRetry(ctx, retry, reconnected) {
 				st.letGo(held, unavailable)
 				held = held[:0]
 				continue
-			case retryReconnected:
-				retry = st.retryFrom
-			default:
-				retry = min(2*retry, st.retryUpTo)
 			}
+			retry = min(2*retry, st.retryUpTo)
 			n := min(len(held), maxSettleGroup)
 			group = append(group, held[:n]...)
 			held = append(held[:0], held[n:]...)
@@ -245,19 +241,10 @@ func (st *settler) run(ctx context.Context) (groups int) {
 	}
 }
 
-// retryCall is what ends a wait before held results are tried again.
-type retryCall int
-
-const (
-	retryWaited      retryCall = iota // the wait is over: try them
-	retryReconnected                  // the connection was made again: try them now
-	retryLetGo                        // let them go: ctx is done, or the drain time has passed
-)
-
 // waitToRetry waits d before held results are tried again, or until reconnected says the
-// connection was made again. It calls for letting them go instead once ctx is done, or the
-// settler is closed and its drainBy has passed.
-func (st *settler) waitToRetry(ctx context.Context, d time.Duration, reconnected <-chan nats.Status) retryCall {
+// connection was made again, and reports false when they are to be let go instead: ctx is
+// done, or the settler is closed and its drainBy has passed.
+func (st *settler) waitToRetry(ctx context.Context, d time.Duration, reconnected <-chan nats.Status) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	closed := st.closed
@@ -265,18 +252,18 @@ func (st *settler) waitToRetry(ctx context.Context, d time.Duration, reconnected
 	for {
 		select {
 		case <-t.C:
-			return retryWaited
+			return true
 		case <-reconnected:
-			return retryReconnected
+			return true
 		case <-ctx.Done():
-			return retryLetGo
+			return false
 		case <-closed:
 			if !time.Now().Before(st.drainBy) {
-				return retryLetGo
+				return false
 			}
 			closed, drained = nil, time.After(time.Until(st.drainBy))
 		case <-drained:
-			return retryLetGo
+			return false
 		}
 	}
 }
