@@ -1393,6 +1393,13 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	}
 }
 
+// tinkerAt is a getenv with the test key and baseURL for the Tinker service, and nothing else.
+func tinkerAt(baseURL string) func(string) string {
+	return func(k string) string {
+		return map[string]string{"TINKER_API_KEY": fleettest.APIKey, "TINKER_BASE_URL": baseURL}[k]
+	}
+}
+
 // TestLocalWarnsWhileTinkerCannotBeReached: the local worker's Dial retries for minutes when
 // the service cannot be reached; the user sees why at once (above the progress bar, on a line
 // of its own), without -v, and without the key.
@@ -1401,15 +1408,7 @@ func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
 	closed := fleettest.ClosedURL(t)
 	dir := t.TempDir()
 	var stderr bytes.Buffer
-	env := &environment{getenv: func(k string) string {
-		switch k {
-		case "TINKER_API_KEY":
-			return fleettest.APIKey
-		case "TINKER_BASE_URL":
-			return closed
-		}
-		return ""
-	}, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, tty: 1}
+	env := &environment{getenv: tinkerAt(closed), stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, tty: 1}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "../../examples/prompts.jsonl", "-o", filepath.Join(dir, "out.jsonl")}
@@ -1764,15 +1763,7 @@ func TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	env := &environment{getenv: func(k string) string {
-		switch k {
-		case "TINKER_API_KEY":
-			return fleettest.APIKey
-		case "TINKER_BASE_URL":
-			return url
-		}
-		return ""
-	}, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := &environment{getenv: tinkerAt(url), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	out := filepath.Join(dir, "out.jsonl")
 	args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
