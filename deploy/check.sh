@@ -161,13 +161,16 @@ def conf_perms(name):
         s = re.search(sec + r": \{(.*?)\n  \}", body, re.S).group(1)
         out[sec] = {kind: sorted(re.findall(r'"([^"]+)"', m.group(1)))
                     for kind in ("allow", "deny") if (m := re.search(kind + r": \[(.*?)\]", s, re.S))}
+    if re.search(r"\n  allow_responses: true\n", body):
+        out["allow_responses"] = True
     return out
 users = hv["config"]["merge"]["authorization"]["users"]
 helm = {}
 for u in users:
     if "permissions" in u:
         role = "WORKER" if "WORKER" in u["nkey"] else "SUBMIT"
-        helm[role] = {sec: {kind: sorted(v) for kind, v in d.items()} for sec, d in u["permissions"].items()}
+        helm[role] = {sec: d if isinstance(d, bool) else {kind: sorted(v) for kind, v in d.items()}
+                      for sec, d in u["permissions"].items()}
 for role in ("WORKER", "SUBMIT"):
     check(helm.get(role) == conf_perms(role + "_PERMISSIONS"), f"helm: {role.lower()} permissions differ from deploy/nats/auth.conf")
 

@@ -26,6 +26,7 @@ bucket=$(printf '%s' "$prefix" | tr '-' '_')       # bucket names
 sed -e "s/TINKERFLEET_/${stem}_/g" \
 	-e "s/tinkerfleet_\(batches\|backoff\)/${bucket}_\1/g" \
 	-e "s/\"tinkerfleet\.\(jobs\|results\|dead\)\./\"${prefix}.\1./g" \
+	-e "s/\"tinkerfleet\.held\"/\"${prefix}.held\"/g" \
 	-e "1s/.*/# Users and per-role permissions of a tinkerfleet cluster, for the prefix \"${prefix}\" (made by/" \
 	-e "2s/.*/# deploy\/nats\/auth-for-prefix.sh from auth.conf, which is written for the default prefix)./" -e 3d \
 	"$conf"

@@ -237,6 +237,21 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if a, known, err := sub.Present(ctx, queue.PresenceWindow, queue.PresenceWindow); err != nil || !known || len(a.Running) != 1 {
 		t.Errorf("submit: the workers running: %+v (known %v), %v; want the one worker", a, known, err)
 	}
+	// Which results the workers hold that the server cannot store: submit asks over core
+	// NATS, and a worker that holds some answers to submit's inbox (one answer per connection:
+	// the server allows one response to a request a connection received).
+	heldJS, heldV := connectAs(t, srv, "worker")
+	answering, err := (&queue.Queue{JS: heldJS, Names: wq.Names}).AnswerHeld(func() (queue.HeldReport, bool) { return queue.HeldReport{Held: 3}, true })
+	if err != nil {
+		t.Fatalf("worker: answer for held results: %v", err)
+	}
+	if err := heldJS.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sub.AskHeld(ctx, 2*time.Second); err != nil || len(got) != 1 || got[0].Held != 3 {
+		t.Errorf("submit: ask which results the workers hold: %+v, %v; want the one answer", got, err)
+	}
+	_ = answering.Unsubscribe()
 	// A capacity round (internal/share) as the worker: its report, and the round read back.
 	board, err := share.Open(ctx, wJS, sub.Names.BackoffBucket(), "perm-account", share.Config{})
 	if err != nil {
@@ -271,7 +286,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if v := subV.list()[subBefore:]; len(v) > 0 {
 		t.Errorf("submit met permission violations in normal work: %q", v)
 	}
-	if v := wV.list()[wBefore:]; len(v) > 0 {
+	if v := append(wV.list()[wBefore:], heldV.list()...); len(v) > 0 {
 		t.Errorf("worker met permission violations in normal work: %q", v)
 	}
 

@@ -15,6 +15,8 @@
 //	                  service.retry -> what a worker's Tinker client last retried, or the refused
 //	                                   key that stopped a worker (ServiceNote)
 //	                  worker.<id> -> a running worker's presence, renewed every 5 s (Presence)
+//	subject p.held    (core NATS, no stream) workers that hold results the server cannot
+//	                  store answer a reader's question (AskHeld), which a full store cannot stop
 //
 // <job> is a digest of the custom_id (custom ids may hold characters that subjects cannot), so a
 // result can be looked up by subject, and a repeated result is refused rather than added or put

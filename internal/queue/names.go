@@ -67,6 +67,9 @@ func (n Names) ResultsFilter(batch string) string { return n.Prefix + ".results.
 // DeadSubject is the subject dead-lettered payloads of batch are kept on.
 func (n Names) DeadSubject(batch string) string { return n.Prefix + ".dead." + batch }
 
+// HeldSubject is the core NATS subject (no stream) on which workers answer AskHeld.
+func (n Names) HeldSubject() string { return n.Prefix + ".held" }
+
 // BatchFromJobSubject returns the batch id of a job subject, or "" if subject is not one.
 func (n Names) BatchFromJobSubject(subject string) string {
 	rest, ok := strings.CutPrefix(subject, n.Prefix+".jobs.")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -186,6 +187,17 @@ func (w *Worker) holding(s *settlement, held bool) {
 		w.alive.remove(s.msg)
 		w.resultsHeld.Add(-1)
 	}
+}
+
+// heldReport says what the worker holds because the results stream refuses it (AskHeld's
+// answer), and false when it holds nothing.
+func (w *Worker) heldReport() (queue.HeldReport, bool) {
+	n, r := w.resultsHeld.Load(), w.settler.refusing.Load()
+	if n <= 0 || r == nil {
+		return queue.HeldReport{}, false
+	}
+	host, _ := os.Hostname()
+	return queue.HeldReport{Host: host, Held: int(n), For: time.Since(r.since), Full: queue.StoreFull(r.err), Error: r.err.Error()}, true
 }
 
 // free gives back a job's dispatch reservation and its job slot.

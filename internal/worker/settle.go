@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +52,16 @@ type settler struct {
 
 	closed  chan struct{} // closed by close
 	drainBy time.Time     // set by close: held results are tried until then
+
+	// refusing is, while the stream refuses results, since when and why (nil: it stores
+	// them); the worker reads it to answer a reader who asks what it holds.
+	refusing atomic.Pointer[refusal]
+}
+
+// refusal is why the stream stores no result: since when, and its latest error.
+type refusal struct {
+	since time.Time
+	err   error
 }
 
 const (
@@ -223,6 +234,7 @@ func (st *settler) run(ctx context.Context) (groups int) {
 				st.log.Info("results are stored again", "after", now.Sub(outage).Round(time.Millisecond), "still_held", len(held))
 			}
 			outage, retry = time.Time{}, st.retryFrom
+			st.refusing.Store(nil)
 		case refused && now.Sub(warned) >= heldLogEvery:
 			if outage.IsZero() {
 				outage = now
@@ -232,6 +244,9 @@ func (st *settler) run(ctx context.Context) (groups int) {
 				"held", len(held), "for", now.Sub(outage).Round(time.Second), "err", unavailable)
 		case refused && outage.IsZero():
 			outage = now
+		}
+		if refused && !outage.IsZero() {
+			st.refusing.Store(&refusal{since: outage, err: unavailable})
 		}
 		for i, s := range through {
 			st.pass(s)

@@ -81,6 +81,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.settler.hold, w.settler.log = w.holding, w.log
 	w.settlements = make(chan *settlement, cap(w.slots))
+	// Readers ask over core NATS what the worker holds: a full store refuses its notes too.
+	if answering, err := w.cfg.Queue.AnswerHeld(w.heldReport); err != nil {
+		w.log.Warn("cannot answer for held results", "err", err)
+	} else {
+		defer func() { _ = answering.Unsubscribe() }()
+	}
 
 	// jobCtx outlives ctx by the grace period: in-flight jobs finish, then are cancelled.
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))

@@ -398,6 +398,10 @@ func TestFullResultsStreamHoldsSamplesUntilThereIsRoom(t *testing.T) {
 	if got := gathered(t, reg)["tinkerfleet_results_held{}"]; got != slots {
 		t.Errorf("tinkerfleet_results_held = %v, want %d", got, slots)
 	}
+	// A reader who asks learns what the worker holds, and that the stream is full.
+	if got, err := b.results.AskHeld(context.Background(), time.Second); err != nil || len(got) != 1 || got[0].Held != slots || !got[0].Full || got[0].For <= 0 {
+		t.Errorf("asked what the worker holds: %+v, %v; want %d results held, the stream full", got, err, slots)
+	}
 	// Another puller (another worker) gets only jobs delivered for the first time: the held
 	// ones are kept alive, not redelivered after AckWait. It hands them back at once.
 	cons, err := b.results.Consumer(context.Background())

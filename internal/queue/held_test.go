@@ -1,0 +1,77 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestAskHeldGathersTheWorkersThatHoldResults: the workers that hold results answer, with
+// what they hold and why; those that hold none keep quiet, and with nobody listening the
+// question ends with no answer.
+func TestAskHeldGathersTheWorkersThatHoldResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	if got, err := b.q.AskHeld(ctx, 5*time.Second); err != nil || len(got) != 0 {
+		t.Fatalf("nobody listens: %+v, %v", got, err)
+	}
+
+	// Each worker answers on a connection of its own, as in a fleet.
+	answer := func(r HeldReport, holds bool) *nats.Subscription {
+		t.Helper()
+		nc, err := Connect(ConnectConfig{URL: b.emb.ClientURL(), Name: r.Host})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := &Queue{JS: js, Names: b.q.Names}
+		sub, err := q.AnswerHeld(func() (HeldReport, bool) { return r, holds })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil { // the subscription is known to the server
+			t.Fatal(err)
+		}
+		return sub
+	}
+	full := answer(HeldReport{Host: "a", Held: 5, For: time.Minute, Full: true, Error: "insufficient resources"}, true)
+	answer(HeldReport{Host: "b", Held: 2, For: time.Second, Error: strings.Repeat("x", 10_000)}, true)
+	answer(HeldReport{Host: "c"}, false)
+
+	hosts := func() []string {
+		t.Helper()
+		got, err := b.q.AskHeld(ctx, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hosts []string
+		for _, r := range got {
+			hosts = append(hosts, fmt.Sprintf("%s:%d:%v:%v", r.Host, r.Held, r.For, r.Full))
+			if len(r.Error) > maxNoteError+len("…") {
+				t.Errorf("%s's error is %d bytes; want at most %d", r.Host, len(r.Error), maxNoteError)
+			}
+		}
+		slices.Sort(hosts)
+		return hosts
+	}
+	if got, want := hosts(), []string{"a:5:1m0s:true", "b:2:1s:false"}; !slices.Equal(got, want) {
+		t.Errorf("answers %v, want %v", got, want)
+	}
+	if err := full.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hosts(), []string{"b:2:1s:false"}; !slices.Equal(got, want) {
+		t.Errorf("answers after a worker stopped answering %v, want %v", got, want)
+	}
+}
