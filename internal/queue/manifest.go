@@ -107,27 +107,45 @@ func (q *Queue) UpdateManifest(ctx context.Context, batch string, change func(*M
 // it: one stored after the purge would stay until the results' max age, with nobody to read
 // it. Only a result stored in the moment between the mark and a worker hearing of it can
 // outlive the purge; deleting a deleted batch removes again whatever came since.
+//
+// A batch is often deleted to make room in a server whose store is full, which refuses the
+// mark too: then its results and dead letters go before the mark, and once more after it.
 func (q *Queue) DeleteBatch(ctx context.Context, batch string) error {
 	if err := q.purgeJobs(ctx, batch); err != nil {
 		return fmt.Errorf("delete batch %s: remove its jobs: %w", batch, err)
 	}
-	_, err := q.UpdateManifest(ctx, batch, func(m *Manifest) error {
+	mark := func(m *Manifest) error {
 		if m.Status != BatchDeleted {
 			m.Status, m.DeletedAt = BatchDeleted, time.Now().UTC()
 		}
 		return nil
-	})
+	}
+	_, err := q.UpdateManifest(ctx, batch, mark)
+	if StoreFull(err) {
+		if err := q.purgeStored(ctx, batch); err != nil {
+			return err
+		}
+		_, err = q.UpdateManifest(ctx, batch, mark)
+	}
 	if err != nil {
 		return fmt.Errorf("delete batch %s: %w", batch, err)
 	}
+	if err := q.purgeStored(ctx, batch); err != nil {
+		return err
+	}
+	if err := q.forgetRetries(ctx, batch); err != nil {
+		return fmt.Errorf("delete batch %s: %w", batch, err)
+	}
+	return nil
+}
+
+// purgeStored removes batch's dead letters and results.
+func (q *Queue) purgeStored(ctx context.Context, batch string) error {
 	if err := q.Dead.Purge(ctx, jetstream.WithPurgeSubject(q.Names.DeadSubject(batch))); err != nil {
 		return fmt.Errorf("delete batch %s: remove its dead letters: %w", batch, err)
 	}
 	if err := q.Results.Purge(ctx, jetstream.WithPurgeSubject(q.Names.ResultsFilter(batch))); err != nil {
 		return fmt.Errorf("delete batch %s: remove its results: %w", batch, err)
-	}
-	if err := q.forgetRetries(ctx, batch); err != nil {
-		return fmt.Errorf("delete batch %s: %w", batch, err)
 	}
 	return nil
 }
