@@ -24,9 +24,15 @@ import (
 type progressOptions struct {
 	mode     string
 	interval time.Duration
-	// held, if not nil, counts the results an in-process worker cannot store now: progress
-	// names it when results stop coming.
-	held func() int
+	// local, if not nil, is the worker of submit --local: progress names the results it
+	// cannot store when results stop coming.
+	local *inProcess
+}
+
+// inProcess is the worker that submit --local runs in its own process.
+type inProcess struct {
+	held    func() int // results it cannot store now
+	dataDir string     // the embedded server's data directory
 }
 
 func (o *progressOptions) register(s *envflag.Set) {
@@ -239,7 +245,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 			}
 			if quiet := prog.quiet(); wait && !prog.none && quiet >= po.interval && time.Since(lastLook) >= po.interval {
 				lastLook = time.Now()
-				prog.stalled(explain(ctx, q, m, sum.total(), po.held, quiet))
+				prog.stalled(explain(ctx, q, m, sum.total(), po.local, quiet))
 			}
 			if wait && time.Since(lastGoneLook) >= goneLook {
 				lastGoneLook = time.Now()

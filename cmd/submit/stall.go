@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,16 +41,21 @@ type stall struct {
 	now     time.Time          // the server's clock when it was asked
 	local   bool               // the worker runs in this process (submit --local)
 	alone   bool               // no worker can reach the NATS server (session.alone): status only
-	held    int                // results the in-process worker cannot store
+	dataDir string             // the embedded server's data directory, for submit --local
+	// held is the results the workers hold because the server cannot store them, the
+	// in-process worker's count or what the workers said (queue.AskHeld), whichever is more;
+	// holders is what they said.
+	held    int
+	holders []queue.HeldReport
 }
 
 // explain asks the server why batch m, of whose results got have been read, has had none for
 // quiet, and says so in a phrase that begins with that; or nothing (stallNone) if the server
-// cannot tell now. held is progressOptions.held.
-func explain(ctx context.Context, q *queue.Queue, m queue.Manifest, got int, held func() int, quiet time.Duration) (stallKind, string) {
+// cannot tell now. local is progressOptions.local.
+func explain(ctx context.Context, q *queue.Queue, m queue.Manifest, got int, local *inProcess, quiet time.Duration) (stallKind, string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := examine(ctx, q, m, held)
+	s, err := examine(ctx, q, m, local)
 	if err != nil {
 		return stallNone, ""
 	}
@@ -89,13 +95,30 @@ func jobsWaitingAll(ctx context.Context, q *queue.Queue) (map[string]uint64, err
 	return info.State.Subjects, nil
 }
 
-// examine asks the server about batch m and the fleet; held, if not nil, counts the results
-// an in-process worker holds. The caller sets missing.
-func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, held func() int) (stall, error) {
-	s := stall{publishing: m.Status == queue.BatchPublishing, lostCause: lostCause(q, m)}
-	if s.local = held != nil; s.local {
-		s.held = held()
+// examine asks the server about batch m and the fleet, and the workers what they hold;
+// local is the worker of submit --local, if any. The caller sets missing.
+func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, local *inProcess) (stall, error) {
+	// The workers are given their time to answer (AskHeldWait) while the server is asked.
+	var (
+		holders []queue.HeldReport
+		asking  sync.WaitGroup
+	)
+	asking.Go(func() { holders, _ = q.AskHeld(ctx, queue.AskHeldWait) })
+	s, err := examineServer(ctx, q, m)
+	asking.Wait()
+	s.holders = holders
+	for _, h := range holders {
+		s.held += h.Held
 	}
+	if s.local = local != nil; s.local {
+		s.held, s.dataDir = max(s.held, local.held()), local.dataDir
+	}
+	return s, err
+}
+
+// examineServer asks the server about batch m and the fleet.
+func examineServer(ctx context.Context, q *queue.Queue, m queue.Manifest) (stall, error) {
+	s := stall{publishing: m.Status == queue.BatchPublishing, lostCause: lostCause(q, m)}
 	if latest, _, err := q.GetManifest(ctx, m.BatchID); err == nil {
 		s.publishing = latest.Status == queue.BatchPublishing
 	}
@@ -166,7 +189,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.missing <= 0:
 		return stallNone, "" // every result is stored; the reader has yet to read the last
 	case s.held > 0:
-		return stallHeld, fmt.Sprintf("the worker holds %s that the NATS server cannot store (is its disk full?)", plural(s.held, "result"))
+		return stallHeld, s.heldPhrase()
 	case s.pause != nil && s.pause.Left >= time.Second:
 		return stallPaused, fmt.Sprintf("the fleet is paused for %s more: %s", s.pause.Left.Round(time.Second), pauseCause(s.pause.Reason))
 	case s.pause != nil && -s.pause.Left < since: // short pauses, one after another
@@ -208,6 +231,42 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		text += fmt.Sprintf("; %s of other batches queued or at work", plural(others, "job"))
 	}
 	return stallAtWorkers, text
+}
+
+// heldPhrase says who holds results that the server cannot store, for how long, why, and
+// what makes room.
+func (s stall) heldPhrase() string {
+	var longest *queue.HeldReport // the answer of the worker refused longest
+	for i := range s.holders {
+		if longest == nil || s.holders[i].For > longest.For {
+			longest = &s.holders[i]
+		}
+	}
+	who := "the workers hold"
+	switch {
+	case s.local:
+		who = "the worker holds"
+	case len(s.holders) == 1:
+		who = "a worker on " + cmp.Or(longest.Host, "an unknown host") + " holds"
+	case len(s.holders) > 1:
+		who = fmt.Sprintf("%d workers hold", len(s.holders))
+	}
+	text := fmt.Sprintf("%s %s that the NATS server cannot store", who, plural(s.held, "result"))
+	switch {
+	case longest == nil: // the in-process worker's count, without its answer
+		return text + " (is its disk full?)"
+	case longest.Full && s.local:
+		return fmt.Sprintf("%s, for %s: its store is full; delete finished batches (submit delete) and they are stored at once, or stop this command, free disk space where %s is and run it again (the server sizes its store as it starts)",
+			text, longest.For.Round(time.Second), s.dataDir)
+	case longest.Full:
+		return fmt.Sprintf("%s, for %s: its JetStream store is full; make room (delete finished batches: submit delete; or raise the server's max_file_store) and they are stored at once",
+			text, longest.For.Round(time.Second))
+	case s.local:
+		return fmt.Sprintf("%s, for %s (%s): is the disk of %s full? free space there, stop this command and run it again",
+			text, longest.For.Round(time.Second), longest.Error, s.dataDir)
+	}
+	return fmt.Sprintf("%s, for %s (%s); they are tried again until the stream answers (a stream without a leader, a server restarting)",
+		text, longest.For.Round(time.Second), longest.Error)
 }
 
 // idle reports whether no worker takes jobs: none asks for any, and none holds any, or no

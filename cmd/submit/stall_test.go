@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,12 +15,14 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
 
@@ -117,7 +121,11 @@ func TestExamineNamesEachCause(t *testing.T) {
 	}
 	why := func(got int, held func() int) (stallKind, string) {
 		t.Helper()
-		s, err := examine(ctx, q, m, held)
+		var local *inProcess
+		if held != nil {
+			local = &inProcess{held: held, dataDir: "data"}
+		}
+		s, err := examine(ctx, q, m, local)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,6 +205,64 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	stop()
 	if out := status(); !strings.Contains(out, "activity  no worker is running: 4 jobs wait; start one") || !strings.Contains(out, "workers   none running\n") {
 		t.Errorf("status once the only worker stopped:\n%s", out)
+	}
+}
+
+// TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone: a server whose store is full
+// refuses the workers' presence notes as it refuses their results. Status asks the workers
+// (queue.AskHeld), and names the worker that holds them, the full store and how to make room,
+// rather than a worker that went silent.
+func TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone(t *testing.T) {
+	t.Parallel()
+	srv := natsServer(t, server.Options{JetStreamMaxStore: 1 << 20})
+	f := &fleet{t: t, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f.sim, f.url = fleettest.Sim(t, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	submit := func(args ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr}
+		if args[0] == "status" {
+			args = append([]string{"status", "--nats-url", srv.ClientURL()}, args[1:]...)
+		} else {
+			args = append([]string{"--nats-url", srv.ClientURL()}, args...)
+		}
+		if err := run(ctx, args, env); err != nil {
+			t.Fatalf("submit %s: %v\n%s", args[0], err, stderr.String())
+		}
+		return stdout.String()
+	}
+	batch := strings.TrimSpace(submit("--progress", "none", writeLines(t, jobLines(20))))
+
+	// Fill the store, then start a worker: it samples its jobs and holds their results.
+	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{})
+	if _, err := q.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BALLAST", Subjects: []string{"ballast"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if _, err := q.JS.Publish(ctx, "ballast", make([]byte, 4096)); queue.StoreFull(err) {
+			break
+		} else if err != nil || i == 1000 {
+			t.Fatalf("ballast %d: %v", i, err)
+		}
+	}
+	f.startWorkerOn(fleettest.Queue(t, srv.ClientURL(), queue.Config{}), 4)
+
+	host, _ := os.Hostname()
+	want := fmt.Sprintf("activity  a worker on %s holds 4 results that the NATS server cannot store, for ", host)
+	var out string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last status:\n%s", out)
+		}
+	}()
+	fleettest.Eventually(t, 30*time.Second, "status naming the held results", func() bool {
+		out = submit("status", batch)
+		return strings.Contains(out, want)
+	})
+	if !strings.Contains(out, "its JetStream store is full; make room (delete finished batches: submit delete; or raise the server's max_file_store)") {
+		t.Errorf("status does not say that the store is full and how to make room:\n%s", out)
 	}
 }
 

@@ -199,7 +199,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		if err := sess.startWorker(ctx, o.local, o.conn.queue, env, stopped); err != nil {
 			return err
 		}
-		o.progress.held = sess.held
+		o.progress.local = &inProcess{held: sess.held, dataDir: o.conn.dataDir}
 	}
 
 	if err := checkJobSizes(files, o.limits, scan.longest, sess.q.JS.Conn().MaxPayload(), env.stderr); err != nil {
