@@ -68,20 +68,5 @@ func smallStore(t *testing.T, maxStore int64) *testBundle {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatal("NATS server not ready")
 	}
-	nc, err := Connect(ConnectConfig{URL: srv.ClientURL(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	q, err := Setup(ctx, js, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testBundle{nc: nc, q: q}
+	return setupOn(t, srv.ClientURL(), Config{})
 }

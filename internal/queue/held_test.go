@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestAskHeldGathersTheWorkersThatHoldResults: the workers that hold results answer, with
@@ -26,21 +25,12 @@ func TestAskHeldGathersTheWorkersThatHoldResults(t *testing.T) {
 	// Each worker answers on a connection of its own, as in a fleet.
 	answer := func(r HeldReport, holds bool) *nats.Subscription {
 		t.Helper()
-		nc, err := Connect(ConnectConfig{URL: b.emb.ClientURL(), Name: r.Host})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		q := &Queue{JS: js, Names: b.q.Names}
+		q := &Queue{JS: connect(t, b.emb.ClientURL(), r.Host), Names: b.q.Names}
 		sub, err := q.AnswerHeld(func() (HeldReport, bool) { return r, holds })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := nc.Flush(); err != nil { // the subscription is known to the server
+		if err := q.JS.Conn().Flush(); err != nil { // the subscription is known to the server
 			t.Fatal(err)
 		}
 		return sub

@@ -39,7 +39,28 @@ func setupIn(t *testing.T, dir string, cfg Config, opts ...nats.Option) *testBun
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	nc, err := Connect(ConnectConfig{URL: emb.ClientURL(), Name: t.Name()}, opts...)
+	b := setupOn(t, emb.ClientURL(), cfg, opts...)
+	b.emb = emb
+	return b
+}
+
+// setupOn is setup on the server at url.
+func setupOn(t *testing.T, url string, cfg Config, opts ...nats.Option) *testBundle {
+	t.Helper()
+	js := connect(t, url, t.Name(), opts...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := Setup(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{nc: js.Conn(), q: q}
+}
+
+// connect connects to url as name until the test ends.
+func connect(t *testing.T, url, name string, opts ...nats.Option) jetstream.JetStream {
+	t.Helper()
+	nc, err := Connect(ConnectConfig{URL: url, Name: name}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,13 +69,7 @@ func setupIn(t *testing.T, dir string, cfg Config, opts ...nats.Option) *testBun
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	q, err := Setup(ctx, js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testBundle{emb: emb, nc: nc, q: q}
+	return js
 }
 
 // publishJob publishes a job with customID to batch and waits for the stream's ack.
