@@ -266,6 +266,35 @@ func TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone(t *testing.T) {
 	}
 }
 
+// TestHeldPhraseSaysWhatMakesRoom: held results are named with who holds them, for how long,
+// and what to do, which depends on whether the store is full and whether the server is the
+// embedded one.
+func TestHeldPhraseSaysWhatMakesRoom(t *testing.T) {
+	t.Parallel()
+	full := queue.HeldReport{Host: "w-1", Held: 400, For: 42 * time.Second, Full: true, Error: "insufficient resources"}
+	noAck := queue.HeldReport{Host: "w-2", Held: 100, For: 3 * time.Second, Error: "no ack from the stream within 5s"}
+	for _, c := range []struct {
+		s    stall
+		want string
+	}{
+		{stall{held: 400, holders: []queue.HeldReport{full}},
+			"a worker on w-1 holds 400 results that the NATS server cannot store, for 42s: its JetStream store is full; make room (delete finished batches: submit delete; or raise the server's max_file_store)"},
+		{stall{held: 500, holders: []queue.HeldReport{noAck, full}},
+			"2 workers hold 500 results that the NATS server cannot store, for 42s: its JetStream store is full"},
+		{stall{held: 100, holders: []queue.HeldReport{noAck}},
+			"a worker on w-2 holds 100 results that the NATS server cannot store, for 3s (no ack from the stream within 5s); they are tried again until the stream answers"},
+		{stall{held: 400, holders: []queue.HeldReport{full}, local: true, dataDir: "/data/tf"},
+			"the worker holds 400 results that the NATS server cannot store, for 42s: its store is full; delete finished batches (submit delete) and they are stored at once, or stop this command, free disk space where /data/tf is and run it again"},
+		{stall{held: 100, holders: []queue.HeldReport{noAck}, local: true, dataDir: "/data/tf"},
+			"the worker holds 100 results that the NATS server cannot store, for 3s (no ack from the stream within 5s): is the disk of /data/tf full?"},
+		{stall{held: 7, local: true}, "the worker holds 7 results that the NATS server cannot store (is its disk full?)"},
+	} {
+		if got := c.s.heldPhrase(); !strings.HasPrefix(got, c.want) {
+			t.Errorf("heldPhrase(%+v) =\n%q\nwant it to begin\n%q", c.s.holders, got, c.want)
+		}
+	}
+}
+
 // TestStallWithoutBackoffPermissionStillSaysWhy: a submit user whose permissions do not reach
 // the backoff bucket still learns that no worker takes jobs.
 func TestStallWithoutBackoffPermissionStillSaysWhy(t *testing.T) {
