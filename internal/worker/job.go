@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -196,8 +195,7 @@ func (w *Worker) heldReport() (queue.HeldReport, bool) {
 	if n <= 0 || r == nil {
 		return queue.HeldReport{}, false
 	}
-	host, _ := os.Hostname()
-	return queue.HeldReport{Host: host, Held: int(n), For: time.Since(r.since), Full: queue.StoreFull(r.err), Error: r.err.Error()}, true
+	return queue.HeldReport{Host: w.host, Held: int(n), For: time.Since(r.since), Full: queue.StoreFull(r.err), Error: r.err.Error()}, true
 }
 
 // free gives back a job's dispatch reservation and its job slot.

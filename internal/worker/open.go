@@ -138,6 +138,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		memory:      resultMemory{limit: cfg.ResultMemory},
 		fetchLinger: fetchLinger,
 		id:          newWorkerID(),
+		host:        hostName(),
 	}
 	ok := false
 	defer func() {

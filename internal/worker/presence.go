@@ -18,14 +18,19 @@ func newWorkerID() string {
 	return hex.EncodeToString(id[:])
 }
 
+// hostName is the machine's (a pod's) name, or "" if the system does not say.
+func hostName() string {
+	host, _ := os.Hostname()
+	return host
+}
+
 // attend notes the worker's presence now and every period until ctx is done, then removes
 // the note: readers (submit) tell a fleet at work from one that is gone by these notes,
 // which the jobs consumer cannot show (queue.Presence). A note that cannot be sent is left:
 // the next one, or its absence, says what a reader should know.
 func (w *Worker) attend(ctx context.Context, period time.Duration) {
-	host, _ := os.Hostname()
 	note := func() {
-		p := queue.Presence{Host: host}
+		p := queue.Presence{Host: w.host}
 		if err := w.cfg.Queue.NotePresence(w.id, p); err != nil {
 			w.log.Debug("note presence", "err", err)
 		}

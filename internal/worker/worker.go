@@ -35,6 +35,7 @@ type Worker struct {
 	health  sessionHealth
 	alive   aliveSet
 	id      string // in the worker's presence note (attend)
+	host    string // its host name, in the presence note and the answer for held results
 
 	pullDone    chan struct{}           // closed when Run stopped pulling and closed the puller
 	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
