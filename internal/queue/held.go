@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // HeldReport is a worker's answer to AskHeld: the results it holds because the NATS server
@@ -90,25 +88,3 @@ func (q *Queue) AskHeld(ctx context.Context, wait time.Duration) ([]HeldReport, 
 	}
 	return reports, nil
 }
-
-// StoreFull reports whether err, from storing a message, says that the server or the stream
-// has no room for it: the server's JetStream store is at its limit (insufficient resources),
-// or the stream is at its own. A full store refuses every stream on it; making room (a
-// batch deleted, a disk freed, a larger limit) is the way on.
-func StoreFull(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.Code != 503 {
-		return false
-	}
-	return apiErr.ErrorCode == jsErrCodeInsufficientResources ||
-		apiErr.ErrorCode == jsErrCodeStoreFailed && strings.HasPrefix(apiErr.Description, "maximum ")
-}
-
-// Error codes of the NATS server (server/errors.json) that nats.go does not name.
-const (
-	// jsErrCodeInsufficientResources: the server's JetStream store (or memory) is at its limit.
-	jsErrCodeInsufficientResources jetstream.ErrorCode = 10023
-	// jsErrCodeStoreFailed: the stream could not store the message; "maximum bytes exceeded"
-	// or "maximum messages exceeded" is a limit of its own (with the discard policy new).
-	jsErrCodeStoreFailed jetstream.ErrorCode = 10077
-)

@@ -181,6 +181,28 @@ func StoreUnavailable(err error) bool {
 		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.As(err, new(*net.OpError))
 }
 
+// StoreFull reports whether err, from storing a message, says that the server or the stream
+// has no room for it: the server's JetStream store is at its limit (insufficient resources),
+// or the stream is at its own. A full store refuses every stream on it; making room (a
+// batch deleted, a disk freed, a larger limit) is the way on.
+func StoreFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.Code != 503 {
+		return false
+	}
+	return apiErr.ErrorCode == jsErrCodeInsufficientResources ||
+		apiErr.ErrorCode == jsErrCodeStoreFailed && strings.HasPrefix(apiErr.Description, "maximum ")
+}
+
+// Error codes of the NATS server (server/errors.json) that nats.go does not name.
+const (
+	// jsErrCodeInsufficientResources: the server's JetStream store (or memory) is at its limit.
+	jsErrCodeInsufficientResources jetstream.ErrorCode = 10023
+	// jsErrCodeStoreFailed: the stream could not store the message; "maximum bytes exceeded"
+	// or "maximum messages exceeded" is a limit of its own (with the discard policy new).
+	jsErrCodeStoreFailed jetstream.ErrorCode = 10077
+)
+
 // position is the place in the group of the message an ack on subject answers.
 func (p *ResultPublisher) position(subject string, n int) (int, bool) {
 	rest, ok := strings.CutPrefix(subject, p.inbox)
