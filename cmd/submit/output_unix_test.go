@@ -43,7 +43,7 @@ func TestResultsThatCannotBeWrittenSayHowToGoOn(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 
 	child := exec.Command(os.Args[0], "-test.run=^TestResultsThatCannotBeWrittenSayHowToGoOn$")
-	child.Env = append(os.Environ(), writeLimitChild+"=results\n--nats-url\n"+f.emb.ClientURL()+"\n"+batch+"\n-o\n"+out)
+	child.Env = append(os.Environ(), writeLimitChild+"=results\n--nats-url\n"+f.nats+"\n"+batch+"\n-o\n"+out)
 	var stderr bytes.Buffer
 	child.Stderr = &stderr
 	err = child.Run()

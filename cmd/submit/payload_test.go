@@ -20,7 +20,7 @@ func TestJobsTooLargeForTheServerPublishNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Shutdown)
-	f := &fleet{t: t, emb: emb}
+	f := &fleet{t: t, nats: emb.ClientURL()}
 	// A million characters (the prompt limit), some of two bytes: a line just under 1 MiB.
 	big := `{"custom_id":"big","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("x", 951560) + strings.Repeat("é", 48440) + `"}`
 	in := writeLines(t, []string{jobLine(0), big, jobLine(1)})

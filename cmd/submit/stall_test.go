@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -37,7 +36,7 @@ func watchedSubmit(t *testing.T, ctx context.Context, f *fleet, n int) (*fleette
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &fleettest.Buffer{}, stderr: &stderr, tty: 0}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--nats-url", f.emb.ClientURL(), "--progress", "lines", "--progress-interval", "200ms",
+		done <- run(ctx, []string{"--nats-url", f.nats, "--progress", "lines", "--progress-interval", "200ms",
 			in, "-o", filepath.Join(t.TempDir(), "results.jsonl")}, env)
 	}()
 	return &stderr, done
@@ -66,7 +65,7 @@ func TestStalledBatchSaysNoWorkerTakesJobs(t *testing.T) {
 	stderr, done := watchedSubmit(t, ctx, f, 3)
 	waitSaid(t, stderr, "no worker has joined this NATS server yet: 3 jobs wait")
 
-	fleettest.Queue(t, f.emb.ClientURL(), queue.Config{}) // what a worker sets up when it starts
+	fleettest.Queue(t, f.nats, queue.Config{}) // what a worker sets up when it starts
 	waitSaid(t, stderr, "no worker is taking jobs: 3 wait")
 	time.Sleep(1500 * time.Millisecond) // several more looks at the same cause
 
@@ -90,7 +89,7 @@ func TestStalledBatchSaysNoWorkerTakesJobs(t *testing.T) {
 func TestStalledBatchSaysTheFleetIsPaused(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
-	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	q := fleettest.Queue(t, f.nats, queue.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pause, err := backoff.Open(ctx, q.JS, backoff.Config{Bucket: q.Names.BackoffBucket(), Account: backoff.AccountKey("https://tinker.example", "tml-k")})
@@ -113,7 +112,7 @@ func TestStalledBatchSaysTheFleetIsPaused(t *testing.T) {
 func TestExamineNamesEachCause(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
-	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	q := fleettest.Queue(t, f.nats, queue.Config{})
 	ctx := context.Background()
 	m := queue.Manifest{BatchID: "b-stall", Status: queue.BatchSubmitted, Jobs: 5, CreatedAt: time.Now()}
 	if _, err := q.PutManifest(ctx, m, 0); err != nil {
@@ -176,7 +175,7 @@ func submitForStatus(t *testing.T, ctx context.Context, f *fleet, n int) (status
 func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{BaseLatency: time.Minute})
-	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{})
+	q := fleettest.Queue(t, f.nats, queue.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	status := submitForStatus(t, ctx, f, 4)
@@ -215,28 +214,22 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 func TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone(t *testing.T) {
 	t.Parallel()
 	srv := natsServer(t, server.Options{JetStreamMaxStore: 1 << 20})
-	f := &fleet{t: t, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, nats: srv.ClientURL(), tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
 	f.sim, f.url = fleettest.Sim(t, tinkersim.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	submit := func(args ...string) string {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr}
-		if args[0] == "status" {
-			args = append([]string{"status", "--nats-url", srv.ClientURL()}, args[1:]...)
-		} else {
-			args = append([]string{"--nats-url", srv.ClientURL()}, args...)
+		stdout, stderr, err := f.submit(ctx, args...)
+		if err != nil {
+			t.Fatalf("submit %s: %v\n%s", args[0], err, stderr)
 		}
-		if err := run(ctx, args, env); err != nil {
-			t.Fatalf("submit %s: %v\n%s", args[0], err, stderr.String())
-		}
-		return stdout.String()
+		return stdout
 	}
-	batch := strings.TrimSpace(submit("--progress", "none", writeLines(t, jobLines(20))))
+	batch := strings.TrimSpace(submit(writeLines(t, jobLines(20))))
 
 	// Fill the store, then start a worker: it samples its jobs and holds their results.
-	q := fleettest.Queue(t, srv.ClientURL(), queue.Config{})
+	q := fleettest.Queue(t, f.nats, queue.Config{})
 	if _, err := q.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "BALLAST", Subjects: []string{"ballast"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +240,7 @@ func TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone(t *testing.T) {
 			t.Fatalf("ballast %d: %v", i, err)
 		}
 	}
-	f.startWorkerOn(fleettest.Queue(t, srv.ClientURL(), queue.Config{}), 4)
+	f.startWorker(4)
 
 	host, _ := os.Hostname()
 	want := fmt.Sprintf("activity  a worker on %s holds 4 results that the NATS server cannot store, for ", host)
@@ -386,7 +379,7 @@ func TestStalledBatchSaysTheWorkersCannotReachTheService(t *testing.T) {
 	gone.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	q := fleettest.Queue(t, f.emb.ClientURL(), queue.Config{}) // set up by the worker before it dials Tinker
+	q := fleettest.Queue(t, f.nats, queue.Config{}) // set up by the worker before it dials Tinker
 	opened := make(chan struct{})
 	go func() { // Open retries the service until ctx ends
 		defer close(opened)
@@ -495,7 +488,7 @@ func TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns(t *testing.T) {
 func TestStatusNamesAWorkerThatWentSilentWithItsJobs(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{AckWait: time.Minute}, tinkersim.Config{BaseLatency: time.Minute})
-	q := fleettest.Queue(t, f.emb.ClientURL(), f.qcfg)
+	q := fleettest.Queue(t, f.nats, f.qcfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	status := submitForStatus(t, ctx, f, 3)

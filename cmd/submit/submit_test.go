@@ -33,7 +33,7 @@ import (
 // fleet is a NATS server, a simulator and the workers started on them.
 type fleet struct {
 	t    *testing.T
-	emb  *queue.Embedded
+	nats string // the NATS server's client URL
 	sim  *tinkersim.Server
 	url  string // the simulator's
 	qcfg queue.Config
@@ -42,7 +42,7 @@ type fleet struct {
 
 func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 	t.Helper()
-	f := &fleet{t: t, emb: fleettest.NATS(t), qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, nats: fleettest.NATS(t).ClientURL(), qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
 	f.sim, f.url = fleettest.Sim(t, simCfg)
 	return f
 }
@@ -51,7 +51,7 @@ func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 // so the worker's unacked jobs go back to the others only after AckWait, as after a crash.
 func (f *fleet) startWorker(concurrency int) (kill func()) {
 	f.t.Helper()
-	return f.startWorkerOn(fleettest.Queue(f.t, f.emb.ClientURL(), f.qcfg), concurrency)
+	return f.startWorkerOn(fleettest.Queue(f.t, f.nats, f.qcfg), concurrency)
 }
 
 // startWorkerOn runs a worker on q, a connection of its own, as startWorker does.
@@ -97,7 +97,7 @@ func (f *fleet) runWorker(q *queue.Queue, concurrency int) (stop, kill func()) {
 func (f *fleet) submit(ctx context.Context, args ...string) (stdout, stderr string, err error) {
 	var out, errb bytes.Buffer
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errb, tty: 0}
-	flags := []string{"--nats-url", f.emb.ClientURL()}
+	flags := []string{"--nats-url", f.nats}
 	switch args[0] {
 	case "status", "results", "failed", "cancel", "delete", "list":
 		args = append(append([]string{args[0]}, flags...), args[1:]...)
@@ -671,7 +671,7 @@ func TestInterruptedOutputResumes(t *testing.T) {
 
 func bind(t *testing.T, f *fleet) *queue.Queue {
 	t.Helper()
-	nc, err := queue.Connect(queue.ConnectConfig{URL: f.emb.ClientURL()})
+	nc, err := queue.Connect(queue.ConnectConfig{URL: f.nats})
 	if err != nil {
 		t.Fatal(err)
 	}
