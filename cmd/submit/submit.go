@@ -213,9 +213,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
 			errInterrupted, o.batchID)
 	case errors.Is(err, errCannotStore):
-		room := "make room in the server's JetStream store (or let its cluster elect a leader)"
+		room := "make room in the server's JetStream store (delete finished batches: submit delete; or raise its max_file_store), or let its cluster elect a leader"
 		if local {
-			room = "free disk space where " + o.conn.dataDir + " is, or move that folder to a disk with room and pass --data-dir"
+			room = "delete finished batches (submit delete), free disk space where " + o.conn.dataDir + " is, or move that folder to a disk with room and pass --data-dir"
 		}
 		return fmt.Errorf("publishing batch %s stopped: %w: %s, then run the same command again: the jobs published so far are kept, and none is published twice",
 			o.batchID, err, room)

@@ -1181,7 +1181,7 @@ func TestFullServerSaysHowToGoOn(t *testing.T) {
 	if err == nil {
 		t.Fatal("4,000 jobs went into a server with room for 256 KiB")
 	}
-	for _, want := range []string{"cannot store jobs", "insufficient resources", "make room", "run the same command again"} {
+	for _, want := range []string{"cannot store jobs", "insufficient resources", "make room", "submit delete", "run the same command again"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
