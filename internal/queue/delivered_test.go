@@ -29,11 +29,14 @@ func TestNumDeliveredCountsRedeliveries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := deliveredFromAckSubject(msg.Reply()); !ok {
+		if _, ok := numberFromAckSubject(msg.Reply(), ackDelivered); !ok {
 			t.Fatalf("the server's ack subject %q was not read", msg.Reply())
 		}
 		if got := NumDelivered(msg); got != want || got != meta.NumDelivered {
 			t.Fatalf("delivery %d: NumDelivered = %d, metadata says %d", want, got, meta.NumDelivered)
+		}
+		if got, ok := StreamSeq(msg); !ok || got != meta.Sequence.Stream {
+			t.Fatalf("delivery %d: StreamSeq = %d, %v, metadata says %d", want, got, ok, meta.Sequence.Stream)
 		}
 		if err := msg.Nak(); err != nil {
 			t.Fatal(err)
@@ -41,11 +44,11 @@ func TestNumDeliveredCountsRedeliveries(t *testing.T) {
 	}
 }
 
-// TestDeliveredFromAckSubject reads both forms of the ack subject and refuses what is neither.
-func TestDeliveredFromAckSubject(t *testing.T) {
+// TestNumbersFromAckSubject reads both forms of the ack subject and refuses what is neither.
+func TestNumbersFromAckSubject(t *testing.T) {
 	for _, c := range []struct {
 		subject string
-		want    uint64
+		want    uint64 // the delivery count
 		ok      bool
 	}{
 		{"$JS.ACK.JOBS.workers.3.41.40.1732368000000000000.12", 3, true},
@@ -58,9 +61,13 @@ func TestDeliveredFromAckSubject(t *testing.T) {
 		{"_INBOX.abc.def.1.2.3.4.5.6", 0, false},                           // not an ack subject
 		{"", 0, false},
 	} {
-		got, ok := deliveredFromAckSubject(c.subject)
+		got, ok := numberFromAckSubject(c.subject, ackDelivered)
 		if got != c.want || ok != c.ok {
-			t.Errorf("deliveredFromAckSubject(%q) = %d, %v; want %d, %v", c.subject, got, ok, c.want, c.ok)
+			t.Errorf("delivered of %q = %d, %v; want %d, %v", c.subject, got, ok, c.want, c.ok)
+		}
+		// Every readable subject above has stream sequence 41.
+		if seq, ok := numberFromAckSubject(c.subject, ackStreamSeq); c.ok && (seq != 41 || !ok) {
+			t.Errorf("stream sequence of %q = %d, %v; want 41", c.subject, seq, ok)
 		}
 	}
 }

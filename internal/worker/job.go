@@ -55,9 +55,21 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		return false
 	}
 
-	w.alive.add(msg)
+	if delivered == 1 {
+		w.alive.add(msg)
+	} else if !w.alive.addAgain(msg) {
+		// This worker still holds the job: its InProgress did not reach the server within the
+		// ack wait (the process was stopped, or suspended, or its link to NATS was down), and
+		// the server delivered the job again, here. Working this delivery too would sample the
+		// job twice. The one held goes on and settles the job: the server takes its ack and
+		// InProgress by the job's stream sequence. (It may ignore that delivery's nak, when
+		// its delivery sequence is below the ack floor now; the job then comes back after the
+		// ack wait instead of the nak's delay.)
+		log().Info("job delivered again while this worker still holds it: left to the delivery it holds")
+		w.metrics.redeliveredHeld()
+		return false
+	}
 	out := w.work(ctx, msg, batch, customID, delivered, r)
-	w.alive.remove(msg)
 	if out.settle != settleNak && w.cancelled.deleted(batch) {
 		// The batch was deleted while its job was at work: its results are purged, and this
 		// one, stored now, would stay until the results' max age with nobody to read it.
@@ -89,6 +101,11 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		out = outcome{result: &res, settle: settleTerm}
 		w.metrics.deadLetter()
 	}
+	if out.settle == settleRetry || out.settle == settleNak {
+		// Let go before the nak: an InProgress sent after it would put its delay off to the
+		// ack wait. A job handed to the settler is held until it is settled (see settled).
+		w.alive.remove(msg)
+	}
 	var err error
 	switch out.settle {
 	case settleAck, settleTerm:
@@ -98,6 +115,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 			if err := w.encodeResult(batch, out.result, out.cells, s); err != nil {
 				out.mem.release()
 				w.keep(s)
+				w.alive.remove(msg)
 				log().Error("encode result; the job will be delivered again", "err", err)
 				_ = msg.NakWithDelay(time.Second)
 				return false
@@ -155,6 +173,7 @@ type finishedJob struct {
 func (w *Worker) settled(s *settlement) {
 	j := s.job
 	log := func() *slog.Logger { return w.jobLog(j.batch, j.customID, j.delivered) }
+	w.alive.remove(s.msg) // held from its delivery (see handle), and before the nak below
 	if s.publishErr != nil {
 		if !s.heldSince.IsZero() && queue.StoreUnavailable(s.publishErr) {
 			// Let go at shutdown: the settler said so for all it held.
@@ -176,14 +195,12 @@ func (w *Worker) settled(s *settlement) {
 	w.keep(s)
 }
 
-// holding keeps a job whose result the settler holds alive (InProgress), so that it is not
-// delivered again meanwhile, and counts it for the metrics.
-func (w *Worker) holding(s *settlement, held bool) {
+// holding counts the jobs whose results the settler holds, for the metrics and AskHeld. They
+// are kept alive (InProgress) meanwhile, as every job is until it is settled.
+func (w *Worker) holding(_ *settlement, held bool) {
 	if held {
-		w.alive.add(s.msg)
 		w.resultsHeld.Add(1)
 	} else {
-		w.alive.remove(s.msg)
 		w.resultsHeld.Add(-1)
 	}
 }

@@ -22,6 +22,7 @@ type Metrics struct {
 	jobsFinished     *prometheus.CounterVec
 	jobLatency       prometheus.Histogram
 	deadLetters      prometheus.Counter
+	redeliveriesHeld prometheus.Counter
 	panics           prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
@@ -101,6 +102,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries.",
 		}),
+		redeliveriesHeld: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_redeliveries_held_total",
+			Help: "Jobs delivered again while this worker still held them (its InProgress came later than the ack wait: a frozen process, or a NATS link down); left to the delivery held, not sampled twice.",
+		}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_job_panics_total",
 			Help: "Jobs whose work panicked (a tinkerfleet bug): each ended with an internal error result, and the worker logged the stack.",
@@ -135,7 +140,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.panics, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.redeliveriesHeld, m.panics, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -239,6 +244,12 @@ func (m *Metrics) pulled() {
 func (m *Metrics) deadLetter() {
 	if m != nil {
 		m.deadLetters.Inc()
+	}
+}
+
+func (m *Metrics) redeliveredHeld() {
+	if m != nil {
+		m.redeliveriesHeld.Inc()
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -328,6 +329,41 @@ func TestFailedFuturesAndCancelledBatches(t *testing.T) {
 	}
 	if info.State.Msgs != 0 {
 		t.Fatalf("%d jobs left in the work queue", info.State.Msgs)
+	}
+}
+
+// TestAJobDeliveredAgainWhileHeldIsNotSampledTwice stalls a worker's link to NATS for longer
+// than the ack wait while its samples are out, as a stopped process or a long
+// network hiccup does. The server then delivers the jobs again, to the same worker once the
+// link is back. The worker must leave them to the deliveries it holds, which settle them,
+// rather than sample them a second time, and pay for them twice.
+func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 5 * time.Second})
+	var stall fleettest.Stall
+	t.Cleanup(stall.Resume) // a failed test must not leave the worker's writes held
+	reg := prometheus.NewRegistry()
+	w := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)), Config{Registerer: reg})
+	run(t, w)
+	js := tokenJobs("held-", 10)
+	publishJobs(t, b.results, "stalled", js)
+	fleettest.Eventually(t, 30*time.Second, "every job's sample sent", func() bool {
+		return b.sim.Stats().SamplesAccepted == int64(len(js))
+	})
+
+	stall.Stall()
+	time.Sleep(2500 * time.Millisecond) // past the ack wait, well before the samples end
+	stall.Resume()
+	for id, r := range waitResults(t, b.results, "stalled", len(js), time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
+		}
+	}
+	if again := counterValue(t, reg, "tinkerfleet_redeliveries_held_total", ""); again == 0 {
+		t.Fatal("no job was delivered again during the stall: the test stalled too briefly to test anything")
+	}
+	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
+		t.Fatalf("%d samples for %d jobs: jobs delivered again while the worker held them were sampled again", sent, len(js))
 	}
 }
 
