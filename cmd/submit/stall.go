@@ -256,7 +256,7 @@ func (s stall) heldPhrase() string {
 	case longest == nil: // the in-process worker's count, without its answer
 		return text + " (is its disk full?)"
 	case longest.Full && s.local:
-		return fmt.Sprintf("%s, for %s: its store is full; delete finished batches (submit delete) and they are stored at once, or stop this command, free disk space where %s is and run it again (the server sizes its store as it starts)",
+		return fmt.Sprintf("%s, for %s: its store is full; delete finished batches (submit delete) or free disk space where %s is, and they are stored within seconds",
 			text, longest.For.Round(time.Second), s.dataDir)
 	case longest.Full:
 		return fmt.Sprintf("%s, for %s: its JetStream store is full; make room (delete finished batches: submit delete; or raise the server's max_file_store) and they are stored at once",

@@ -277,7 +277,7 @@ func TestHeldPhraseSaysWhatMakesRoom(t *testing.T) {
 		{stall{held: 100, holders: []queue.HeldReport{noAck}},
 			"a worker on w-2 holds 100 results that the NATS server cannot store, for 3s (no ack from the stream within 5s); they are tried again until the stream answers"},
 		{stall{held: 400, holders: []queue.HeldReport{full}, local: true, dataDir: "/data/tf"},
-			"the worker holds 400 results that the NATS server cannot store, for 42s: its store is full; delete finished batches (submit delete) and they are stored at once, or stop this command, free disk space where /data/tf is and run it again"},
+			"the worker holds 400 results that the NATS server cannot store, for 42s: its store is full; delete finished batches (submit delete) or free disk space where /data/tf is, and they are stored within seconds"},
 		{stall{held: 100, holders: []queue.HeldReport{noAck}, local: true, dataDir: "/data/tf"},
 			"the worker holds 100 results that the NATS server cannot store, for 3s (no ack from the stream within 5s): is the disk of /data/tf full?"},
 		{stall{held: 7, local: true}, "the worker holds 7 results that the NATS server cannot store (is its disk full?)"},

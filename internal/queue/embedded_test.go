@@ -1,11 +1,15 @@
 package queue
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestAnExistingStoreOnlyWhenAsked: with Existing, a data directory no server has used is
@@ -30,4 +34,54 @@ func TestAnExistingStoreOnlyWhenAsked(t *testing.T) {
 		t.Fatalf("on a store a server has used: %v", err)
 	}
 	again.Shutdown()
+}
+
+// TestTheEmbeddedStoreGrowsAsTheDiskFreesUp: the embedded server sizes its store at three
+// quarters of the room on its disk, and when the store is full and room frees up on the disk
+// (files deleted), it takes writes again without a restart. nats-server alone fixes the
+// size as it starts: a full local run stayed stuck until it was run again.
+func TestTheEmbeddedStoreGrowsAsTheDiskFreesUp(t *testing.T) {
+	t.Parallel()
+	// A disk of size bytes that holds the store alone: what the store's files take is not free.
+	var size atomic.Int64
+	size.Store(1 << 20) // a store of 768 KiB
+	disk := func(dir string) (int64, error) { return max(size.Load()-dirSize(dir), 0), nil }
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1, disk: disk, followEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	b := setupOn(t, emb.ClientURL(), Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	result := make([]byte, 1024)
+	var refused error
+	stored := 0
+	for ; refused == nil; stored++ {
+		if stored == 2000 {
+			t.Fatal("2,000 results of 1 KiB went into a store sized for a disk with 1 MiB free")
+		}
+		_, refused = b.q.JS.Publish(ctx, b.q.Names.ResultSubject("b", fmt.Sprint(stored)), result)
+	}
+	if !StoreFull(refused) {
+		t.Fatalf("the store refused a result with %v, want a full store's refusal", refused)
+	}
+	if stored < 500 {
+		t.Fatalf("the store took %d results of 1 KiB, want about 768 KiB's worth", stored)
+	}
+	time.Sleep(100 * time.Millisecond) // several looks at the disk: nothing freed, no growth
+	if _, err := b.q.JS.Publish(ctx, b.q.Names.ResultSubject("b", "still full"), result); !StoreFull(err) {
+		t.Fatalf("a result with no room freed on the disk: %v, want a full store's refusal", err)
+	}
+
+	size.Add(2 << 20) // another program deleted 2 MiB of its files
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := b.q.JS.Publish(ctx, b.q.Names.ResultSubject("b", "room"), result)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a result 10 s after 2 MiB were freed on the disk: %v", err)
+		}
+	}
 }
