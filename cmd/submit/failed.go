@@ -72,7 +72,7 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 			return nil
 		case failed[j.CustomID]:
 			errored++
-		case lost > 0 && !seen[queue.JobToken(j.CustomID)]:
+		case lost > 0 && !seen[queue.JobKeyOf(j.CustomID)]:
 			missing++
 		default:
 			return nil
@@ -114,10 +114,10 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 }
 
 // failedJobs reads the results of m and returns the custom ids of those that are errors (only
-// retryable ones, with retryable), and the job tokens (queue.JobToken) of every result read.
-func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable bool) (failed, seen map[string]bool, err error) {
+// retryable ones, with retryable), and the job keys (queue.JobKey) of every result read.
+func failedJobs(ctx context.Context, q *queue.Queue, m queue.Manifest, retryable bool) (failed map[string]bool, seen map[queue.JobKey]bool, err error) {
 	c := &failedCollector{retryable: retryable, ids: map[string]bool{}}
-	seen = map[string]bool{}
+	seen = map[queue.JobKey]bool{}
 	if _, err := followFrom(ctx, q, m, c, resultNative, seen, summary{}, false, progressOptions{mode: "none"}, &environment{}); err != nil {
 		return nil, nil, err
 	}

@@ -136,7 +136,7 @@ func tokensNote(t queue.Tokens) string {
 // in the file (in either format) is not written again, so an interrupted run resumes by
 // appending what is missing.
 func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
-	seen := map[string]bool{}
+	seen := map[queue.JobKey]bool{}
 	var sum summary
 	out, err := openOutput(path, m.BatchID, seen, &sum)
 	if err != nil {
@@ -160,7 +160,7 @@ var errWrite = errors.New("write results")
 // out in format f (out nil: count them only, reading headers), shows progress, and returns once
 // every job of m has a result, or, with wait false, once it has read what is stored now.
 func follow(ctx context.Context, q *queue.Queue, m queue.Manifest, out io.Writer, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
-	return followFrom(ctx, q, m, out, f, map[string]bool{}, summary{}, wait, po, env)
+	return followFrom(ctx, q, m, out, f, map[queue.JobKey]bool{}, summary{}, wait, po, env)
 }
 
 // idleWait is how long the reader waits for the next result before it flushes the output and
@@ -176,9 +176,9 @@ const goneLook = 3 * time.Second
 // the file sees them within that.
 const flushEvery = 100 * time.Millisecond
 
-// followFrom is follow for a reader that already holds the results in seen (job tokens),
+// followFrom is follow for a reader that already holds the results in seen (job keys),
 // counted in sum.
-func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[string]bool, sum summary, wait bool, po progressOptions, env *environment) (_ summary, err error) {
+func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writer, f resultFormat, seen map[queue.JobKey]bool, sum summary, wait bool, po progressOptions, env *environment) (_ summary, err error) {
 	var out *bufio.Writer
 	flush := func() error { // what out holds, readable in w
 		if err := out.Flush(); err != nil {
@@ -263,11 +263,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		}
 		read, idle = read+1, 0
 		prog.resumed()
-		token := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
-		if seen[token] {
-			continue
+		key, ok := queue.ParseJobToken(msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:])
+		if !ok || seen[key] {
+			continue // not a job's result (none but workers publish there), or one written already
 		}
-		seen[token] = true
+		seen[key] = true
 		sum.add(msg.Headers().Get(queue.HeaderStatus), queue.ResultTokens(nats.Header(msg.Headers())))
 		if out != nil {
 			data, err := codec.Decode(nats.Header(msg.Headers()), msg.Data())

@@ -90,7 +90,7 @@ func newOutputFile(f *os.File, kind string) (*outputFile, error) {
 // A compressed file resumes with a stream of its own appended (concatenated zstd frames and
 // gzip members read as one). One that a crash cut short (its stream does not end, or ends in
 // a line cut short) is written again with its whole lines first.
-func openOutput(path, batch string, seen map[string]bool, sum *summary) (*outputFile, error) {
+func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (*outputFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("output: %w", err)
@@ -145,7 +145,7 @@ type outputRead struct {
 // id in seen and its status in sum; it returns the lines and the bytes of the whole lines. Its
 // error is a line that is not a result (errNotResults), a result of another batch
 // (errOtherBatch), or r's.
-func readOutput(r io.Reader, path, batch string, seen map[string]bool, sum *summary) (outputRead, int64, error) {
+func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum *summary) (outputRead, int64, error) {
 	var lines outputRead
 	var keep int64
 	br := bufio.NewReaderSize(r, 1<<20)
@@ -165,9 +165,9 @@ func readOutput(r io.Reader, path, batch string, seen map[string]bool, sum *summ
 		if err := r.ofBatch(path, batch); err != nil {
 			return lines, keep, err
 		}
-		token := queue.JobToken(r.CustomID)
-		if !seen[token] {
-			seen[token] = true
+		key := queue.JobKeyOf(r.CustomID)
+		if !seen[key] {
+			seen[key] = true
 			sum.add(status, r.tokens(status))
 		}
 		keep += int64(len(line))

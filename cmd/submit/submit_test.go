@@ -1687,7 +1687,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another batch's file is refused, whatever format its lines are in, and left alone.
-	if _, err := openOutput(path, "other", map[string]bool{}, &summary{}); !errors.Is(err, errOtherBatch) || !strings.Contains(err.Error(), "batch b ") {
+	if _, err := openOutput(path, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) || !strings.Contains(err.Error(), "batch b ") {
 		t.Fatalf("a file of batch b opened for batch other: %v", err)
 	}
 	openAIOnly := filepath.Join(t.TempDir(), "openai.jsonl")
@@ -1695,7 +1695,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	if err := os.WriteFile(openAIOnly, firstOpenAI, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openOutput(openAIOnly, "other", map[string]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
+	if _, err := openOutput(openAIOnly, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
 		t.Fatalf("OpenAI lines of batch b opened for batch other: %v", err)
 	}
 	if _, err := checkOutput(openAIOnly, "other"); !errors.Is(err, errOtherBatch) {
@@ -1704,7 +1704,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	if created, err := checkOutput(openAIOnly, "b"); err != nil || created {
 		t.Fatalf("checkOutput for its own batch: created %v, %v", created, err)
 	}
-	seen := map[string]bool{}
+	seen := map[queue.JobKey]bool{}
 	var sum summary
 	out, err := openOutput(path, "b", seen, &sum)
 	if err != nil {
@@ -1728,7 +1728,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := openOutput(path, "b", map[string]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
+		if _, err := openOutput(path, "b", map[queue.JobKey]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
 			t.Errorf("%s: err = %v", line, err)
 		}
 		if data, _ := os.ReadFile(path); string(data) != line+"\n" {

@@ -94,8 +94,31 @@ func ValidateBatchID(id string) error {
 
 var tokenEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// JobToken is a subject-safe digest of a custom id (the first 120 bits of its SHA-256).
+// JobToken is a subject-safe digest of a custom id (the first 120 bits of its SHA-256): the
+// text of its JobKey.
 func JobToken(customID string) string {
+	key := JobKeyOf(customID)
+	return tokenEncoding.EncodeToString(key[:])
+}
+
+// JobKey is the digest JobToken writes, as bytes: a set of a batch's jobs keyed by it takes 15
+// bytes a job, against a token's 24 and its string header (and, for a token cut from a
+// result's subject, the whole subject it keeps alive).
+type JobKey [15]byte
+
+// JobKeyOf is the JobKey of custom id customID.
+func JobKeyOf(customID string) JobKey {
 	sum := sha256.Sum256([]byte(customID))
-	return tokenEncoding.EncodeToString(sum[:15])
+	return JobKey(sum[:15])
+}
+
+// ParseJobToken reads the JobKey that token (a JobToken) writes, and reports false for
+// anything else.
+func ParseJobToken(token string) (JobKey, bool) {
+	var key JobKey
+	if tokenEncoding.EncodedLen(len(key)) != len(token) {
+		return key, false
+	}
+	n, err := tokenEncoding.Decode(key[:], []byte(token))
+	return key, err == nil && n == len(key)
 }

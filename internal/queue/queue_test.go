@@ -338,6 +338,14 @@ func TestNamesAndTokens(t *testing.T) {
 	if got := JobToken("a"); got != "zklycewkdo64v6wcggzzui64" || JobToken("b") == got {
 		t.Fatalf("JobToken(a) = %q: not the stable digest", got)
 	}
+	if key, ok := ParseJobToken(JobToken("a")); !ok || key != JobKeyOf("a") || key == JobKeyOf("b") {
+		t.Fatalf("ParseJobToken(JobToken(a)) = %x, %v; want %x", key, ok, JobKeyOf("a"))
+	}
+	for _, bad := range []string{"", "zklycewkdo64v6wcggzzui6", "zklycewkdo64v6wcggzzui64a", "ZKLYCEWKDO64V6WCGGZZUI64", "zklycewkdo64v6wcggzzui61"} {
+		if key, ok := ParseJobToken(bad); ok {
+			t.Errorf("ParseJobToken(%q) = %x, true: not a job token", bad, key)
+		}
+	}
 	if n.BatchFromJobSubject("tinkerfleet.jobs.b-1") != "b-1" || n.BatchFromJobSubject("other.jobs.x") != "" {
 		t.Fatal("BatchFromJobSubject")
 	}
