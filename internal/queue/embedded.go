@@ -164,7 +164,7 @@ func (e *Embedded) followDisk(period time.Duration) {
 		case <-t.C:
 		}
 		free, err := e.disk(e.dir)
-		if err != nil {
+		if err != nil || !e.srv.JetStreamEnabled() { // off after a write met a full disk
 			continue
 		}
 		size := storeSize(free, int64(e.srv.GlobalAccount().JetStreamUsage().Store))
