@@ -341,10 +341,12 @@ func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 5 * time.Second})
 	var stall fleettest.Stall
-	t.Cleanup(stall.Resume) // a failed test must not leave the worker's writes held
 	reg := prometheus.NewRegistry()
 	w := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)), Config{Registerer: reg})
 	run(t, w)
+	// Registered last, so run first: a test that fails during the stall must let the writes
+	// go before the worker is stopped and its connection closed, which would wait on them.
+	t.Cleanup(stall.Resume)
 	js := tokenJobs("held-", 10)
 	publishJobs(t, b.results, "stalled", js)
 	fleettest.Eventually(t, 30*time.Second, "every job's sample sent", func() bool {
