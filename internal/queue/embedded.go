@@ -111,8 +111,6 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		disk = diskFree
 	}
 	if free, err := disk(dir); err == nil {
-		// What the store holds on disk: its files, which take more room than the bytes
-		// JetStream counts (followDisk's measure), so this first size is the larger.
 		opts.JetStreamMaxStore = storeSize(free, dirSize(filepath.Join(dir, "jetstream")))
 	}
 	base := *opts // before NewServer fills in its defaults, as ReloadOptions does again
@@ -141,9 +139,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 }
 
 // storeSize is the size the embedded server gives its store: three quarters of the room the
-// store has on its disk, what it holds (used) and what is free, as nats-server sizes a store
-// it is given no size for. Writing to the store moves bytes from free to used, so the size
-// stays put as the store fills, and a quarter of the disk stays free for everything else.
+// store has on its disk, what its files take (used) and what is free, as nats-server sizes a
+// store it is given no size for. Writing to the store moves bytes from free to used, so the
+// size stays put as the store fills, and a quarter of the disk stays free for everything else.
 // nats-server fixes its own size as it starts, and refuses to change it while it runs; a
 // size given explicitly can be raised (see followDisk).
 func storeSize(free, used int64) int64 { return (free + used) / 4 * 3 }
@@ -167,7 +165,7 @@ func (e *Embedded) followDisk(period time.Duration) {
 		if err != nil || !e.srv.JetStreamEnabled() { // off after a write met a full disk
 			continue
 		}
-		size := storeSize(free, int64(e.srv.GlobalAccount().JetStreamUsage().Store))
+		size := storeSize(free, dirSize(filepath.Join(e.dir, "jetstream")))
 		if size <= e.maxStore+e.maxStore/100 { // not for every file another program writes
 			continue
 		}
