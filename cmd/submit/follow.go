@@ -31,8 +31,9 @@ type progressOptions struct {
 
 // inProcess is the worker that submit --local runs in its own process.
 type inProcess struct {
-	held    func() int // results it cannot store now
-	dataDir string     // the embedded server's data directory
+	held    func() int  // results it cannot store now
+	opening func() bool // it is still opening its Tinker session
+	dataDir string      // the embedded server's data directory
 }
 
 func (o *progressOptions) register(s *envflag.Set) {

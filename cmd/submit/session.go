@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -79,6 +80,10 @@ type session struct {
 	stopRun context.CancelFunc
 	// held counts the results the in-process worker cannot store now; nil without one.
 	held func() int
+	// opening says the in-process worker is still opening its Tinker session; opened is
+	// closed once it no longer is (it runs, or it stopped).
+	opening func() bool
+	opened  chan struct{}
 	// host is the process whose embedded server this session reached through the data
 	// directory it holds (see open); nil otherwise.
 	host *queue.DataDirInUseError
@@ -197,7 +202,8 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 
 // startWorker runs a worker in this process until the session closes, sampling on the real
 // service (TINKER_API_KEY) or, with --simulate, on an in-process simulator. A worker that
-// stops by itself first (the service refused the key, say) calls stopped with why.
+// stops by itself first (the service refused the key, or could not be reached for 5 minutes)
+// calls stopped with why.
 func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Config, env *environment, stopped func(error)) error {
 	// The in-process worker is the fleet here: it sets up the consumer (submit only binds).
 	q, err := queue.Setup(ctx, s.q.JS, qcfg)
@@ -245,19 +251,59 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		cfg.TinkerAPIKey, cfg.TinkerCredentialCmd = key, credentialCmd
 	}
 	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
-	w, err := worker.Open(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("local worker: %w", err)
-	}
+	// The worker opens its Tinker session while the jobs are published: a service it cannot
+	// reach yet (retried for up to 5 minutes, §2) holds back no job, and the progress line
+	// names what it retries.
+	var running atomic.Pointer[worker.Worker]
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s.stopRun, s.held = stop, w.ResultsHeld
+	s.stopRun, s.opened = stop, make(chan struct{})
+	s.held = func() int {
+		if w := running.Load(); w != nil {
+			return w.ResultsHeld()
+		}
+		return 0
+	}
+	s.opening = func() bool {
+		select {
+		case <-s.opened:
+			return false
+		default:
+			return true
+		}
+	}
 	s.workers.Go(func() {
+		w, err := worker.Open(runCtx, cfg)
+		running.Store(w)
+		close(s.opened)
+		if err != nil {
+			if runCtx.Err() == nil {
+				stopped(err)
+			}
+			return
+		}
 		if err := w.Run(runCtx); err != nil {
 			stopped(err)
 		}
 		w.Close()
 	})
 	return nil
+}
+
+// firstAnswerWait is how long publishing waits for the local worker to open its Tinker
+// session: a few of the service's round trips, and the refusal of a key comes with the first.
+const firstAnswerWait = 2 * time.Second
+
+// awaitOpen waits until the in-process worker has opened its Tinker session or stopped, for
+// at most d: a key the service refuses is refused by its first answer, before any job is
+// published, while a service that cannot be reached holds back no job for longer than d.
+func (s *session) awaitOpen(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.opened:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // close stops the in-process worker and simulator, then the connection and the server.

@@ -40,6 +40,7 @@ type stall struct {
 	trouble *queue.ServiceNote // what a worker's Tinker client last retried, if anything
 	now     time.Time          // the server's clock when it was asked
 	local   bool               // the worker runs in this process (submit --local)
+	opening bool               // that worker is still opening its Tinker session
 	alone   bool               // no worker can reach the NATS server (session.alone): status only
 	dataDir string             // the embedded server's data directory, for submit --local
 	// held is the results the workers hold because the server cannot store them, the
@@ -112,6 +113,7 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, local *inPro
 	}
 	if s.local = local != nil; s.local {
 		s.held, s.dataDir = max(s.held, local.held()), local.dataDir
+		s.opening = local.opening != nil && local.opening()
 	}
 	return s, err
 }
@@ -177,6 +179,7 @@ const (
 	stallNoWorker
 	stallRetrying
 	stallServiceFails
+	stallOpening
 	stallKeyRefused
 	stallSilent
 	stallAtWorkers
@@ -199,21 +202,26 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.waiting == 0:
 		return stallGone, lostPhraseOf(s.missing, s.lostCause)
 	case s.alone:
-		return stallNoWorker, fmt.Sprintf("%s wait, and no worker can take them: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample them", plural(s.waiting, "job"))
+		return stallNoWorker, fmt.Sprintf("%s, and no worker can take them: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample them", jobsWait(s.waiting))
 	case s.noConsumer:
-		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s wait; start one (worker --nats-url)", plural(s.waiting, "job"))
+		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s; start one (worker --nats-url)", jobsWait(s.waiting))
+	case s.opening && s.troubled(since):
+		return stallServiceFails, fmt.Sprintf("%s, and the worker in this process cannot open its Tinker session yet (it keeps trying for about 5 minutes): %s",
+			jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
+	case s.opening:
+		return stallOpening, fmt.Sprintf("%s, and the worker in this process is still opening its Tinker session", jobsWait(s.waiting))
 	case s.troubled(since) && s.trouble.Stopped:
-		return stallKeyRefused, fmt.Sprintf("%s wait, and the Tinker service refuses the workers' key: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
+		return stallKeyRefused, fmt.Sprintf("%s, and the Tinker service refuses the workers' key: %s", jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.troubled(since):
-		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s wait, and the Tinker service fails the workers' requests: %s", plural(s.waiting, "job"), troublePhrase(*s.trouble, s.now))
+		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s, and the Tinker service fails the workers' requests: %s", jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.local:
 		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
 	case s.gone() && len(s.attendance.Silent) == 1:
-		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; %s (it crashed, or lost its link to the NATS server): start one, or see its log", plural(s.waiting, "job"), silentWho(*s.attendance))
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s; %s (it crashed, or lost its link to the NATS server): start one, or see its log", jobsWait(s.waiting), silentWho(*s.attendance))
 	case s.gone() && len(s.attendance.Silent) > 1:
-		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; %s (they crashed, or lost their link to the NATS server): start one, or see their logs", plural(s.waiting, "job"), silentWho(*s.attendance))
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s; %s (they crashed, or lost their link to the NATS server): start one, or see their logs", jobsWait(s.waiting), silentWho(*s.attendance))
 	case s.gone():
-		return stallNoWorker, fmt.Sprintf("no worker is running: %s wait; start one, or see in the workers' logs why they stopped", plural(s.waiting, "job"))
+		return stallNoWorker, fmt.Sprintf("no worker is running: %s; start one, or see in the workers' logs why they stopped", jobsWait(s.waiting))
 	case s.idle():
 		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
 	case s.retrying(since):
@@ -231,6 +239,14 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		text += fmt.Sprintf("; %s of other batches queued or at work", plural(others, "job"))
 	}
 	return stallAtWorkers, text
+}
+
+// jobsWait says that n jobs wait, in the singular for one.
+func jobsWait(n int) string {
+	if n == 1 {
+		return "1 job waits"
+	}
+	return plural(n, "job") + " wait"
 }
 
 // heldPhrase says who holds results that the server cannot store, for how long, why, and

@@ -118,11 +118,12 @@ func TestExamineNamesEachCause(t *testing.T) {
 	if _, err := q.PutManifest(ctx, m, 0); err != nil {
 		t.Fatal(err)
 	}
+	opening := false
 	why := func(got int, held func() int) (stallKind, string) {
 		t.Helper()
 		var local *inProcess
 		if held != nil {
-			local = &inProcess{held: held, dataDir: "data"}
+			local = &inProcess{held: held, opening: func() bool { return opening }, dataDir: "data"}
 		}
 		s, err := examine(ctx, q, m, local)
 		if err != nil {
@@ -147,6 +148,10 @@ func TestExamineNamesEachCause(t *testing.T) {
 	}
 	if kind, text := why(0, func() int { return 0 }); kind != stallNoWorker || !strings.Contains(text, "the worker in this process takes no jobs: 1 wait") {
 		t.Errorf("a local run whose worker takes nothing: %v %q", kind, text)
+	}
+	opening = true
+	if kind, text := why(0, func() int { return 0 }); kind != stallOpening || text != "1 job waits, and the worker in this process is still opening its Tinker session" {
+		t.Errorf("a local run whose worker has not opened its session: %v %q", kind, text)
 	}
 }
 

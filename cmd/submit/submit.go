@@ -199,19 +199,27 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		if err := sess.startWorker(ctx, o.local, o.conn.queue, env, stopped); err != nil {
 			return err
 		}
-		o.progress.local = &inProcess{held: sess.held, dataDir: o.conn.dataDir}
+		o.progress.local = &inProcess{held: sess.held, opening: sess.opening, dataDir: o.conn.dataDir}
+		sess.awaitOpen(ctx, firstAnswerWait)
+		if cause := context.Cause(followCtx); errors.Is(cause, errWorkerStopped) {
+			return fmt.Errorf("%w (nothing was published)", cause)
+		}
 	}
 
 	if err := checkJobSizes(files, o.limits, scan.longest, sess.q.JS.Conn().MaxPayload(), env.stderr); err != nil {
 		return err
 	}
 
-	// 2. Publish, unless this batch was fully submitted before.
-	m, again, err := publish(ctx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
+	// 2. Publish, unless this batch was fully submitted before. A local worker that stops
+	// meanwhile (a refused key) stops it too: no job would be sampled.
+	m, again, err := publish(followCtx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
 			errInterrupted, o.batchID)
+	case err != nil && followCtx.Err() != nil:
+		return fmt.Errorf("%w; publishing batch %s stopped: run the same command again to go on (the jobs published so far are kept in %s, and none is published twice)",
+			context.Cause(followCtx), o.batchID, o.conn.dataDir)
 	case errors.Is(err, errCannotStore):
 		room := "make room in the server's JetStream store (delete finished batches: submit delete; or raise its max_file_store), or let its cluster elect a leader"
 		if local {

@@ -1424,6 +1424,58 @@ func TestLocalWarnsWhileTinkerCannotBeReached(t *testing.T) {
 	}
 }
 
+// TestALocalRunPublishesWhileTinkerCannotBeReached: the local worker opens its Tinker session
+// while the jobs are published, so a service it cannot reach yet (retried for minutes) holds
+// back no job, and the progress line names what the worker retries. Interrupted, the run says
+// where its jobs wait.
+func TestALocalRunPublishesWhileTinkerCannotBeReached(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	var stderr fleettest.Buffer
+	env := &environment{getenv: tinkerAt(fleettest.ClosedURL(t)), stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "--progress", "lines", "--progress-interval", "200ms",
+		"../../examples/prompts.jsonl", "-o", filepath.Join(dir, "out.jsonl")}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, env) }()
+	waitSaid(t, &stderr, "21 jobs submitted")
+	waitSaid(t, &stderr, "21 jobs wait, and the worker in this process cannot open its Tinker session yet (it keeps trying for about 5 minutes)")
+	waitSaid(t, &stderr, "client/config did not reach it")
+	cancel()
+	if err := <-done; !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), "its other jobs wait in "+filepath.Join(dir, "data")) {
+		t.Fatalf("the interrupted run: %v", err)
+	}
+}
+
+// TestALocalRunWhoseKeyIsRefusedAtStartPublishesNothing: the service's first answer refuses the
+// key; the run stops with that, and before a job is published, so that no batch waits in the
+// data directory for a run the user may not make again.
+func TestALocalRunWhoseKeyIsRefusedAtStartPublishesNothing(t *testing.T) {
+	t.Parallel()
+	sim, url := fleettest.Sim(t, tinkersim.Config{})
+	if _, err := sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"client/config"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	env := &environment{getenv: tinkerAt(url), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := run(ctx, []string{"--local", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", filepath.Join(dir, "out.jsonl")}, env)
+	if !errors.Is(err, errWorkerStopped) || !errors.Is(err, worker.ErrCredentialRefused) || !strings.Contains(err.Error(), "(nothing was published)") {
+		t.Fatalf("a run whose key the service refuses at once: %v", err)
+	}
+	var list bytes.Buffer
+	env.stdout = &list
+	if err := run(ctx, []string{"list", "--data-dir", data}, env); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(list.String(), "b-") {
+		t.Fatalf("the refused run published a batch:\n%s", list.String())
+	}
+}
+
 // openAIOutput is an OpenAI Batch output line as OpenAI documents it (BatchRequestOutput), with
 // the fields of the chat.completion and text_completion bodies that output parsers read.
 type openAIOutput struct {
