@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 )
@@ -29,8 +31,13 @@ type Gate struct {
 	capacity *capacity
 	// cancelled holds the cancelled batches, whose jobs waiting here are not sent (nil: none).
 	cancelled *cancelSet
-	log       *slog.Logger
-	metrics   *Metrics
+	// held is the worker's jobs, of which those the server may have given to another worker
+	// meanwhile (aliveSet.stale) are not sent; none is sent while link is in doubt (nil:
+	// neither is checked).
+	held    *aliveSet
+	link    *link
+	log     *slog.Logger
+	metrics *Metrics
 }
 
 // NewGate combines a limiter and a backoff into a tinker.Dispatcher. It learns no capacity
@@ -50,6 +57,7 @@ type sampleState struct {
 	reservation *dispatch.Reservation
 	phase       samplePhase
 	batch       string
+	msg         jetstream.Msg // the job's delivery
 }
 
 // errBatchCancelled ends a job's sample before its asample goes on the wire: its batch was
@@ -60,6 +68,12 @@ var errBatchCancelled = errors.New("the batch was cancelled")
 // and hands the job back to the fleet at once, rather than start a sample that the shutdown
 // grace period may cut off (and another worker then runs again).
 var errStopping = errors.New("the worker is stopping")
+
+// errGivenOut ends a job's sample before its asample goes on the wire: the NATS server has
+// not heard of the job from this worker for about its ack wait (the link to it was down, or
+// the process stopped), and may have given it to another worker, which samples it. Sending
+// it too would pay for the sample twice.
+var errGivenOut = errors.New("the NATS server may have given the job to another worker")
 
 type sampleStateKey struct{}
 
@@ -115,7 +129,9 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 // learned capacity again, and records that asample goes on the wire. A job whose batch was
 // cancelled meanwhile is not sent (errBatchCancelled): a worker holds up to its concurrency
 // in jobs at the gate, and each would otherwise be sampled, and billed, after the cancel. Nor
-// is one once the worker is stopping (errStopping, from the closed capacity).
+// is one once the worker is stopping (errStopping, from the closed capacity), nor one the
+// server may have given to another worker meanwhile (errGivenOut); none is sent while the
+// server may not hear this worker (link).
 func (g *Gate) Wait(ctx context.Context) error {
 	st := sampleStateOf(ctx)
 	if st == nil {
@@ -129,15 +145,46 @@ func (g *Gate) Wait(ctx context.Context) error {
 			return err
 		}
 		// Waiting for room may have outlasted the pause and met the next one.
-		if !time.Now().Before(g.backoff.Until()) {
+		if now := time.Now(); !now.Before(g.backoff.Until()) {
 			if g.cancelled != nil && g.cancelled.has(st.batch) {
 				g.capacity.done(&st.phase) // its room goes to the next job, not to an answer
 				return errBatchCancelled
+			}
+			if g.held != nil && g.held.stale(st.msg, now) {
+				g.capacity.done(&st.phase)
+				return errGivenOut
+			}
+			if g.link != nil && g.link.doubtful(now) {
+				if err := g.awaitLink(ctx, st.msg); err != nil {
+					return err
+				}
+				continue // time has passed: the backoff, the room and the news are looked at again
 			}
 			g.capacity.send(&st.phase) // the client sends asample as soon as Wait returns
 			return nil
 		}
 	}
+}
+
+// awaitLink waits while the link to NATS is in doubt, until it is heard again or the news of
+// m's job lapses, but not once the worker is stopping (errStopping).
+func (g *Gate) awaitLink(ctx context.Context, m jetstream.Msg) error {
+	back := g.link.next()
+	now := time.Now()
+	if !g.link.doubtful(now) {
+		return nil // heard while next was fetched
+	}
+	lapse := time.NewTimer(g.held.lapsesIn(m, now))
+	defer lapse.Stop()
+	select {
+	case <-back:
+	case <-lapse.C:
+	case <-g.capacity.stopping.Done():
+		return errStopping
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // waitBackoff waits out the backoff for a job's sample, but not once the worker is stopping

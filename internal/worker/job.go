@@ -36,6 +36,7 @@ const (
 	settleTerm                      // permanent failure: error result stored
 	settleRetry                     // transient: NakWithDelay, or dead-letter on the last delivery
 	settleNak                       // shutting down: hand back at once
+	settleLeave                     // given out again (errGivenOut): neither ack nor nak
 )
 
 // handle works one delivery of a job and settles its message. A job with an outcome to store
@@ -70,7 +71,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		return false
 	}
 	out := w.work(ctx, msg, batch, customID, delivered, r)
-	if out.settle != settleNak && w.cancelled.deleted(batch) {
+	if out.settle != settleNak && out.settle != settleLeave && w.cancelled.deleted(batch) {
 		// The batch was deleted while its job was at work: its results are purged, and this
 		// one, stored now, would stay until the results' max age with nobody to read it.
 		out.mem.release()
@@ -101,7 +102,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		out = outcome{result: &res, settle: settleTerm}
 		w.metrics.deadLetter()
 	}
-	if out.settle == settleRetry || out.settle == settleNak {
+	if out.settle == settleRetry || out.settle == settleNak || out.settle == settleLeave {
 		// Let go before the nak: an InProgress sent after it would put its delay off to the
 		// ack wait. A job handed to the settler is held until it is settled (see settled).
 		w.alive.remove(msg)
@@ -136,6 +137,12 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		log().Info("job will be retried", "delay", delay, "err", out.err)
 		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)
+	case settleLeave:
+		// Its InProgress and ack would count for the delivery the server gave out meanwhile,
+		// if it did; a nak would even put that one off. If it did not, the job comes back
+		// once its ack wait has passed.
+		log().Info("job not sent: the NATS server has not heard of it from this worker for about its ack wait, and may have given it to another worker; left to the server")
+		w.metrics.leftToFleet()
 	case settleNak:
 		// Once the puller is closed: until then, the server could deliver the job again into
 		// the request the puller gave up on.
@@ -288,7 +295,7 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 	if w.cancelled.has(batch) {
 		return cancelled(job, batch)
 	}
-	return w.sample(ctx, job, batch, r)
+	return w.sample(ctx, msg, job, batch, r)
 }
 
 // panicked is the outcome of a job whose work panicked with p: an internal error result, and
@@ -332,8 +339,8 @@ func cancelled(job jobs.Job, batch string) outcome {
 	return outcome{result: &res, settle: settleAck}
 }
 
-// sample turns a valid job into a Tinker sample and its result.
-func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *dispatch.Reservation) outcome {
+// sample turns a valid job, delivered in msg, into a Tinker sample and its result.
+func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, batch string, r *dispatch.Reservation) outcome {
 	spec := tinker.SamplerSpec{BaseModel: job.Model, ModelPath: job.ModelPath}
 	sampler, baseModel, err := w.samplers.get(ctx, spec)
 	if err != nil {
@@ -378,7 +385,7 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 		return w.failure(ctx, job, batch, err)
 	}
 
-	st := &sampleState{reservation: r, batch: batch}
+	st := &sampleState{reservation: r, batch: batch, msg: msg}
 	kept := false // the result, and its memory charge, go to the outcome
 	defer func() {
 		if !kept { // a failure, or a panic (see work): give back what the sample held
@@ -420,6 +427,8 @@ func (w *Worker) sample(ctx context.Context, job jobs.Job, batch string, r *disp
 			return cancelled(job, batch)
 		case errors.Is(err, errStopping):
 			return outcome{settle: settleNak} // to another worker, now
+		case errors.Is(err, errGivenOut):
+			return outcome{settle: settleLeave}
 		}
 		return w.failure(ctx, job, batch, err)
 	}

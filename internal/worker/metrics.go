@@ -23,6 +23,7 @@ type Metrics struct {
 	jobLatency       prometheus.Histogram
 	deadLetters      prometheus.Counter
 	redeliveriesHeld prometheus.Counter
+	leftUnsent       prometheus.Counter
 	panics           prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
@@ -106,6 +107,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_redeliveries_held_total",
 			Help: "Jobs delivered again while this worker still held them (its InProgress came later than the ack wait: a frozen process, or a NATS link down); left to the delivery held, not sampled twice.",
 		}),
+		leftUnsent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tinkerfleet_jobs_left_unsent_total",
+			Help: "Jobs not sent to Tinker because the NATS server had not heard of them from this worker for about the ack wait (a NATS link down, a frozen process): it may have given them to another worker; left to it, not sampled twice.",
+		}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_job_panics_total",
 			Help: "Jobs whose work panicked (a tinkerfleet bug): each ended with an internal error result, and the worker logged the stack.",
@@ -140,7 +145,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.redeliveriesHeld, m.panics, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.redeliveriesHeld, m.leftUnsent, m.panics, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -250,6 +255,12 @@ func (m *Metrics) deadLetter() {
 func (m *Metrics) redeliveredHeld() {
 	if m != nil {
 		m.redeliveriesHeld.Inc()
+	}
+}
+
+func (m *Metrics) leftToFleet() {
+	if m != nil {
+		m.leftUnsent.Inc()
 	}
 }
 

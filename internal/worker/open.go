@@ -134,6 +134,8 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		cfg:         cfg,
 		log:         cfg.Logger,
 		slots:       make(chan struct{}, cfg.Concurrency),
+		alive:       aliveSet{staleAfter: staleAfter(cfg.Queue.Config.AckWait)},
+		link:        newLink(),
 		maxDeliver:  cfg.Queue.Config.MaxDeliver,
 		memory:      resultMemory{limit: cfg.ResultMemory},
 		fetchLinger: fetchLinger,
@@ -208,7 +210,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
 	gate := NewGate(nil, w.backoff, cfg.Logger)
-	gate.metrics, gate.capacity, gate.cancelled = w.metrics, learned, &w.cancelled
+	gate.metrics, gate.capacity, gate.cancelled, gate.held, gate.link = w.metrics, learned, &w.cancelled, &w.alive, w.link
 	w.gate = gate
 	client, err := tinker.Dial(ctx, tinker.Config{
 		BaseURL:       cfg.TinkerBaseURL,

@@ -34,6 +34,7 @@ type Worker struct {
 	closers []func()
 	health  sessionHealth
 	alive   aliveSet
+	link    *link
 	id      string // in the worker's presence note (attend)
 	host    string // its host name, in the presence note and the answer for held results
 
@@ -110,7 +111,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()
-	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3) })
+	flush := w.cfg.Queue.JS.Conn().FlushTimeout
+	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3, w.link.again, flush) })
+	bg.Go(func() { w.link.probe(aliveCtx, flush) })
 	// Present to readers (submit) until Run returns, grace period included.
 	bg.Go(func() { w.attend(aliveCtx, queue.PresencePeriod) })
 	select { // know the cancelled batches before the first job

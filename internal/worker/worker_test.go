@@ -369,6 +369,98 @@ func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
 	}
 }
 
+// TestJobsGivenOutWhileTheLinkWasDownAreNotSent: a worker whose jobs wait at its gate (behind
+// a pause of its own) while its link to NATS stalls for longer than the ack wait finds, on its
+// return, that another worker has taken and sampled them all. When its pause ends it must not
+// send them: the server has not heard of them from it since before the stall.
+func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 100 * time.Millisecond})
+	ctx := context.Background()
+	var stall fleettest.Stall
+	reg := prometheus.NewRegistry()
+	a := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)),
+		Config{Concurrency: 5, LocalBackoff: true, NakAbove: time.Minute, Registerer: reg})
+	run(t, a)
+	t.Cleanup(stall.Resume) // registered last, so run first (see the test above)
+	js := tokenJobs("out-", 5)
+	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
+		t.Fatal(err) // loaded before the pause, which the jobs are to wait out at the gate
+	}
+	if err := a.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 8*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, "given-out", js)
+	fleettest.Eventually(t, 5*time.Second, "every job at the paused worker", func() bool {
+		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") == float64(len(js))
+	})
+
+	stall.Stall()
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 10}))
+	fleettest.Eventually(t, 30*time.Second, "the other worker samples every job", func() bool {
+		return b.sim.Stats().SamplesAccepted == int64(len(js))
+	})
+	stall.Resume()
+	for id, r := range waitResults(t, b.results, "given-out", len(js), time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
+		}
+	}
+	if left := time.Until(a.Backoff().Until()); left < 500*time.Millisecond {
+		t.Fatalf("the stalled worker's pause ends in %v: the other worker took too long for the test to say anything", left)
+	}
+	fleettest.Eventually(t, 30*time.Second, "the stalled worker leaves its jobs once its pause ends", func() bool {
+		return counterValue(t, reg, "tinkerfleet_jobs_left_unsent_total", "") == float64(len(js))
+	})
+	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
+		t.Fatalf("%d samples for %d jobs: the stalled worker sent jobs the other had taken", sent, len(js))
+	}
+}
+
+// TestNoJobIsSentWhileTheLinkIsInDoubt: a worker whose link to NATS stalls sends none of the
+// jobs at its gate while it is in doubt (the server may not hear its InProgress, and would
+// give them to another worker after the ack wait), and sends them all, once each, when the
+// link is back before their news has lapsed.
+func TestNoJobIsSentWhileTheLinkIsInDoubt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{AckWait: 12 * time.Second}, tinkersim.Config{BaseLatency: 100 * time.Millisecond})
+	ctx := context.Background()
+	var stall fleettest.Stall
+	reg := prometheus.NewRegistry()
+	a := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)),
+		Config{Concurrency: 5, LocalBackoff: true, Registerer: reg})
+	run(t, a)
+	t.Cleanup(stall.Resume) // registered last, so run first (see the tests above)
+	js := tokenJobs("doubt-", 5)
+	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, "doubt", js)
+	fleettest.Eventually(t, 5*time.Second, "every job at the paused worker", func() bool {
+		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") == float64(len(js))
+	})
+	stall.Stall()
+	if left := time.Until(a.Backoff().Until()); left < 3500*time.Millisecond {
+		t.Fatalf("the pause ends in %v, before the link is in doubt: the test must hold it longer", left)
+	}
+	time.Sleep(time.Until(a.Backoff().Until()) + 2*time.Second) // the pause is over, the link in doubt
+	if sent := b.sim.Stats().SamplesAccepted; sent != 0 {
+		t.Fatalf("%d samples sent while the link was in doubt", sent)
+	}
+	stall.Resume()
+	for id, r := range waitResults(t, b.results, "doubt", len(js), time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
+		}
+	}
+	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
+		t.Fatalf("%d samples for %d jobs", sent, len(js))
+	}
+}
+
 func TestKilledWorkerLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 64, BaseLatency: 20 * time.Millisecond})
