@@ -233,7 +233,7 @@ type runningWorker struct {
 }
 
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
-// is open, NATS is connected and the Tinker session is alive) on addr, and returns the
+// is open, NATS is connected and answers its pings, and the Tinker session is alive) on addr, and returns the
 // address it listens on (port 0 picks one). running returns nil until the worker is open.
 func serveHealth(addr string, reg *prometheus.Registry, running func() *runningWorker) (*http.Server, string, error) {
 	mux := http.NewServeMux()
@@ -249,6 +249,10 @@ func serveHealth(addr string, reg *prometheus.Registry, running func() *runningW
 		}
 		if !r.nc.IsConnected() {
 			http.Error(rw, "nats: "+r.nc.Status().String(), http.StatusServiceUnavailable)
+			return
+		}
+		if err := r.w.NATSHeard(); err != nil {
+			http.Error(rw, "nats: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		if err := r.w.SessionHealthy(); err != nil {

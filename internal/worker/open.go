@@ -307,6 +307,17 @@ func (h *sessionHealth) observe(e tinker.Event) {
 	}
 }
 
+// NATSHeard reports an error while the NATS server has not answered this worker's pings for
+// 3 s (a link that died without closing, which the connection notices only after 20-30 s):
+// the worker sends no sample meanwhile (see link). It is meaningful while Run runs.
+func (w *Worker) NATSHeard() error {
+	now := time.Now()
+	if !w.link.doubtful(now) {
+		return nil
+	}
+	return fmt.Errorf("no answer to the worker's pings for %s", now.Sub(time.Unix(0, w.link.heard.Load())).Round(time.Second))
+}
+
 // SessionHealthy reports an error once the Tinker session's heartbeats have failed for two
 // minutes (§3.4: the server presumably ends such a session).
 func (w *Worker) SessionHealthy() error {

@@ -450,7 +450,11 @@ func TestNoJobIsSentWhileTheLinkIsInDoubt(t *testing.T) {
 	if sent := b.sim.Stats().SamplesAccepted; sent != 0 {
 		t.Fatalf("%d samples sent while the link was in doubt", sent)
 	}
+	if err := a.NATSHeard(); err == nil || !strings.Contains(err.Error(), "no answer to the worker's pings for") {
+		t.Errorf("NATSHeard during the stall: %v", err) // what /readyz says
+	}
 	stall.Resume()
+	fleettest.Eventually(t, 10*time.Second, "the link heard again", func() bool { return a.NATSHeard() == nil })
 	for id, r := range waitResults(t, b.results, "doubt", len(js), time.Minute) {
 		if r.Status != jobs.StatusOK {
 			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
