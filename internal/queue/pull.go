@@ -347,6 +347,41 @@ func HandBack(ctx context.Context, msg jetstream.Msg) error {
 	return nil
 }
 
+// PublishAgain publishes the job of msg, which a JobPuller delivered, again as a new message,
+// with every delivery ahead of it and marked as published again (it may have a result by
+// then), and then ends msg, waiting for the server to take that (or ctx to end, or 5 s). It
+// serves a job handed back on its last delivery: the server would otherwise keep it as a
+// dead letter, although it never failed. Should msg not end, the server later finds it out of
+// deliveries, and its dead letter (a result) may come first.
+func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
+	batch := q.Names.BatchFromJobSubject(msg.Subject())
+	customID := msg.Headers().Get(HeaderCustomID)
+	seq, _ := StreamSeq(msg)
+	again := nats.NewMsg(msg.Subject())
+	again.Header.Set(HeaderCustomID, customID)
+	again.Header.Set(HeaderRepublished, "1")
+	again.Data = msg.Data()
+	// A Nats-Msg-Id of its own: the job's first one may still be in the duplicate window.
+	id := fmt.Sprintf("%s/again/%d", MsgID(batch, customID), seq)
+	ctx, cancel := context.WithTimeout(ctx, handBackWait)
+	defer cancel()
+	if _, err := q.JS.PublishMsg(ctx, again, jetstream.WithMsgID(id)); err != nil {
+		return fmt.Errorf("publish job %s/%s again: %w", batch, customID, err)
+	}
+	j, ok := msg.(*jobMsg)
+	if !ok {
+		return msg.TermWithReason(publishedAgain)
+	}
+	if _, err := j.nc.RequestWithContext(ctx, j.msg.Reply, []byte(ackTerm+" "+publishedAgain)); err != nil {
+		return fmt.Errorf("end job %s/%s, published again: %w", batch, customID, err)
+	}
+	j.acked.Store(true)
+	return nil
+}
+
+// publishedAgain is the reason a job published again ends with.
+const publishedAgain = "published again"
+
 // DoubleAck acks and waits for the server to confirm it.
 func (j *jobMsg) DoubleAck(ctx context.Context) error {
 	if j.acked.Load() {

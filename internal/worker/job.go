@@ -87,7 +87,8 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// delivery, rather than wait out a retry delay or end as a dead letter.
 		out.settle = settleNak
 	}
-	if out.settle == settleRetry && delivered >= uint64(w.maxDeliver) {
+	last := delivered >= uint64(w.maxDeliver)
+	if out.settle == settleRetry && last {
 		// The last allowed delivery: end the job here rather than leave it without a result.
 		res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
 			Code:      jobs.CodeDeadLetter,
@@ -147,6 +148,10 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// Once the puller is closed: until then, the server could deliver the job again into
 		// the request the puller gave up on.
 		<-w.pullDone
+		if last {
+			err = w.publishAgain(ctx, msg, log)
+			break
+		}
 		// Waited for, so that a NATS server stopped right after this worker (submit --local's)
 		// has taken the job back; past the grace period too, when ctx is done.
 		err = queue.HandBack(context.WithoutCancel(ctx), msg)
@@ -155,6 +160,21 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		log().Warn("settle job message", "err", err)
 	}
 	return false
+}
+
+// publishAgain hands back a job that did not fail on its last delivery (the worker stops): a
+// nak would leave the server without a delivery to give it, and it would end as a dead
+// letter. It is published again as a new job instead, or, if that fails, handed back all the
+// same.
+func (w *Worker) publishAgain(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger) error {
+	ctx = context.WithoutCancel(ctx) // past the grace period too
+	err := w.cfg.Queue.PublishAgain(ctx, msg)
+	if err == nil {
+		log().Info("job handed back on its last delivery: published again, with every delivery ahead of it")
+		return nil
+	}
+	log().Warn("publish the job again, handed back on its last delivery; it may end as a dead letter", "err", err)
+	return queue.HandBack(ctx, msg)
 }
 
 // jobLog is the logger of one delivery of a job. Callers make it only when something is
@@ -373,8 +393,9 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 			return outcome{result: &res, settle: settleTerm}
 		}
 	}
-	if left := time.Until(w.backoff.Until()); left > w.cfg.NakAbove {
-		// A long pause (billing, a paused queue): leave the job in the stream, not in memory.
+	if left := time.Until(w.backoff.Until()); left > w.cfg.NakAbove && queue.NumDelivered(msg) < uint64(w.maxDeliver) {
+		// A long pause (billing, a paused queue): leave the job in the stream, not in memory,
+		// but on its last delivery, which a nak would make a dead letter.
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
 	mem, err := w.memory.reserve(ctx, w.gate.capacity.stopping, int64(certainCells(job, len(prompt)))*decodedCellBytes)

@@ -465,6 +465,74 @@ func TestNoJobIsSentWhileTheLinkIsInDoubt(t *testing.T) {
 	}
 }
 
+// TestAJobHandedBackOnItsLastDeliveryIsNotADeadLetter: a worker that stops hands back the jobs
+// it has not sent. One handed back on its last delivery (the second, here) would end as a dead
+// letter although it never failed; it is published again instead, and the next worker
+// samples it, once.
+func TestAJobHandedBackOnItsLastDeliveryIsNotADeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 2}, tinkersim.Config{})
+	ctx := context.Background()
+	js := tokenJobs("last-", 3)
+	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
+		t.Fatal(err)
+	}
+	holder := func() (*Worker, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		return b.open(t, b.connect(t), Config{Concurrency: 5, Registerer: reg}), reg
+	}
+	holdAndStop := func(w *Worker, reg *prometheus.Registry) {
+		t.Helper()
+		stop := run(t, w)
+		fleettest.Eventually(t, 10*time.Second, "every job at a worker", func() bool {
+			return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") == float64(len(js))
+		})
+		stop() // hands the jobs back, unsent
+	}
+	first, reg := holder()
+	if err := first.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 8*time.Second); err != nil {
+		t.Fatal(err) // the fleet's pause: every worker holds the jobs at its gate
+	}
+	publishJobs(t, b.results, "last", js)
+	holdAndStop(first, reg)
+	holdAndStop(holder()) // their second, last delivery
+	if sent := b.sim.Stats().SamplesAccepted; sent != 0 || time.Until(first.Backoff().Until()) <= 0 {
+		t.Fatalf("%d samples sent, or the pause ended, before the jobs' last delivery was handed back: the pause must be longer", sent)
+	}
+
+	run(t, b.open(t, b.connect(t), Config{}))
+	for id, r := range waitResults(t, b.results, "last", len(js), 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v, want ok: it never failed", id, r.Status, r.Error)
+		}
+	}
+	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
+		t.Fatalf("%d samples for %d jobs", sent, len(js))
+	}
+}
+
+// TestALongPauseOnAJobsLastDeliveryIsWaitedOut: a job meets a pause longer than NakAbove,
+// which would send it back to the stream to wait, on its last delivery (every delivery is, with
+// MaxDeliver 1): a nak would make it a dead letter although it never failed. It waits out the
+// pause in the worker instead.
+func TestALongPauseOnAJobsLastDeliveryIsWaitedOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{})
+	ctx := context.Background()
+	w := b.open(t, b.connect(t), Config{NakAbove: 100 * time.Millisecond})
+	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	js := tokenJobs("paused-", 2)
+	publishJobs(t, b.results, "paused", js)
+	for id, r := range waitResults(t, b.results, "paused", len(js), 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v, want ok: it never failed", id, r.Status, r.Error)
+		}
+	}
+}
+
 func TestKilledWorkerLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 64, BaseLatency: 20 * time.Millisecond})
