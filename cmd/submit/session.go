@@ -80,10 +80,9 @@ type session struct {
 	stopRun context.CancelFunc
 	// held counts the results the in-process worker cannot store now; nil without one.
 	held func() int
-	// opening says the in-process worker is still opening its Tinker session; opened is
-	// closed once it no longer is (it runs, or it stopped).
-	opening func() bool
-	opened  chan struct{}
+	// opened is closed once the in-process worker no longer opens its Tinker session (it
+	// runs, or it stopped); nil without one.
+	opened chan struct{}
 	// host is the process whose embedded server this session reached through the data
 	// directory it holds (see open); nil otherwise.
 	host *queue.DataDirInUseError
@@ -263,14 +262,6 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		}
 		return 0
 	}
-	s.opening = func() bool {
-		select {
-		case <-s.opened:
-			return false
-		default:
-			return true
-		}
-	}
 	s.workers.Go(func() {
 		w, err := worker.Open(runCtx, cfg)
 		running.Store(w)
@@ -287,6 +278,16 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		w.Close()
 	})
 	return nil
+}
+
+// opening says the in-process worker is still opening its Tinker session.
+func (s *session) opening() bool {
+	select {
+	case <-s.opened:
+		return false
+	default:
+		return s.opened != nil
+	}
 }
 
 // firstAnswerWait is how long publishing waits for the local worker to open its Tinker

@@ -113,7 +113,7 @@ func examine(ctx context.Context, q *queue.Queue, m queue.Manifest, local *inPro
 	}
 	if s.local = local != nil; s.local {
 		s.held, s.dataDir = max(s.held, local.held()), local.dataDir
-		s.opening = local.opening != nil && local.opening()
+		s.opening = local.opening()
 	}
 	return s, err
 }

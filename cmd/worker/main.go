@@ -233,8 +233,9 @@ type runningWorker struct {
 }
 
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
-// is open, NATS is connected and answers its pings, and the Tinker session is alive) on addr, and returns the
-// address it listens on (port 0 picks one). running returns nil until the worker is open.
+// is open, NATS is connected and answers its pings, and the Tinker session is alive) on addr,
+// and returns the address it listens on (port 0 picks one). running returns nil until the
+// worker is open.
 func serveHealth(addr string, reg *prometheus.Registry, running func() *runningWorker) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

@@ -82,7 +82,7 @@ func (a *aliveSet) remove(m jetstream.Msg) {
 // it. (The server takes the acks and InProgress of either delivery, by the job's stream
 // sequence, so this worker cannot tell.)
 func (a *aliveSet) stale(m jetstream.Msg, now time.Time) bool {
-	return a.staleAfter != 0 && a.lapsesIn(m, now) <= 0
+	return a.lapsesIn(m, now) <= 0
 }
 
 // lapsesIn says how long after now m's job becomes stale, if no news of it reaches the server
