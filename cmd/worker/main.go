@@ -25,7 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -145,7 +144,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	// is alive (an orchestrator's probes must not restart it), not ready.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var running atomic.Pointer[runningWorker]
+	var running atomic.Pointer[worker.Worker]
 	if o.metricsAddr != "" {
 		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load)
 		if err != nil {
@@ -217,7 +216,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return host(err)
 	}
 	defer w.Close()
-	running.Store(&runningWorker{nc: nc, w: w})
+	running.Store(w)
 	log.Info("worker started", "concurrency", o.concurrency, "prefix", q.Names.Prefix, "session", w.Client().SessionID())
 	err = w.Run(ctx)
 	running.Store(nil)
@@ -226,37 +225,30 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	return host(err)
 }
 
-// runningWorker is what /readyz checks once the worker is open.
-type runningWorker struct {
-	nc *nats.Conn
-	w  *worker.Worker
-}
-
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
-// is open, NATS is connected and answers its pings, and the Tinker session is alive) on addr,
-// and returns the address it listens on (port 0 picks one). running returns nil until the
-// worker is open.
-func serveHealth(addr string, reg *prometheus.Registry, running func() *runningWorker) (*http.Server, string, error) {
+// is open, NATS answers its pings, and the Tinker session is alive) on addr, and returns the
+// address it listens on (port 0 picks one). running returns the worker /readyz checks, nil
+// until it is open.
+func serveHealth(addr string, reg *prometheus.Registry, running func() *worker.Worker) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		r := running()
-		if r == nil {
+		w := running()
+		if w == nil {
 			http.Error(rw, "starting (connecting to NATS, opening the Tinker session) or stopping", http.StatusServiceUnavailable)
 			return
 		}
-		if !r.nc.IsConnected() {
-			http.Error(rw, "nats: "+r.nc.Status().String(), http.StatusServiceUnavailable)
-			return
-		}
-		if err := r.w.NATSHeard(); err != nil {
+		// A connection that is down fails the worker's pings too (within 3 s). Asking the
+		// connection itself would hang the probe on a link that died with writes pending:
+		// nats.go holds its lock while such a write waits out its timeout (a minute).
+		if err := w.NATSHeard(); err != nil {
 			http.Error(rw, "nats: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		if err := r.w.SessionHealthy(); err != nil {
+		if err := w.SessionHealthy(); err != nil {
 			http.Error(rw, "tinker: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
@@ -189,6 +191,43 @@ func httpGet(t *testing.T, addr, path string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestReadyzIsNotReadyWhileNATSDoesNotAnswer: a worker whose link to NATS stalls (as a link
+// that died without closing, which the connection notices only after 20-30 s) is not ready
+// within seconds, saying why, and ready again once the link is back.
+func TestReadyzIsNotReadyWhileNATSDoesNotAnswer(t *testing.T) {
+	emb := fleettest.NATS(t)
+	_, simURL := fleettest.Sim(t, tinkersim.Config{})
+	var stall fleettest.Stall
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{}, nats.SetCustomDialer(&stall))
+	w, err := worker.Open(context.Background(), worker.Config{Queue: q, TinkerBaseURL: simURL, TinkerAPIKey: fleettest.APIKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(stall.Resume) // registered last, so run first: the stop waits on held writes
+	srv, addr, err := serveHealth("127.0.0.1:0", prometheus.NewRegistry(), func() *worker.Worker { return w })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	readyz := func(code int, says string) func() bool {
+		return func() bool {
+			got, body := httpGet(t, addr, "/readyz")
+			return got == code && strings.Contains(body, says)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "ready", readyz(http.StatusOK, "ready"))
+	stall.Stall()
+	fleettest.Eventually(t, 10*time.Second, "not ready while NATS does not answer",
+		readyz(http.StatusServiceUnavailable, "nats: no answer to the worker's pings for"))
+	stall.Resume()
+	fleettest.Eventually(t, 10*time.Second, "ready once the link is back", readyz(http.StatusOK, "ready"))
 }
 
 // TestRunWaitsForNATS: a worker started before its NATS server (as compose or Kubernetes may
