@@ -100,8 +100,10 @@ func (a *aliveSet) lapsesIn(m jetstream.Msg, now time.Time) time.Duration {
 // keepAlive sends InProgress for every held message each period, and when again gets a value
 // (the link to NATS is back), until ctx is done, so a job that waits minutes on a paused queue
 // or a long sample is not redelivered (AckWait). A round whose flush comes back within the
-// period reached the server: its jobs were heard of at its start, but for those whose news had
-// already lapsed (stale), which the server may have given out meanwhile.
+// period reached the server: its jobs were heard of at its start (the server's ack wait starts
+// again no earlier), but for those whose news had lapsed by the time the flush came back: its
+// InProgress may have arrived only then (written once a stalled link moved again), after the
+// server gave the job out.
 func (a *aliveSet) keepAlive(ctx context.Context, period time.Duration, again <-chan struct{}, flush func(timeout time.Duration) error) {
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -126,9 +128,10 @@ func (a *aliveSet) keepAlive(ctx context.Context, period time.Duration, again <-
 		if len(batch) == 0 || flush(period) != nil {
 			continue
 		}
+		arrived := time.Now().UnixNano() // at the latest
 		a.mu.Lock()
 		for _, m := range batch {
-			if heard, ok := a.msgs[m]; ok && heard < start && start-heard < a.staleAfter {
+			if heard, ok := a.msgs[m]; ok && heard < start && arrived-heard < a.staleAfter {
 				a.msgs[m] = start
 			}
 		}

@@ -38,8 +38,9 @@ func heldMsgs(t *testing.T, n int) []jetstream.Msg {
 
 // TestARoundOfInProgressRenewsOnlyNewsThatHadNotLapsed: a round whose flush comes back is news
 // of the jobs the server still gave this worker; a job whose news had lapsed may be another
-// worker's by then, and stays stale. A round whose flush does not come back is no news. And a
-// round runs at once when the link is back, not a period later.
+// worker's by then, and stays stale, and so does one that lapses before the flush comes back.
+// A round whose flush does not come back is no news. And a round runs at once when the link is
+// back, not a period later.
 func TestARoundOfInProgressRenewsOnlyNewsThatHadNotLapsed(t *testing.T) {
 	t.Parallel()
 	msgs := heldMsgs(t, 2)
@@ -101,6 +102,18 @@ func TestARoundOfInProgressRenewsOnlyNewsThatHadNotLapsed(t *testing.T) {
 	}
 	if !a.stale(lapsed, time.Now()) {
 		t.Fatal("a round renewed the news of a job that had lapsed, which the server may have given out")
+	}
+
+	// A round whose flush comes back only after the news lapsed (its writes held by a stalled
+	// link meanwhile) may have reached the server after the job was given out: no news.
+	a.mu.Lock()
+	a.msgs[fresh] = time.Now().UnixNano() - a.staleAfter + int64(300*time.Millisecond) // the round began before
+	a.mu.Unlock()
+	time.Sleep(400 * time.Millisecond)
+	answer(nil)
+	linkBack()
+	if !a.stale(fresh, time.Now()) {
+		t.Fatal("a round whose flush came back after the news had lapsed renewed it")
 	}
 }
 
