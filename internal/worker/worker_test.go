@@ -94,19 +94,20 @@ func run(t *testing.T, w *Worker) (stop func()) {
 	return stop
 }
 
-// holdAtTheGate publishes js as batch and holds them at w's gate behind a fleet pause: it
+// holdAtTheGate publishes js as batch and holds them at w's gate behind a pause of w's backoff
+// (the fleet's, unless LocalBackoff) lasting pause: it
 // returns once every job holds a throttled permit or waits for one (a recent backoff puts
 // that layer in front of every sample), with none sent and the pause still on for at least
 // two seconds. The tokenizer is loaded first: loading it takes seconds under -race and load,
 // and a job still loading it is not at the gate (a test of what the gate does then passed
 // without reaching it, or the pause ended first and the jobs were sampled).
-func holdAtTheGate(t *testing.T, b *testBundle, w *Worker, batch string, js []jobs.Job) {
+func holdAtTheGate(t *testing.T, b *testBundle, w *Worker, batch string, js []jobs.Job, pause time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 6*time.Second); err != nil {
+	if err := w.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, pause); err != nil {
 		t.Fatal(err)
 	}
 	publishJobs(t, b.results, batch, js)
@@ -260,7 +261,7 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	const n = 16
 	w := b.open(t, b.connect(t), Config{Concurrency: n})
 	run(t, w)
-	holdAtTheGate(t, b, w, "stopped", tokenJobs("c", n))
+	holdAtTheGate(t, b, w, "stopped", tokenJobs("c", n), 6*time.Second)
 	if _, err := b.results.PutManifest(context.Background(), queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: n}, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func TestAStoppingWorkerHandsBackTheJobsItHasNotSent(t *testing.T) {
 	const n = 16
 	w := b.open(t, b.connect(t), Config{Concurrency: n, ShutdownGrace: 10 * time.Second})
 	stop := run(t, w)
-	holdAtTheGate(t, b, w, "handed-back", tokenJobs("h", n))
+	holdAtTheGate(t, b, w, "handed-back", tokenJobs("h", n), 6*time.Second)
 	stop()
 	if left := time.Until(w.Backoff().Until()); left <= 0 {
 		t.Fatalf("the stopping worker waited out the fleet pause (it ended %v before the stop returned)", -left)
@@ -376,7 +377,6 @@ func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
 func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 100 * time.Millisecond})
-	ctx := context.Background()
 	var stall fleettest.Stall
 	reg := prometheus.NewRegistry()
 	a := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)),
@@ -384,16 +384,7 @@ func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
 	run(t, a)
 	t.Cleanup(stall.Resume) // registered last, so run first (see the test above)
 	js := tokenJobs("out-", 5)
-	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
-		t.Fatal(err) // loaded before the pause, which the jobs are to wait out at the gate
-	}
-	if err := a.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 8*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	publishJobs(t, b.results, "given-out", js)
-	fleettest.Eventually(t, 5*time.Second, "every job at the paused worker", func() bool {
-		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") == float64(len(js))
-	})
+	holdAtTheGate(t, b, a, "given-out", js, 8*time.Second)
 
 	stall.Stall()
 	run(t, b.open(t, b.connect(t), Config{Concurrency: 10}))
@@ -424,24 +415,13 @@ func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
 func TestNoJobIsSentWhileTheLinkIsInDoubt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: 12 * time.Second}, tinkersim.Config{BaseLatency: 100 * time.Millisecond})
-	ctx := context.Background()
 	var stall fleettest.Stall
-	reg := prometheus.NewRegistry()
 	a := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)),
-		Config{Concurrency: 5, LocalBackoff: true, Registerer: reg})
+		Config{Concurrency: 5, LocalBackoff: true})
 	run(t, a)
 	t.Cleanup(stall.Resume) // registered last, so run first (see the tests above)
 	js := tokenJobs("doubt-", 5)
-	if _, err := b.tokens.ForModel(ctx, js[0].Model); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Backoff().Signal(ctx, backoff.ReasonPausedCapacity, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	publishJobs(t, b.results, "doubt", js)
-	fleettest.Eventually(t, 5*time.Second, "every job at the paused worker", func() bool {
-		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") == float64(len(js))
-	})
+	holdAtTheGate(t, b, a, "doubt", js, 5*time.Second)
 	stall.Stall()
 	if left := time.Until(a.Backoff().Until()); left < 3500*time.Millisecond {
 		t.Fatalf("the pause ends in %v, before the link is in doubt: the test must hold it longer", left)
