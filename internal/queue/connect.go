@@ -46,6 +46,15 @@ const (
 	MaxPingsOut  = 2
 )
 
+// WriteTimeout bounds a write to the server, as the server's own write deadline (10 s by
+// default) bounds its writes to a client. On a dead link under load the socket's buffers fill
+// within seconds, and a write then waits for room while it holds the connection's lock, which
+// the ping timer needs too. nats.go's default lets it wait a minute, and a write that fails
+// having written nothing leaves the connection up: a busy worker behind a frozen proxy noticed
+// its dead link after 71 s. Now a write gives up after WriteTimeout, and one by nats.go's
+// flusher that fails drops the connection (21 s in the same run).
+const WriteTimeout = 10 * time.Second
+
 // Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
 // worker outlives server restarts). extra options are applied last. It fails at once when no
 // server answers; ConnectWait waits for one.
@@ -75,6 +84,8 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		}),
 		nats.PingInterval(PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),
+		nats.FlusherTimeout(WriteTimeout),
+		nats.ReconnectOnFlusherError(),
 		nats.ErrorHandler(asyncErrorLogger(log)),
 	}
 	auth := 0

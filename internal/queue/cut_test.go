@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -100,5 +101,56 @@ func TestAPastDropEndsNoLaterWait(t *testing.T) {
 	errs := make([]error, 1)
 	if p.Publish(context.Background(), []*nats.Msg{msg}, errs); errs[0] != nil {
 		t.Fatalf("publish after a reconnect: %v", errs[0])
+	}
+}
+
+// TestALinkThatDiesWithItsBuffersFullIsDroppedWithinTheWriteTimeout: on a link that died
+// silently under load, the socket's buffers fill and a write waits, holding the connection's
+// lock, which the ping timer needs too. The write gives up after WriteTimeout and the
+// connection is dropped then: sooner than the pings could tell (they need 2-3 intervals),
+// and far sooner than with nats.go's default (a minute's write, and then the pings).
+func TestALinkThatDiesWithItsBuffersFullIsDroppedWithinTheWriteTimeout(t *testing.T) {
+	t.Parallel()
+	link := fleettest.Partition{SendBuffer: 1} // full after the first write
+	url := fleettest.NATS(t).ClientURL()
+	dropped := make(chan error, 1)
+	nc, err := queue.Connect(queue.ConnectConfig{URL: url, Name: t.Name()}, nats.SetCustomDialer(&link),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			select {
+			case dropped <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	link.Cut(url)
+	cut := time.Now()
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() { // a worker's steady trickle of small messages, each written by nats.go's flusher
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_ = nc.Publish("trickle", []byte("x"))
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	defer func() { close(stop); nc.Close(); <-stopped }()
+	limit := queue.WriteTimeout + queue.PingInterval/2 // the pings alone would take 2-3 intervals
+	select {
+	case err := <-dropped:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("dropped for %v; want the write's timeout", err)
+		}
+		t.Logf("dropped %v after the link died", time.Since(cut).Round(time.Millisecond))
+	case <-time.After(limit):
+		t.Errorf("the connection was not dropped within %v of its link's death", limit)
 	}
 }
