@@ -202,7 +202,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.waiting == 0:
 		return stallGone, lostPhraseOf(s.missing, s.lostCause)
 	case s.alone:
-		return stallNoWorker, fmt.Sprintf("%s, and no worker can take them: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample them", jobsWait(s.waiting))
+		return stallNoWorker, fmt.Sprintf("%s, and no worker can take %s: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample %[2]s", jobsWait(s.waiting), them(s.waiting))
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s; start one (worker --nats-url)", jobsWait(s.waiting))
 	case s.opening && s.troubled(since):
@@ -215,7 +215,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.idle() && s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s, and the Tinker service fails the workers' requests: %s", jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.local:
-		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %d wait; see its warnings above (-v shows more)", s.waiting)
+		return stallNoWorker, fmt.Sprintf("the worker in this process takes no jobs: %s; see its warnings above (-v shows more)", jobsWait(s.waiting))
 	case s.gone() && len(s.attendance.Silent) == 1:
 		return stallNoWorker, fmt.Sprintf("no worker is running: %s; %s (it crashed, or lost its link to the NATS server): start one, or see its log", jobsWait(s.waiting), silentWho(*s.attendance))
 	case s.gone() && len(s.attendance.Silent) > 1:
@@ -223,7 +223,7 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 	case s.gone():
 		return stallNoWorker, fmt.Sprintf("no worker is running: %s; start one, or see in the workers' logs why they stopped", jobsWait(s.waiting))
 	case s.idle():
-		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %d wait; start one, or see the workers' logs", s.waiting)
+		return stallNoWorker, fmt.Sprintf("no worker is taking jobs: %s; start one, or see the workers' logs", jobsWait(s.waiting))
 	case s.retrying(since):
 		return stallRetrying, fmt.Sprintf("%s at the workers; some of its jobs failed and wait to be tried again, %s", plural(s.inFlight, "job"), retryPhrase(*s.retry, s.now))
 	case s.troubled(since):
@@ -247,6 +247,14 @@ func jobsWait(n int) string {
 		return "1 job waits"
 	}
 	return plural(n, "job") + " wait"
+}
+
+// them is the pronoun for n jobs.
+func them(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "them"
 }
 
 // heldPhrase says who holds results that the server cannot store, for how long, why, and

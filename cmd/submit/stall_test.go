@@ -66,7 +66,7 @@ func TestStalledBatchSaysNoWorkerTakesJobs(t *testing.T) {
 	waitSaid(t, stderr, "no worker has joined this NATS server yet: 3 jobs wait")
 
 	fleettest.Queue(t, f.nats, queue.Config{}) // what a worker sets up when it starts
-	waitSaid(t, stderr, "no worker is taking jobs: 3 wait")
+	waitSaid(t, stderr, "no worker is taking jobs: 3 jobs wait")
 	time.Sleep(1500 * time.Millisecond) // several more looks at the same cause
 
 	f.startWorker(4)
@@ -143,15 +143,18 @@ func TestExamineNamesEachCause(t *testing.T) {
 	}
 
 	fleettest.Publish(t, q, m.BatchID, []jobs.Job{{CustomID: "j1", Model: "Qwen/Qwen3-8B", Prompt: "hi"}})
-	if kind, text := why(0, nil); kind != stallNoWorker || !strings.Contains(text, "no worker is taking jobs: 1 wait; start one") {
+	if kind, text := why(0, nil); kind != stallNoWorker || !strings.Contains(text, "no worker is taking jobs: 1 job waits; start one") {
 		t.Errorf("a fleet without workers: %v %q", kind, text)
 	}
-	if kind, text := why(0, func() int { return 0 }); kind != stallNoWorker || !strings.Contains(text, "the worker in this process takes no jobs: 1 wait") {
+	if kind, text := why(0, func() int { return 0 }); kind != stallNoWorker || !strings.Contains(text, "the worker in this process takes no jobs: 1 job waits") {
 		t.Errorf("a local run whose worker takes nothing: %v %q", kind, text)
 	}
 	opening = true
 	if kind, text := why(0, func() int { return 0 }); kind != stallOpening || text != "1 job waits, and the worker in this process is still opening its Tinker session" {
 		t.Errorf("a local run whose worker has not opened its session: %v %q", kind, text)
+	}
+	if _, text := (stall{missing: 1, waiting: 1, alone: true}).why(0); !strings.HasPrefix(text, "1 job waits, and no worker can take it: ") || !strings.HasSuffix(text, " to sample it") {
+		t.Errorf("one job in a batch read by status --local: %q", text)
 	}
 }
 
@@ -184,7 +187,7 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	status := submitForStatus(t, ctx, f, 4)
-	if out := status(); !regexp.MustCompile(`(?m)^activity +no worker is taking jobs: 4 wait;`).MatchString(out) {
+	if out := status(); !regexp.MustCompile(`(?m)^activity +no worker is taking jobs: 4 jobs wait;`).MatchString(out) {
 		t.Errorf("status without a worker:\n%s", out)
 	}
 	stop, _ := f.runWorker(q, 8)
@@ -318,7 +321,7 @@ func TestStallWithoutBackoffPermissionStillSaysWhy(t *testing.T) {
 		done <- run(ctx, []string{"--nats-url", srv.ClientURL(), "--nats-user", "submit", "--nats-password", "s",
 			"--progress", "lines", "--progress-interval", "200ms", writeLines(t, []string{jobLine(0)}), "--wait"}, env)
 	}()
-	waitSaid(t, &stderr, "no worker is taking jobs: 1 wait")
+	waitSaid(t, &stderr, "no worker is taking jobs: 1 job waits")
 	cancel()
 	<-done
 }
