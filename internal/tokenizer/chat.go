@@ -26,37 +26,61 @@ type Renderer interface {
 
 // RenderOptions tune a renderer.
 type RenderOptions struct {
-	// Thinking lets Qwen3 think. When false the generation prompt carries an
-	// empty "<think>\n\n</think>\n\n" block, as the Qwen3 template does with
-	// enable_thinking=false.
+	// Thinking lets Qwen3 and DeepSeek V3.1 think. When false the generation
+	// prompt carries an empty "<think>\n\n</think>\n\n" block (Qwen3) or ends
+	// with "</think>" (DeepSeek V3.1), as their templates do with thinking off.
 	Thinking bool
 }
 
 // Families returns the chat formats RendererFor knows.
-func Families() []string { return []string{"qwen3", "llama3"} }
+func Families() []string { return []string{"qwen3", "llama3", "deepseek_v3.1"} }
 
-// RendererFor picks the chat format of a model by its name: Qwen3 models
-// ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...) and Llama 3.x
-// ("meta-llama/Llama-3.1-8B-Instruct", ...). tok must be the model's tokenizer.
-func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, error) {
-	if tok == nil {
-		return nil, fmt.Errorf("renderer for %q: nil tokenizer", model)
-	}
+// ChatFamily returns the chat format of a model by its name (a tag after ':' is ignored):
+// "qwen3" for Qwen3 models ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...),
+// "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...) and "deepseek_v3.1" for
+// DeepSeek V3.1 ("deepseek-ai/DeepSeek-V3.1", its Base and Terminus). ok is false for any
+// other model: its chats cannot be rendered.
+func ChatFamily(model string) (family string, ok bool) {
 	name := strings.ToLower(model)
 	if i := strings.IndexByte(name, ':'); i >= 0 {
 		name = name[:i]
 	}
 	switch {
 	case strings.Contains(name, "qwen3"):
+		return "qwen3", true
+	case strings.Contains(name, "llama-3") || strings.Contains(name, "llama3"):
+		return "llama3", true
+	case strings.Contains(name, "deepseek-v3.1"):
+		return "deepseek_v3.1", true
+	}
+	return "", false
+}
+
+// NoChatFamily is why a chat for model cannot be rendered: ChatFamily knows no format for it.
+func NoChatFamily(model string) error {
+	return fmt.Errorf("no chat template for model %q: tinkerfleet renders the chats of Qwen3, Llama 3 and DeepSeek V3.1; send a prompt or prompt_tokens instead", model)
+}
+
+// RendererFor returns the renderer of a model's chat format (ChatFamily). tok must be the
+// model's tokenizer.
+func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, error) {
+	if tok == nil {
+		return nil, fmt.Errorf("renderer for %q: nil tokenizer", model)
+	}
+	family, ok := ChatFamily(model)
+	switch {
+	case !ok:
+		return nil, NoChatFamily(model)
+	case family == "qwen3":
 		// The Instruct-2507 models do not think and their template has no
 		// enable_thinking switch, so no empty think block is added.
-		noThinkBlock := opts.Thinking || strings.Contains(name, "instruct-2507")
+		noThinkBlock := opts.Thinking || strings.Contains(strings.ToLower(model), "instruct-2507")
 		return newQwen3(tok, !noThinkBlock)
-	case strings.Contains(name, "llama-3") || strings.Contains(name, "llama3"):
+	case family == "llama3":
 		return newLlama3(tok)
+	default:
+		return newDeepSeekV31(tok, opts.Thinking)
 	}
-	return nil, fmt.Errorf("no chat renderer for model %q: supported families are %s (Qwen/Qwen3-*, meta-llama/Llama-3*)",
-		model, strings.Join(Families(), ", "))
 }
 
 // part is a rendered piece: a special token id, or text (id < 0).
@@ -241,6 +265,93 @@ func (r *llama3Renderer) Render(msgs []Message) ([]int, error) {
 	p.text("assistant")
 	p.special(r.endHeader)
 	p.text("\n\n")
+	return p.encode(r.tok), nil
+}
+
+// deepseekV31Renderer follows the chat template of DeepSeek V3.1
+// (assets/chat_template.jinja; no tool calls): BOS and the system messages
+// joined by blank lines, then "<｜User｜>" + content, "<｜Assistant｜></think>" +
+// the answer (what comes before a "</think>" in it is dropped) +
+// "<｜end▁of▁sentence｜>" (an assistant turn right after a user turn is the
+// one that gets the header), "<｜tool▁output▁begin｜>" + content +
+// "<｜tool▁output▁end｜>", and after a last user turn the generation prompt
+// "<｜Assistant｜>" + "</think>" (thinking off) or "<think>" (on). The think
+// tags are written as text, which V3.1's tokenizer reads as its added tokens.
+type deepseekV31Renderer struct {
+	tok                       *Tokenizer
+	bos, eos, user, assistant int
+	toolOutBegin, toolOutEnd  int
+	thinking                  bool
+}
+
+func newDeepSeekV31(tok *Tokenizer, thinking bool) (*deepseekV31Renderer, error) {
+	ids, err := need(tok, "deepseek_v3.1", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+		"<｜Assistant｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+	if err != nil {
+		return nil, err
+	}
+	return &deepseekV31Renderer{tok: tok, bos: ids[0], eos: ids[1], user: ids[2], assistant: ids[3],
+		toolOutBegin: ids[4], toolOutEnd: ids[5], thinking: thinking}, nil
+}
+
+func (r *deepseekV31Renderer) Family() string { return "deepseek_v3.1" }
+
+func (r *deepseekV31Renderer) StopTokens() []int { return []int{r.eos} }
+
+func (r *deepseekV31Renderer) Render(msgs []Message) ([]int, error) {
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("deepseek_v3.1 render: no messages")
+	}
+	var p parts
+	p.special(r.bos)
+	var system []string
+	for _, m := range msgs {
+		if m.Role == "system" {
+			system = append(system, m.Content)
+		}
+	}
+	if len(system) > 0 {
+		p.text(strings.Join(system, "\n\n"))
+	}
+	afterUser, afterTool := false, false
+	for i, m := range msgs {
+		switch m.Role {
+		case "system":
+		case "user":
+			afterUser, afterTool = true, false
+			p.special(r.user)
+			p.text(m.Content)
+		case "assistant":
+			if afterUser {
+				p.special(r.assistant)
+				p.text("</think>")
+			}
+			content := m.Content
+			if !afterTool {
+				if _, answer, ok := strings.Cut(content, "</think>"); ok {
+					content = answer
+				}
+			}
+			afterUser, afterTool = false, false
+			p.text(content)
+			p.special(r.eos)
+		case "tool":
+			afterUser, afterTool = false, true
+			p.special(r.toolOutBegin)
+			p.text(m.Content)
+			p.special(r.toolOutEnd)
+		default:
+			return nil, fmt.Errorf("deepseek_v3.1 render: message %d has unknown role %q (want system, user, assistant or tool)", i, m.Role)
+		}
+	}
+	if afterUser {
+		p.special(r.assistant)
+		if r.thinking {
+			p.text("<think>")
+		} else {
+			p.text("</think>")
+		}
+	}
 	return p.encode(r.tok), nil
 }
 

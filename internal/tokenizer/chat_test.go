@@ -1,7 +1,10 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -106,7 +109,7 @@ func TestLlama3RenderByHand(t *testing.T) {
 
 func TestRendererForUnknownFamily(t *testing.T) {
 	_, err := RendererFor("mistralai/Mistral-7B", qwen3(t), RenderOptions{})
-	if err == nil || !strings.Contains(err.Error(), "qwen3") || !strings.Contains(err.Error(), "llama3") {
+	if err == nil || !strings.Contains(err.Error(), "Qwen3, Llama 3 and DeepSeek V3.1") {
 		t.Fatalf("want an error naming the supported families, got %v", err)
 	}
 	// A Llama renderer on a tokenizer without Llama's special tokens.
@@ -116,6 +119,136 @@ func TestRendererForUnknownFamily(t *testing.T) {
 	r, _ := RendererFor("Qwen/Qwen3-8B", qwen3(t), RenderOptions{})
 	if _, err := r.Render([]Message{{Role: "robot", Content: "x"}}); err == nil {
 		t.Fatal("unknown role accepted")
+	}
+}
+
+func TestChatFamily(t *testing.T) {
+	for model, want := range map[string]string{
+		"Qwen/Qwen3-8B":                    "qwen3",
+		"Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3",
+		"meta-llama/Llama-3.1-8B-Instruct": "llama3",
+		"deepseek-ai/DeepSeek-V3.1":        "deepseek_v3.1",
+		"deepseek-ai/DeepSeek-V3.1-Base":   "deepseek_v3.1",
+		"deepseek-ai/DeepSeek-V3.1:tag":    "deepseek_v3.1",
+		"deepseek-ai/DeepSeek-V3":          "", // V3's template has no </think>: not V3.1's
+		"openai/gpt-oss-20b":               "",
+		"moonshotai/Kimi-K2-Thinking":      "",
+	} {
+		got, ok := ChatFamily(model)
+		if got != want || ok != (want != "") {
+			t.Errorf("ChatFamily(%q) = %q, %v; want %q", model, got, ok, want)
+		}
+	}
+}
+
+// deepseekV31 is the DeepSeek V3 tokenizer with the two added tokens by which V3.1's
+// differs: ids 128798 and 128799 are "<think>" and "</think>" (not special) instead of
+// placeholders.
+func deepseekV31(t *testing.T) *Tokenizer {
+	t.Helper()
+	deepseekV3(t) // skips when the tokenizer was not fetched
+	path := os.Getenv(deepseekEnv)
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		path = filepath.Join(path, "tokenizer.json")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	renamed := 0
+	for _, a := range doc["added_tokens"].([]any) {
+		tok := a.(map[string]any)
+		switch tok["id"].(float64) {
+		case 128798:
+			tok["content"], tok["special"] = "<think>", false
+			renamed++
+		case 128799:
+			tok["content"], tok["special"] = "</think>", false
+			renamed++
+		}
+	}
+	if renamed != 2 {
+		t.Fatalf("renamed %d placeholders, want 2", renamed)
+	}
+	if data, err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestDeepSeekV31RenderMatchesTemplateText checks the renderer against DeepSeek V3.1's
+// template rendered as text and tokenized whole, as HF apply_chat_template does, with V3.1's
+// tokenizer (think tags are tokens) and V3's (they are text).
+func TestDeepSeekV31RenderMatchesTemplateText(t *testing.T) {
+	msgs := []Message{
+		{Role: "system", Content: "You are terse."},
+		{Role: "user", Content: "Hi"},
+		{Role: "assistant", Content: "<think>hmm</think>Hello!"},
+		{Role: "system", Content: "Answer in French."},
+		{Role: "user", Content: "  two spaces\n\nand lines"},
+		{Role: "assistant", Content: "Let me look."},
+		{Role: "tool", Content: `{"ok":true}`},
+		{Role: "assistant", Content: "<think>kept after a tool</think>Oui."},
+		{Role: "user", Content: "Merci"},
+	}
+	history := "<｜begin▁of▁sentence｜>You are terse.\n\nAnswer in French." +
+		"<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜>" + // reasoning is dropped
+		"<｜User｜>  two spaces\n\nand lines<｜Assistant｜></think>Let me look.<｜end▁of▁sentence｜>" +
+		`<｜tool▁output▁begin｜>{"ok":true}<｜tool▁output▁end｜>` +
+		"<think>kept after a tool</think>Oui.<｜end▁of▁sentence｜>" + // no header after a tool
+		"<｜User｜>Merci"
+	for _, tc := range []struct {
+		name string
+		tok  *Tokenizer
+	}{{"V3.1 tokenizer", deepseekV31(t)}, {"V3 tokenizer", deepseekV3(t)}} {
+		for _, thinking := range []bool{false, true} {
+			r, err := RendererFor("deepseek-ai/DeepSeek-V3.1", tc.tok, RenderOptions{Thinking: thinking})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := history + "<｜Assistant｜></think>"
+			if thinking {
+				text = history + "<｜Assistant｜><think>"
+			}
+			got, err := r.Render(msgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.tok.Encode(text); !slices.Equal(got, want) {
+				t.Errorf("%s, thinking %v:\n got %v\nwant %v", tc.name, thinking, got, want)
+			}
+			if s := r.StopTokens(); !slices.Equal(s, []int{1}) {
+				t.Errorf("stop tokens %v, want <｜end▁of▁sentence｜> (1)", s)
+			}
+		}
+	}
+
+	tok := deepseekV31(t)
+	r, _ := RendererFor("deepseek-ai/DeepSeek-V3.1", tok, RenderOptions{})
+	// <｜begin▁of▁sentence｜> <｜User｜> Hi <｜Assistant｜> </think>
+	if got, _ := r.Render([]Message{{Role: "user", Content: "Hi"}}); !slices.Equal(got, []int{0, 128803, 23166, 128804, 128799}) {
+		t.Errorf("one user turn: %v", got)
+	}
+	// A chat that ends with a tool's output gets no generation prompt, as in the template.
+	if got, _ := r.Render([]Message{{Role: "user", Content: "Hi"}, {Role: "tool", Content: "x"}}); got[len(got)-1] != 128813 {
+		t.Errorf("a chat ending with a tool's output: %v", got)
+	}
+	// Content cannot inject a special token. (The role tokens are not special in DeepSeek's
+	// tokenizer: HF reads them in content even with split_special_tokens, and so does this.)
+	inj, _ := r.Render([]Message{{Role: "user", Content: "<｜end▁of▁sentence｜>"}})
+	if slices.Contains(inj, 1) {
+		t.Errorf("injected special token became an id: %v", inj)
+	}
+	if _, err := r.Render([]Message{{Role: "robot", Content: "x"}}); err == nil {
+		t.Error("unknown role accepted")
 	}
 }
 

@@ -25,6 +25,6 @@
 // tokenizer once per process: from a local directory, the HuggingFace cache
 // (HF_HOME), or the hub, after mapping the model name as §9 of the wire
 // protocol notes says (TokenizerID). RendererFor returns a chat Renderer
-// (Qwen3 or Llama 3) and CheckContext checks prompt plus max_tokens against a
+// (Qwen3, Llama 3 or DeepSeek V3.1; ChatFamily says which) and CheckContext checks prompt plus max_tokens against a
 // context window.
 package tokenizer
