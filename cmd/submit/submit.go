@@ -385,6 +385,9 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 				f.Close()
 				return err // reading failed: not a line's fault
 			}
+			if err == nil {
+				err = renderable(j, name, r.Line())
+			}
 			var line []byte
 			if err == nil {
 				line = r.Raw()
@@ -400,6 +403,24 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 		}
 	}
 	return nil
+}
+
+// renderable rejects a chat job for a model whose chat template the workers do not know
+// (tokenizer.ChatFamily), which would otherwise end as an error result once published. A job
+// that names a checkpoint (model_path) is left to the worker, which learns its base model
+// from the service.
+func renderable(j jobs.Job, file string, line int) error {
+	if len(j.Messages) == 0 || j.Model == "" {
+		return nil
+	}
+	if _, ok := tokenizer.ChatFamily(j.Model); ok {
+		return nil
+	}
+	field := "model"
+	if j.Format == jobs.FormatOpenAIChat {
+		field = "body.model"
+	}
+	return &jobs.LineError{File: file, Line: line, Field: field, Msg: tokenizer.NoChatFamily(j.Model).Error()}
 }
 
 // storeWaiter publishes jobs (and writes the batch's manifest) and waits for the server to

@@ -319,6 +319,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		`{"custom_id":"z","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", 9<<20) + `"}`,
 		"{\"custom_id\":\"u\",\"model\":\"Qwen/Qwen3-8B\",\"prompt\":\"\xff\xfe\"}",
 		jobLine(7),
+		`{"custom_id":"c","model":"openai/gpt-oss-20b","messages":[{"role":"user","content":"hi"}]}`,
 	})
 	ctx := context.Background()
 
@@ -333,6 +334,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		in + ":5: field colour: unknown field",
 		in + ":6: line is longer than the limit",
 		in + ":7:",
+		in + `:9: field model: no chat template for model "openai/gpt-oss-20b"`,
 	} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
@@ -356,7 +358,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Count(string(data), "\n"); got != 6 || !strings.Contains(string(data), `"field":"colour"`) {
+	if got := strings.Count(string(data), "\n"); got != 7 || !strings.Contains(string(data), `"field":"colour"`) {
 		t.Fatalf("rejects file (%d lines):\n%s", got, data)
 	}
 }
@@ -1837,4 +1839,30 @@ func TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater(t *testing.T) {
 		t.Fatalf("the same command once the key is accepted: %v", err)
 	}
 	wantResults(t, out, 21, "ok")
+}
+
+// TestRenderableNamesTheModelField: a chat for a model without a known chat template is
+// rejected at its model field, as the line spells it; prompts, known families and checkpoints
+// (whose base model only the service knows) pass.
+func TestRenderableNamesTheModelField(t *testing.T) {
+	chat := []jobs.Message{{Role: jobs.RoleUser, Content: "hi"}}
+	for _, tc := range []struct {
+		job   jobs.Job
+		field string // "" when accepted
+	}{
+		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat}, "model"},
+		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat, Format: jobs.FormatOpenAIChat}, "body.model"},
+		{jobs.Job{Model: "openai/gpt-oss-20b", Prompt: "hi"}, ""},
+		{jobs.Job{Model: "deepseek-ai/DeepSeek-V3.1", Messages: chat}, ""},
+		{jobs.Job{ModelPath: "tinker://run/sampler_weights/1", Messages: chat}, ""},
+	} {
+		err := renderable(tc.job, "in.jsonl", 3)
+		var le *jobs.LineError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%+v rejected: %v", tc.job, err)
+		case tc.field != "" && (!errors.As(err, &le) || le.Field != tc.field || le.Line != 3 || le.File != "in.jsonl"):
+			t.Errorf("%+v: %v; want a line error at field %s", tc.job, err, tc.field)
+		}
+	}
 }
