@@ -22,7 +22,8 @@ func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
 		t.Fatalf("without the backoff bucket: %+v known %v, err %v; want unknown", a, known, err)
 	}
 	// The bucket is the fleet's backoff bucket, which the workers' internal/backoff creates.
-	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
 		t.Fatal(err)
 	}
 	ids := func(ps []Presence) []string {
@@ -36,7 +37,9 @@ func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
 	// attendance returns the running and the silent workers.
 	attendance := func(window, since time.Duration) (running, silent []string) {
 		t.Helper()
-		if err := b.nc.Flush(); err != nil { // the notes are published without waiting
+		// The notes are published without waiting, and a flush does not wait for the stream
+		// to store them. A put on the same connection, answered once stored, comes after them.
+		if _, err := kv.Put(ctx, "test-sync", nil); err != nil {
 			t.Fatal(err)
 		}
 		a, known, err := b.q.Present(ctx, window, since)
