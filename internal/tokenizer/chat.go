@@ -72,9 +72,10 @@ func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, er
 	case !ok:
 		return nil, NoChatFamily(model)
 	case family == "qwen3":
-		// The Instruct-2507 models do not think and their template has no
-		// enable_thinking switch, so no empty think block is added.
-		noThinkBlock := opts.Thinking || strings.Contains(strings.ToLower(model), "instruct-2507")
+		// The Instruct models (Qwen3-*-Instruct-2507, Qwen3-VL-*-Instruct) do
+		// not think and their templates have no enable_thinking switch, so no
+		// empty think block is added.
+		noThinkBlock := opts.Thinking || strings.Contains(strings.ToLower(model), "-instruct")
 		return newQwen3(tok, !noThinkBlock)
 	case family == "llama3":
 		return newLlama3(tok)

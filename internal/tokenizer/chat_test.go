@@ -45,10 +45,12 @@ func TestQwen3RenderByHand(t *testing.T) {
 	if on.Family() != "qwen3" {
 		t.Errorf("family %q", on.Family())
 	}
-	// Instruct-2507 has no thinking switch: no empty think block.
-	inst, _ := RendererFor("Qwen/Qwen3-30B-A3B-Instruct-2507", tok, RenderOptions{})
-	if got, _ := inst.Render(shortChat); !slices.Equal(got, prompt) {
-		t.Errorf("instruct-2507:\n got %v\nwant %v", got, prompt)
+	// The Instruct models have no thinking switch: no empty think block.
+	for _, model := range []string{"Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-VL-30B-A3B-Instruct"} {
+		inst, _ := RendererFor(model, tok, RenderOptions{})
+		if got, _ := inst.Render(shortChat); !slices.Equal(got, prompt) {
+			t.Errorf("%s:\n got %v\nwant %v", model, got, prompt)
+		}
 	}
 }
 
