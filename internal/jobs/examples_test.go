@@ -203,7 +203,7 @@ func TestSchemaFiles(t *testing.T) {
 		t.Errorf("openai required = %v", openai.Required)
 	}
 	for _, p := range []string{"custom_id", "model", "model_path", "prompt", "prompt_tokens", "messages",
-		"sampling_params", "num_samples", "prompt_logprobs", "topk_prompt_logprobs", "metadata"} {
+		"thinking", "sampling_params", "num_samples", "prompt_logprobs", "topk_prompt_logprobs", "metadata"} {
 		if _, ok := native.Props[p]; !ok {
 			t.Errorf("native schema lacks %s", p)
 		}

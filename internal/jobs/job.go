@@ -34,6 +34,10 @@ type Job struct {
 	Format string
 	// Messages is a chat prompt, rendered with the model's chat template by the worker.
 	Messages []Message
+	// Thinking turns on the chat template's thinking switch (Qwen3's enable_thinking,
+	// DeepSeek V3.1's thinking), which is off by default. It applies to Messages only; a
+	// model whose template has no switch (Llama 3, the Qwen3 Instruct models) ignores it.
+	Thinking bool
 	// Metadata is any JSON value, copied byte for byte from the input line into the result line.
 	// Nil when the line had none.
 	Metadata json.RawMessage
@@ -128,6 +132,7 @@ type wireJob struct {
 	Prompt             *string         `json:"prompt,omitempty"`
 	PromptTokens       []int           `json:"prompt_tokens,omitempty"`
 	Messages           []Message       `json:"messages,omitempty"`
+	Thinking           bool            `json:"thinking,omitempty"`
 	Params             *SamplingParams `json:"sampling_params,omitempty"`
 	NumSamples         int             `json:"num_samples"`
 	PromptLogprobs     bool            `json:"prompt_logprobs,omitempty"`
@@ -144,6 +149,7 @@ func (j Job) Encode() ([]byte, error) {
 		ModelPath:          j.ModelPath,
 		PromptTokens:       j.PromptTokens,
 		Messages:           j.Messages,
+		Thinking:           j.Thinking,
 		NumSamples:         j.NumSamples,
 		PromptLogprobs:     j.PromptLogprobs,
 		TopKPromptLogprobs: j.TopKPromptLogprobs,

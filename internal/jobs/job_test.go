@@ -22,7 +22,7 @@ func TestJobEncodeDecodeRoundTrip(t *testing.T) {
 		},
 		{
 			CustomID: "c", Format: FormatOpenAIChat, Model: "m",
-			Messages:   []Message{{Role: RoleTool, Content: ""}, {Role: RoleUser, Content: "x"}},
+			Messages: []Message{{Role: RoleTool, Content: ""}, {Role: RoleUser, Content: "x"}}, Thinking: true,
 			NumSamples: 2, Params: SamplingParams{Stop: Stop{Strings: []string{"</s>"}}, Seed: int64p(9223372036854775807)},
 			Metadata: json.RawMessage(`null`),
 		},

@@ -104,7 +104,7 @@ func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {
 // chat line used max_completion_tokens.
 func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *FieldError) {
 	var model, prompt, messages, maxTokens, maxCompletion, temperature, topP, topK, n, stop, seed,
-		metadata, bestOf []byte
+		metadata, bestOf, templateArgs []byte
 	var seen [32][]byte // keys so far, for duplicate detection (bodies have a handful of keys)
 	nseen := 0
 	endpoint := URLCompletions
@@ -197,6 +197,11 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 				return j, wrongEndpoint(k)
 			}
 			bestOf = v
+		case "chat_template_kwargs":
+			if !chat {
+				return j, wrongEndpoint(k)
+			}
+			templateArgs = v
 		case "response_format":
 			if !chat {
 				return j, wrongEndpoint(k)
@@ -233,6 +238,11 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 		}
 		if j.Messages, fe = parseMessages(messages, "body.messages", true); fe != nil {
 			return j, fe
+		}
+		if present(templateArgs) {
+			if j.Thinking, fe = parseTemplateArgs(templateArgs); fe != nil {
+				return j, fe
+			}
 		}
 	} else {
 		if !present(prompt) {
@@ -369,4 +379,32 @@ func isTextFormat(v []byte) bool {
 		n++
 	}
 	return n == 1
+}
+
+// parseTemplateArgs reads a chat line's chat_template_kwargs (vLLM's extension): the thinking
+// switch, spelled enable_thinking (Qwen3) or thinking (DeepSeek V3.1), and nothing else.
+func parseTemplateArgs(v []byte) (thinking bool, fe *FieldError) {
+	if !isObject(v) {
+		return false, typeErr("body.chat_template_kwargs", "an object", v)
+	}
+	seen := false
+	it := newObjIter(v)
+	for k, val, ok := it.next(); ok; k, val, ok = it.next() {
+		path := "body.chat_template_kwargs." + string(k)
+		switch string(k) {
+		case "enable_thinking", "thinking":
+			if seen {
+				return false, fieldErr(path, "must not be set together with the other spelling of the thinking switch")
+			}
+			seen = true
+			if present(val) {
+				if thinking, fe = getBool(val, path); fe != nil {
+					return false, fe
+				}
+			}
+		default:
+			return false, fieldErr(path, "is not supported (honoured: enable_thinking or thinking, the chat template's thinking switch)")
+		}
+	}
+	return thinking, nil
 }

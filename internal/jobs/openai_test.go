@@ -36,6 +36,18 @@ func TestOpenAIMapping(t *testing.T) {
 			},
 		},
 		{
+			name: "chat with the thinking switch (vLLM's chat_template_kwargs)",
+			line: `{"custom_id":"c3","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":true}}}`,
+			want: Job{CustomID: "c3", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, Thinking: true, NumSamples: 1},
+		},
+		{
+			name: "chat with the thinking switch spelled as DeepSeek's template does",
+			line: `{"custom_id":"c4","url":"/v1/chat/completions","body":{"model":"deepseek-ai/DeepSeek-V3.1","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"thinking":true}}}`,
+			want: Job{CustomID: "c4", Format: FormatOpenAIChat, Model: "deepseek-ai/DeepSeek-V3.1",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, Thinking: true, NumSamples: 1},
+		},
+		{
 			name: "completions string prompt with stop string, top_k and best_of = n",
 			line: `{"custom_id":"p1","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":10,"stop":"\n","top_k":40,"n":2,"best_of":2,"echo":false,"suffix":null,"logprobs":0}}`,
 			want: Job{

@@ -161,7 +161,7 @@ func nativeTopLevelHint(key string) string {
 // parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job).
 func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 	var r struct {
-		customID, format, model, modelPath, prompt, promptTokens, messages, params,
+		customID, format, model, modelPath, prompt, promptTokens, messages, thinking, params,
 		numSamples, promptLogprobs, topk, metadata []byte
 	}
 	it := newObjIter(b)
@@ -180,6 +180,8 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 			dst = &r.promptTokens
 		case "messages":
 			dst = &r.messages
+		case "thinking":
+			dst = &r.thinking
 		case "sampling_params":
 			dst = &r.params
 		case "num_samples":
@@ -248,6 +250,11 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 	}
 	if present(r.messages) {
 		if j.Messages, fe = parseMessages(r.messages, "messages", false); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.thinking) {
+		if j.Thinking, fe = getBool(r.thinking, "thinking"); fe != nil {
 			return Job{}, fe
 		}
 	}

@@ -12,16 +12,16 @@ import (
 // fieldNames spells the job's fields the way its source format does, so that a validation error
 // names the field the user wrote ("body.n", not "num_samples").
 type fieldNames struct {
-	customID, model, modelPath, prompt, promptTokens, messages, metadata string
-	maxTokens, temperature, topP, topK, seed, stop                       string
-	numSamples, promptLogprobs, topKPromptLogprobs                       string
+	customID, model, modelPath, prompt, promptTokens, messages, thinking, metadata string
+	maxTokens, temperature, topP, topK, seed, stop                                 string
+	numSamples, promptLogprobs, topKPromptLogprobs                                 string
 }
 
 // nativeNames are the paths of the native line (and of the encoded Job).
 func nativeNames() fieldNames {
 	return fieldNames{
 		customID: "custom_id", model: "model", modelPath: "model_path", prompt: "prompt",
-		promptTokens: "prompt_tokens", messages: "messages", metadata: "metadata",
+		promptTokens: "prompt_tokens", messages: "messages", thinking: "thinking", metadata: "metadata",
 		maxTokens: "sampling_params.max_tokens", temperature: "sampling_params.temperature",
 		topP: "sampling_params.top_p", topK: "sampling_params.top_k", seed: "sampling_params.seed",
 		stop: "sampling_params.stop", numSamples: "num_samples", promptLogprobs: "prompt_logprobs",
@@ -35,6 +35,7 @@ func openaiNames() fieldNames {
 	return fieldNames{
 		customID: "custom_id", model: "body.model", modelPath: "body.model", prompt: "body.prompt",
 		promptTokens: "body.prompt", messages: "body.messages", metadata: "body.metadata",
+		thinking:  "body.chat_template_kwargs",
 		maxTokens: "body.max_tokens", temperature: "body.temperature", topP: "body.top_p",
 		topK: "body.top_k", seed: "body.seed", stop: "body.stop", numSamples: "body.n",
 		promptLogprobs: "prompt_logprobs", topKPromptLogprobs: "topk_prompt_logprobs",
@@ -188,6 +189,9 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 		if t < 0 || t > maxTokenID {
 			return fieldErr(n.promptTokens+"["+strconv.Itoa(i)+"]", "must be a token id (0 to 2147483647)")
 		}
+	}
+	if j.Thinking && len(j.Messages) == 0 {
+		return fieldErr(n.thinking, "applies to messages only (a chat template's thinking switch)")
 	}
 	size := 0
 	for i, m := range j.Messages {

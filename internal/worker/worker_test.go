@@ -181,6 +181,8 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 			Params: jobs.SamplingParams{MaxTokens: intp(8)}, Metadata: json.RawMessage(`{"k": [1, 2]}`)},
 		{CustomID: "chat", Model: "Qwen/Qwen3-8B", Messages: []jobs.Message{{Role: "user", Content: "Hi"}},
 			Params: jobs.SamplingParams{MaxTokens: intp(16)}, NumSamples: 1, PromptLogprobs: true},
+		{CustomID: "thinking", Model: "Qwen/Qwen3-8B", Messages: []jobs.Message{{Role: "user", Content: "Hi"}},
+			Thinking: true, Params: jobs.SamplingParams{MaxTokens: intp(16)}, NumSamples: 1},
 		{CustomID: "tokens", Model: "Qwen/Qwen3-8B", PromptTokens: []int{9707, 11, 1879}, NumSamples: 1,
 			Params: jobs.SamplingParams{MaxTokens: intp(4)}, TopKPromptLogprobs: 2},
 		{CustomID: "too-long", Model: "Qwen/Qwen3-8B", Prompt: "x", NumSamples: 1,
@@ -190,7 +192,7 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 		{CustomID: "openai-invalid", Format: jobs.FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "x",
 			NumSamples: 99}, // over the limit: rejected by the worker's own validation
 	})
-	res := waitResults(t, b.results, "b1", 6, 30*time.Second)
+	res := waitResults(t, b.results, "b1", 7, 30*time.Second)
 	// Results of OpenAI lines say so (submit writes them in OpenAI's output format), even when
 	// the job is refused before sampling.
 	if r := res["openai"]; r.Status != jobs.StatusOK || r.Format != jobs.FormatOpenAIChat {
@@ -225,6 +227,11 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	if chat.Usage.PromptTokens < 9 {
 		t.Fatalf("chat prompt has %d tokens; the chat template was not applied", chat.Usage.PromptTokens)
 	}
+	// With thinking on, Qwen3's template leaves out the empty "<think>\n\n</think>\n\n" block
+	// (4 tokens) that turns thinking off.
+	if th := res["thinking"]; th.Status != jobs.StatusOK || th.Usage.PromptTokens != chat.Usage.PromptTokens-4 {
+		t.Fatalf("chat with thinking on: %+v, want %d prompt tokens", th, chat.Usage.PromptTokens-4)
+	}
 	if tok := res["tokens"]; tok.Status != jobs.StatusOK || len(tok.TopKPromptLogprobs) != 3 || tok.Usage.PromptTokens != 3 {
 		t.Fatalf("tokens result = %+v", tok)
 	}
@@ -232,8 +239,8 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	if long.Status != jobs.StatusError || long.Error.Code != jobs.CodeContextTooLong || long.Error.Category != jobs.CategoryUser {
 		t.Fatalf("over-long job result = %+v", long)
 	}
-	if got := b.sim.Stats().Requests["asample"][200]; got != 4 {
-		t.Fatalf("simulator accepted %d asample calls, want 4 (none for the over-long and invalid jobs)", got)
+	if got := b.sim.Stats().Requests["asample"][200]; got != 5 {
+		t.Fatalf("simulator accepted %d asample calls, want 5 (none for the over-long and invalid jobs)", got)
 	}
 }
 
