@@ -212,6 +212,10 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallOpening, fmt.Sprintf("%s, and the worker in this process is still opening its Tinker session", jobsWait(s.waiting))
 	case s.troubled(since) && s.trouble.Stopped:
 		return stallKeyRefused, fmt.Sprintf("%s, and the Tinker service refuses the workers' key: %s", jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
+	case s.trouble != nil && s.trouble.Stopped && s.gone():
+		// However old: a worker that opened its session since would have removed the note.
+		return stallKeyRefused, fmt.Sprintf("no worker is running: %s; the Tinker service refused the workers' key, and no worker has opened a session since: %s",
+			jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.troubled(since):
 		return stallServiceFails, fmt.Sprintf("no worker is taking jobs: %s, and the Tinker service fails the workers' requests: %s", jobsWait(s.waiting), troublePhrase(*s.trouble, s.now))
 	case s.idle() && s.local:

@@ -443,6 +443,29 @@ func TestAStoppedWorkersNoteExplainsTheStallItBegan(t *testing.T) {
 	}
 }
 
+// TestARefusedKeyStaysTheCauseWhileNoWorkerRuns: a refused key's note is why no worker runs
+// however old it is (a fleet crash-looping in Kubernetes restarts minutes apart), as long as
+// no worker runs: a worker that opens its session removes the note (queue.ForgetKeyRefusal).
+func TestARefusedKeyStaysTheCauseWhileNoWorkerRuns(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	note := queue.ServiceNote{Endpoint: "client/config", Status: 401, Error: "the service refused the API key", Stopped: true,
+		At: now.Add(-time.Hour)}
+	s := stall{missing: 5, waiting: 5, trouble: &note, now: now, attendance: &queue.Attendance{Now: now}}
+	want := "no worker is running: 5 jobs wait; the Tinker service refused the workers' key, and no worker has opened a session since: the last 1h0m0s ago, client/config answered 401, and a worker stopped: the service refused the API key"
+	if kind, text := s.why(10 * time.Second); kind != stallKeyRefused || text != want {
+		t.Errorf("an hour-old refusal, no worker running: %v %q", kind, text)
+	}
+	s.attendance.Running = []queue.Presence{{Worker: "w1", Host: "a", At: now}}
+	if kind, text := s.why(10 * time.Second); kind == stallKeyRefused {
+		t.Errorf("an hour-old refusal while a worker runs: %v %q", kind, text)
+	}
+	s.attendance, s.trouble = &queue.Attendance{Now: now}, &queue.ServiceNote{Endpoint: "asample", Status: 503, At: note.At}
+	if kind, text := s.why(10 * time.Second); kind == stallKeyRefused || kind == stallServiceFails {
+		t.Errorf("an hour-old 503, no worker running: %v %q", kind, text)
+	}
+}
+
 // TestJobsInFlightWithNoWorkerRunningSayNoWorkerRuns: jobs a stopped or crashed worker held
 // stay in flight, with no pull request, as the jobs of a fleet whose every slot is busy do.
 // The workers' presence tells the two apart; a fleet that keeps no notes reads as before.

@@ -81,6 +81,41 @@ func (q *Queue) NoteServiceRetry(n ServiceNote) error {
 	return nil
 }
 
+// ForgetKeyRefusal removes the fleet's service note if it is a refused key's (Stopped): a
+// worker whose key the service has just accepted shows that the refusal is over, as far as
+// the note can tell, so that a reader no longer takes it for why no worker runs. A note
+// stored meanwhile, by another worker, is kept. Without the bucket there is nothing to remove.
+func (q *Queue) ForgetKeyRefusal(ctx context.Context) error {
+	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("service note: %w", err)
+	}
+	e, err := kv.Get(ctx, serviceNoteKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("service note: %w", err)
+	}
+	var n ServiceNote
+	if json.Unmarshal(e.Value(), &n) != nil || !n.Stopped {
+		return nil
+	}
+	err = kv.Delete(ctx, serviceNoteKey, jetstream.LastRevision(e.Revision()))
+	var api *jetstream.APIError
+	if errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return nil // a newer note came meanwhile: it stands
+	}
+	if err != nil {
+		return fmt.Errorf("service note: %w", err)
+	}
+	return nil
+}
+
 // Notes is what the workers last noted about a batch and about the service; nil: nothing.
 type Notes struct {
 	Retry   *RetryNote   // why a worker last put off a job of the batch

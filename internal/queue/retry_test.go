@@ -88,3 +88,58 @@ func TestRetryNotesKeepTheLatestPerBatchUntilItIsDeleted(t *testing.T) {
 		t.Errorf("another batch's note after the delete: %+v, err %v", n.Retry, err)
 	}
 }
+
+// TestForgetKeyRefusalRemovesOnlyARefusedKeysNote: a worker whose key was accepted removes
+// the note that a refused key stopped a worker, and no other note; without the bucket there
+// is nothing to do.
+func TestForgetKeyRefusalRemovesOnlyARefusedKeysNote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.q.ForgetKeyRefusal(ctx); err != nil {
+		t.Fatalf("without the backoff bucket: %v", err)
+	}
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.ForgetKeyRefusal(ctx); err != nil {
+		t.Fatalf("without a note: %v", err)
+	}
+	// note stores n and waits until it is stored (a put on the same connection comes after it).
+	note := func(n ServiceNote) {
+		t.Helper()
+		if err := b.q.NoteServiceRetry(n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "test-sync", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	service := func() *ServiceNote {
+		t.Helper()
+		n, err := b.q.ReadNotes(ctx, "b-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Service
+	}
+	note(ServiceNote{Endpoint: "asample", Status: 503, RetryInMS: 1000, Error: "unavailable"})
+	if err := b.q.ForgetKeyRefusal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := service(); n == nil || n.Status != 503 {
+		t.Fatalf("a 5xx note after ForgetKeyRefusal: %+v; want it kept", n)
+	}
+	note(ServiceNote{Endpoint: "client/config", Status: 401, Error: "refused", Stopped: true})
+	if n := service(); n == nil || !n.Stopped {
+		t.Fatalf("the refusal was not stored: %+v", n)
+	}
+	if err := b.q.ForgetKeyRefusal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := service(); n != nil {
+		t.Fatalf("a refused key's note after ForgetKeyRefusal: %+v; want none", n)
+	}
+}

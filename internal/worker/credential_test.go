@@ -75,6 +75,12 @@ func TestARevokedKeyStopsTheWorkerAndFailsNoJob(t *testing.T) {
 			t.Errorf("%s: %+v", id, r.Error)
 		}
 	}
+	// The worker whose key the service accepted removed the refusal's note, so that submit no
+	// longer takes it for why no worker runs.
+	notes, err := b.results.ReadNotes(context.Background(), "revoked")
+	if err != nil || notes.Service != nil && notes.Service.Stopped {
+		t.Errorf("the refusal's note once a worker's key was accepted: %+v, %v; want it removed", notes.Service, err)
+	}
 }
 
 // A JWT the service stops honouring (RevokeJWTs: it lost its signing key) fails no job and

@@ -27,7 +27,9 @@ func hostName() string {
 // attend notes the worker's presence now and every period until ctx is done, then removes
 // the note: readers (submit) tell a fleet at work from one that is gone by these notes,
 // which the jobs consumer cannot show (queue.Presence). A note that cannot be sent is left:
-// the next one, or its absence, says what a reader should know.
+// the next one, or its absence, says what a reader should know. A worker attends once its
+// session is open, so the service accepted its key: a note that a refused key stopped a
+// worker is removed then.
 func (w *Worker) attend(ctx context.Context, period time.Duration) {
 	note := func() {
 		p := queue.Presence{Host: w.host}
@@ -36,6 +38,11 @@ func (w *Worker) attend(ctx context.Context, period time.Duration) {
 		}
 	}
 	note()
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := w.cfg.Queue.ForgetKeyRefusal(fctx); err != nil {
+		w.log.Debug("forget a refused key's note", "err", err)
+	}
+	cancel()
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
