@@ -105,9 +105,7 @@ func (q *Queue) ForgetKeyRefusal(ctx context.Context) error {
 		return nil
 	}
 	err = kv.Delete(ctx, serviceNoteKey, jetstream.LastRevision(e.Revision()))
-	var api *jetstream.APIError
-	if errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return nil // a newer note came meanwhile: it stands
 	}
 	if err != nil {
