@@ -5,7 +5,7 @@
 //	submit results BATCH -o FILE   write the results stored so far (--wait: all of them)
 //	submit cancel BATCH            end a batch's remaining jobs as cancelled
 //	submit list                    every batch, its results so far and whether it is done
-//	submit tokenize ...            tokenize text to size a batch
+//	submit tokenize ...            tokenize text to size a batch, or show the prompt of each job
 //
 // Without a NATS URL (or with --local) it runs everything in this process: an embedded
 // nats-server with JetStream on disk and a worker, so that one command runs a whole batch:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,15 +13,24 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
+	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
 
 const tokenizeUsage = `usage: submit tokenize (--model NAME | --tokenizer PATH) [--count | --decode [--raw]] [--json]
+       submit tokenize --jobs [--model NAME] [--tokenizer PATH] < prompts.jsonl
 
 Reads one item per line on stdin and writes one result per line on stdout.
   encode (default)  text line -> JSON array of token ids, e.g. [9707,11,1879]
   --count           text line -> number of tokens
   --decode          JSON array of ids -> JSON string of the text (--raw: the text itself)
+  --jobs            job line (native or OpenAI) -> the prompt a worker sends for it:
+                    {"custom_id","prompt_tokens","prompt" (their text),"stop"} (the
+                    job's own stop, else its chat template's stop tokens),
+                    chats rendered with their model's template, thinking as the job says;
+                    each job's model finds its tokenizer, and --model names the base
+                    model of model_path jobs (--tokenizer, if given, serves every job)
 Input lines lose their trailing "\n" only; with --json each input line is a JSON
 string instead, so texts may hold newlines. Special tokens written in the text
 (e.g. <|im_end|>) are encoded as their ids.
@@ -39,11 +49,18 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	raw := fs.Bool("raw", false, "with --decode, print the text itself instead of a JSON string")
 	count := fs.Bool("count", false, "print the number of tokens of each line")
 	jsonIn := fs.Bool("json", false, "each input line is a JSON string (encode and --count)")
+	jobLines := fs.Bool("jobs", false, "each input line is a job line: print the prompt a worker sends for it")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("tokenize: unexpected arguments %q", fs.Args())
+	}
+	if *jobLines {
+		if *decode || *count || *raw || *jsonIn {
+			return errors.New("tokenize: --jobs takes no --decode, --count, --raw or --json")
+		}
+		return renderJobs(ctx, stdin, stdout, *model, *path)
 	}
 	if (*model == "") == (*path == "") {
 		return errors.New("tokenize: give exactly one of --model or --tokenizer")
@@ -130,4 +147,73 @@ func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw
 	b = append(b, ']', '\n')
 	_, err := out.Write(b)
 	return err
+}
+
+// renderedJob is a line of `submit tokenize --jobs`: the prompt a worker sends for a job.
+type renderedJob struct {
+	CustomID     string    `json:"custom_id"`
+	PromptTokens []int     `json:"prompt_tokens"`
+	Prompt       string    `json:"prompt"`
+	Stop         jobs.Stop `json:"stop,omitzero"` // the job's own, else the chat template's
+}
+
+// renderJobs reads job lines from stdin and writes, for each, the prompt a worker sends for it
+// (worker.PromptTokens) with its text, so that a chat template's output can be read before a
+// batch is paid for. Each job's base model finds its tokenizer, as on a worker; baseModel
+// stands for the base model of model_path jobs, and the tokenizer at path, if given, serves
+// every job. The first invalid line stops it.
+func renderJobs(ctx context.Context, stdin io.Reader, stdout io.Writer, baseModel, path string) error {
+	var fixed *tokenizer.Tokenizer
+	if path != "" {
+		var err error
+		if fixed, err = tokenizer.Load(path); err != nil {
+			return fmt.Errorf("tokenize: %w", err)
+		}
+	}
+	tokens := tokenizer.NewRegistry(tokenizer.OptionsFromEnv(os.Getenv))
+	r := jobs.NewReader(stdin, "stdin", jobs.Limits{})
+	out := bufio.NewWriterSize(stdout, 1<<16)
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("tokenize: %w", err)
+		}
+		j, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			out.Flush()
+			return fmt.Errorf("tokenize: %w", err)
+		}
+		model := cmp.Or(j.Model, baseModel)
+		if model == "" {
+			out.Flush()
+			return fmt.Errorf("tokenize: stdin:%d: job %q names a checkpoint (model_path): give its base model with --model", r.Line(), j.CustomID)
+		}
+		tok := fixed
+		if tok == nil {
+			if tok, err = tokens.ForModel(ctx, model); err != nil {
+				out.Flush()
+				return fmt.Errorf("tokenize: stdin:%d: %w", r.Line(), err)
+			}
+		}
+		ids, stops, err := worker.PromptTokens(j, model, tok)
+		if err != nil {
+			out.Flush()
+			return fmt.Errorf("tokenize: stdin:%d: %w", r.Line(), err)
+		}
+		stop := j.Params.Stop // as the worker sends it: the template's stop tokens only without one
+		if stop.IsZero() {
+			stop = jobs.Stop{TokenIDs: stops}
+		}
+		if err := enc.Encode(renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}); err != nil {
+			return fmt.Errorf("tokenize: write: %w", err)
+		}
+	}
+	if err := out.Flush(); err != nil {
+		return fmt.Errorf("tokenize: write: %w", err)
+	}
+	return nil
 }

@@ -121,3 +121,35 @@ func TestTokenizeErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenizeJobsPrintsThePromptAWorkerSends: --jobs renders each job line as a worker
+// would, whatever its format: a chat with its template (thinking as the job says), a text
+// prompt encoded, ids as given; the stop is the job's own, else the template's. A
+// checkpoint's job needs --model for its base model.
+func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
+	t.Setenv("HF_HUB_OFFLINE", "1") // Qwen3's tokenizer is built in
+	lines := strings.Join([]string{
+		`{"custom_id":"chat","model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}]}`,
+		`{"custom_id":"think","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":true},"stop":"\n"}}`,
+		`{"custom_id":"text","model":"Qwen/Qwen3-8B","prompt":"Hello, world!"}`,
+		`{"custom_id":"ids","model_path":"tinker://run/sampler_weights/1","prompt_tokens":[9707,11]}`,
+	}, "\n")
+	got, err := runTok(t, lines, "--jobs", "--model", "Qwen/Qwen3-8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"custom_id":"chat","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198,151667,271,151668,271],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n","stop":[151645,151643]}
+{"custom_id":"think","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n","stop":["\n"]}
+{"custom_id":"text","prompt_tokens":[9707,11,1879,0],"prompt":"Hello, world!"}
+{"custom_id":"ids","prompt_tokens":[9707,11],"prompt":"Hello,"}
+`
+	if got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := runTok(t, lines, "--jobs"); err == nil || !strings.Contains(err.Error(), `stdin:4: job "ids" names a checkpoint (model_path): give its base model with --model`) {
+		t.Errorf("a checkpoint's job without --model: %v", err)
+	}
+	if _, err := runTok(t, `{"custom_id":"x","model":"m","prompt":"p","colour":1}`, "--jobs"); err == nil || !strings.Contains(err.Error(), "stdin:1: field colour: unknown field") {
+		t.Errorf("an invalid job line: %v", err)
+	}
+}
