@@ -50,6 +50,9 @@ print(f"parsed {len(docs)} YAML and {len(jsons)} JSON files")
 if errors:
     sys.exit("\n".join(errors))
 
+# The NATS servers a deployment runs are the release every test runs: go.mod's.
+nats_release = re.search(r"github.com/nats-io/nats-server/v2 v(\S+)", open("go.mod").read()).group(1)
+
 def dur(s):
     m = re.fullmatch(r"(\d+)s", str(s))
     return int(m.group(1)) if m else None
@@ -61,7 +64,7 @@ for n in (1, 2, 3):
     s = c.get(f"nats-{n}")
     check(s is not None, f"compose: no service nats-{n}")
     if s:
-        check(s["image"].startswith("nats:2.1"), f"compose: nats-{n} image {s['image']} (want nats:2.11+)")
+        check(s["image"] == f"nats:{nats_release}-alpine", f"compose: nats-{n} image {s['image']} (want nats:{nats_release}-alpine, go.mod's release)")
         check(f"/etc/nats/nats-{n}.conf" in s["command"], f"compose: nats-{n} does not load nats-{n}.conf")
 w = c["worker"]
 env = w["environment"]
@@ -148,6 +151,7 @@ check(int(cenv["TINKERFLEET_MAX_ACK_PENDING"]) >= so["maxReplicaCount"] * int(ce
 hv = docs["deploy/k8s/nats-values.yaml"][0]
 check(hv["config"]["cluster"]["enabled"] and hv["config"]["cluster"]["replicas"] == 3, "helm: cluster of 3")
 check(hv["config"]["jetstream"]["enabled"] and hv["config"]["jetstream"]["fileStore"]["enabled"], "helm: JetStream file store")
+check(hv["container"]["image"]["tag"] == f"{nats_release}-alpine", f"helm: nats image tag {hv['container']['image']['tag']} (want {nats_release}-alpine, go.mod's release)")
 conf = open("deploy/nats/auth.conf").read()
 def conf_perms(name):
     i = conf.index(name + " = {"); j = conf.index("{", i); depth = 0
