@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -309,4 +310,36 @@ func TestADeadHTTP2ConnectionIsLeftForANewOne(t *testing.T) {
 		t.Fatalf("sample after the connection died: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
 	}
 	t.Logf("sampled %s after the connection died", time.Since(start).Round(time.Millisecond))
+}
+
+// TestARequestTimeoutOverHTTP2IsATimeout: HTTP/2 ends a request whose context is cancelled as
+// a plain cancellation, whatever the cause; the client still reports its request's own
+// timeout as one (a *ConnectionError with Timeout, wrapping context.DeadlineExceeded).
+func TestARequestTimeoutOverHTTP2IsATimeout(t *testing.T) {
+	var h2 atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 {
+			h2.Add(1)
+		}
+		select { // no answer
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(func() { close(release); srv.Close() })
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+
+	_, err := tinker.Dial(context.Background(), tinker.Config{BaseURL: srv.URL, APIKey: simKey, RootCAs: roots,
+		Timing: tinker.Timing{RequestTimeout: 100 * time.Millisecond, HTTPMaxRetries: -1, SubmitRetryDeadline: time.Nanosecond}})
+	var ce *tinker.ConnectionError
+	if !errors.As(err, &ce) || !ce.Timeout || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Dial against a service that never answers: %v; want a timed-out *ConnectionError", err)
+	}
+	if h2.Load() == 0 {
+		t.Fatal("the request did not go over HTTP/2")
+	}
 }

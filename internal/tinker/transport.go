@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -64,7 +65,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if timeout == 0 {
 		timeout = c.t.RequestTimeout
 	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
+	rctx, cancel := withRequestTimeout(ctx, timeout)
 	defer cancel()
 	var body io.Reader
 	if cl.body != nil {
@@ -131,11 +132,64 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("tinker: %s: %w", cl.name, ctx.Err())
 		}
+		if cause := context.Cause(rctx); errors.Is(cause, context.DeadlineExceeded) {
+			// The request's own timeout ended it; HTTP/2 reports that as a plain cancellation.
+			return nil, &ConnectionError{Endpoint: cl.name, Timeout: true, Err: fmt.Errorf("no answer within %s: %w", timeout, cause)}
+		}
 		var ne net.Error
 		timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 		return nil, &ConnectionError{Endpoint: cl.name, Timeout: timedOut, Err: err}
 	}
 	return r, nil
+}
+
+// withRequestTimeout returns ctx ended after timeout, a request's timeout (§1.3), with
+// context.DeadlineExceeded as its cause, as context.WithTimeout does, but for a timer that
+// fires late. A timeout that falls due while the process is not running (stopped by Ctrl-Z
+// or SIGSTOP, in a paused container or VM) fires as it runs again, at the same moment as the
+// reads of the answers that came meanwhile and wait in its sockets. Ending the request then
+// would throw its answer away, and a poll's answer lost so is a sample paid for twice once
+// the service has let its future go (410, §4.2). So a timer that fires more than lateSlack
+// after its time gives the request lateSlack more, each time it comes late.
+func withRequestTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithCancelCause(ctx)
+	rt := &requestTimer{cancel: cancel}
+	rt.mu.Lock()
+	rt.due = time.Now().Add(timeout)
+	rt.timer = time.AfterFunc(timeout, rt.fire)
+	rt.mu.Unlock()
+	return rctx, rt.stop
+}
+
+// lateSlack is how late a request's timer may fire before withRequestTimeout takes the
+// process for one that did not run, and how much longer it then gives the request: an
+// answer waiting in a socket is read within milliseconds of the process running again.
+const lateSlack = time.Second
+
+// requestTimer ends a request at its timeout (withRequestTimeout).
+type requestTimer struct {
+	mu     sync.Mutex
+	due    time.Time
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+}
+
+func (rt *requestTimer) fire() {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if now := time.Now(); now.Sub(rt.due) > lateSlack {
+		rt.due = now.Add(lateSlack)
+		rt.timer.Reset(lateSlack)
+		return
+	}
+	rt.cancel(context.DeadlineExceeded)
+}
+
+func (rt *requestTimer) stop() {
+	rt.mu.Lock()
+	rt.timer.Stop()
+	rt.mu.Unlock()
+	rt.cancel(context.Canceled)
 }
 
 // readBody reads a reply's body, at most limit bytes of it: a longer one is errReplyTooLarge,
