@@ -150,7 +150,8 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 // reads of the answers that came meanwhile and wait in its sockets. Ending the request then
 // would throw its answer away, and a poll's answer lost so is a sample paid for twice once
 // the service has let its future go (410, §4.2). So a timer that fires more than lateSlack
-// after its time gives the request lateSlack more, each time it comes late.
+// after its time gives the request lateSlack more, each time it comes late. The context has
+// no Deadline: it ends by cancellation, which dials, handshakes and reads all heed.
 func withRequestTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	rt := &requestTimer{cancel: cancel}
@@ -168,15 +169,19 @@ const lateSlack = time.Second
 
 // requestTimer ends a request at its timeout (withRequestTimeout).
 type requestTimer struct {
-	mu     sync.Mutex
-	due    time.Time
-	timer  *time.Timer
-	cancel context.CancelCauseFunc
+	mu      sync.Mutex
+	due     time.Time
+	timer   *time.Timer
+	stopped bool // the request ended: a firing that waited for mu must not re-arm the timer
+	cancel  context.CancelCauseFunc
 }
 
 func (rt *requestTimer) fire() {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if rt.stopped {
+		return
+	}
 	if now := time.Now(); now.Sub(rt.due) > lateSlack {
 		rt.due = now.Add(lateSlack)
 		rt.timer.Reset(lateSlack)
@@ -187,6 +192,7 @@ func (rt *requestTimer) fire() {
 
 func (rt *requestTimer) stop() {
 	rt.mu.Lock()
+	rt.stopped = true
 	rt.timer.Stop()
 	rt.mu.Unlock()
 	rt.cancel(context.Canceled)
