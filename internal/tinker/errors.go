@@ -110,12 +110,11 @@ func (e *ProtocolError) Error() string {
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // IsRetryable reports whether the sample-level retry layer (§6.3) retries err:
-// connection errors and timeouts, HTTP 408, 409, 410 (future expired, resubmit),
-// 429 and 5xx. Failed futures, protocol errors, other 4xx, context errors,
+// connection errors and request timeouts, HTTP 408, 409, 410 (future expired, resubmit),
+// 429 and 5xx. Failed futures, protocol errors, other 4xx, the caller's context ending,
 // ErrProgressTimeout and ErrFutureTimeout are not retryable.
 func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, ErrProgressTimeout) || errors.Is(err, ErrFutureTimeout) {
+	if err == nil || errors.Is(err, ErrProgressTimeout) || errors.Is(err, ErrFutureTimeout) {
 		return false
 	}
 	var pe *ProtocolError
@@ -124,7 +123,12 @@ func IsRetryable(err error) bool {
 	}
 	var ce *ConnectionError
 	if errors.As(err, &ce) {
+		// Before the context errors: a request's own timeout wraps context.DeadlineExceeded,
+		// and the caller's context ending is never a ConnectionError.
 		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
 	var se *StatusError
 	if errors.As(err, &se) {

@@ -410,6 +410,31 @@ func TestAsample402InWindowBacksOff(t *testing.T) {
 	}
 }
 
+// §6.3: a request that times out is retried as a connection error is (the SDK's
+// retryable_exceptions: timeouts and APIConnectionError), at the sample layer too once the
+// §6.2 loop's 300 s are spent; its timeout is the request's own, not the caller's context.
+func TestTimedOutSubmissionsAreRetriedAtEachLayer(t *testing.T) {
+	f := newFake(t)
+	for range 15 {
+		f.push("asample", block)
+	}
+	c, _, ev := dial(t, f, func(c *Config) { c.Timing.RequestTimeout = 20 * time.Millisecond })
+	res, err := sampler(t, c).Sample(testCtx(t), basicRequest())
+	if err != nil {
+		t.Fatalf("15 submissions that timed out, then one answered: %v", err)
+	}
+	if res.Attempts != 2 || res.Submissions != 16 {
+		t.Fatalf("result %+v: want 2 attempts of 16 submissions", res)
+	}
+	layers := map[RetryLayer]int{}
+	for _, e := range ev.of(EventRetry) {
+		layers[e.Layer]++
+	}
+	if layers[LayerSubmit] != 14 || layers[LayerSample] != 1 {
+		t.Fatalf("retry layers %v", layers)
+	}
+}
+
 // §6.2: asample 5xx retried with 1,2,4,8,16,30… s, truncated to the 300 s
 // deadline, then the §6.3 layer resubmits with a new seq_id.
 func TestSubmissionRetryLoop(t *testing.T) {
