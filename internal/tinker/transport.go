@@ -136,9 +136,8 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 			// The request's own timeout ended it; HTTP/2 reports that as a plain cancellation.
 			return nil, &ConnectionError{Endpoint: cl.name, Timeout: true, Err: fmt.Errorf("no answer within %s: %w", timeout, cause)}
 		}
-		var ne net.Error
-		timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-		return nil, &ConnectionError{Endpoint: cl.name, Timeout: timedOut, Err: err}
+		var ne net.Error // a dial, TLS handshake or read that timed out by itself
+		return nil, &ConnectionError{Endpoint: cl.name, Timeout: errors.As(err, &ne) && ne.Timeout(), Err: err}
 	}
 	return r, nil
 }
