@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 )
 
@@ -29,17 +30,29 @@ type RenderOptions struct {
 	// Thinking lets Qwen3 and DeepSeek V3.1 think. When false the generation
 	// prompt carries an empty "<think>\n\n</think>\n\n" block (Qwen3) or ends
 	// with "</think>" (DeepSeek V3.1), as their templates do with thinking off.
+	// gpt-oss always reasons and has no such switch: RendererFor refuses it there.
 	Thinking bool
+	// ReasoningEffort is gpt-oss's "Reasoning:" line: low, medium or high (empty:
+	// medium, its template's default). RendererFor refuses it for other families.
+	ReasoningEffort string
+	// Date is the "Current date" of gpt-oss's system message (its template's
+	// strftime_now); the zero time means the day of rendering, in UTC.
+	Date time.Time
 }
 
+// ValidReasoningEffort reports whether s is a reasoning effort gpt-oss knows: low, medium
+// or high.
+func ValidReasoningEffort(s string) bool { return s == "low" || s == "medium" || s == "high" }
+
 // Families returns the chat formats RendererFor knows.
-func Families() []string { return []string{"qwen3", "llama3", "deepseek_v3.1"} }
+func Families() []string { return []string{"qwen3", "llama3", "deepseek_v3.1", "gpt_oss"} }
 
 // ChatFamily returns the chat format of a model by its name (a tag after ':' is ignored):
 // "qwen3" for Qwen3 models ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...),
-// "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...) and "deepseek_v3.1" for
-// DeepSeek V3.1 ("deepseek-ai/DeepSeek-V3.1", its Base and Terminus). ok is false for any
-// other model: its chats cannot be rendered.
+// "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...), "deepseek_v3.1" for
+// DeepSeek V3.1 ("deepseek-ai/DeepSeek-V3.1", its Base and Terminus) and "gpt_oss" for
+// gpt-oss ("openai/gpt-oss-20b", "openai/gpt-oss-120b"). ok is false for any other model:
+// its chats cannot be rendered.
 func ChatFamily(model string) (family string, ok bool) {
 	name := strings.ToLower(model)
 	if i := strings.IndexByte(name, ':'); i >= 0 {
@@ -52,33 +65,57 @@ func ChatFamily(model string) (family string, ok bool) {
 		return "llama3", true
 	case strings.Contains(name, "deepseek-v3.1"):
 		return "deepseek_v3.1", true
+	case strings.Contains(name, "gpt-oss"):
+		return "gpt_oss", true
 	}
 	return "", false
 }
 
 // NoChatFamily is why a chat for model cannot be rendered: ChatFamily knows no format for it.
 func NoChatFamily(model string) error {
-	return fmt.Errorf("no chat template for model %q: tinkerfleet renders the chats of Qwen3, Llama 3 and DeepSeek V3.1; send a prompt or prompt_tokens instead", model)
+	return fmt.Errorf("no chat template for model %q: tinkerfleet renders the chats of Qwen3, Llama 3, DeepSeek V3.1 and gpt-oss; send a prompt or prompt_tokens instead", model)
+}
+
+// CheckOptions says why opts do not apply to the chats of model, or nil when they do: only
+// gpt-oss takes a reasoning effort, and gpt-oss has no thinking switch (it always reasons).
+func CheckOptions(model string, opts RenderOptions) error {
+	family, _ := ChatFamily(model)
+	switch {
+	case family == "gpt_oss" && opts.Thinking:
+		return fmt.Errorf("%s always reasons: its chat template has no thinking switch (set reasoning_effort: low, medium or high)", model)
+	case opts.ReasoningEffort == "":
+	case family != "gpt_oss":
+		return fmt.Errorf("reasoning_effort applies to gpt-oss chats, not %s", model)
+	case !ValidReasoningEffort(opts.ReasoningEffort):
+		return fmt.Errorf("reasoning effort %q: want low, medium or high", opts.ReasoningEffort)
+	}
+	return nil
 }
 
 // RendererFor returns the renderer of a model's chat format (ChatFamily). tok must be the
-// model's tokenizer.
+// model's tokenizer; opts must apply to the model (CheckOptions).
 func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, error) {
 	if tok == nil {
 		return nil, fmt.Errorf("renderer for %q: nil tokenizer", model)
 	}
 	family, ok := ChatFamily(model)
-	switch {
-	case !ok:
+	if !ok {
 		return nil, NoChatFamily(model)
-	case family == "qwen3":
+	}
+	if err := CheckOptions(model, opts); err != nil {
+		return nil, err
+	}
+	switch family {
+	case "qwen3":
 		// The Instruct models (Qwen3-*-Instruct-2507, Qwen3-VL-*-Instruct) do
 		// not think and their templates have no enable_thinking switch, so no
 		// empty think block is added.
 		noThinkBlock := opts.Thinking || strings.Contains(strings.ToLower(model), "-instruct")
 		return newQwen3(tok, !noThinkBlock)
-	case family == "llama3":
+	case "llama3":
 		return newLlama3(tok)
+	case "gpt_oss":
+		return newGptOss(tok, opts.ReasoningEffort, opts.Date)
 	default:
 		return newDeepSeekV31(tok, opts.Thinking)
 	}
@@ -359,4 +396,98 @@ func (r *deepseekV31Renderer) Render(msgs []Message) ([]int, error) {
 // pyStrip is Jinja's trim (Python str.strip): whitespace as str.isspace sees it.
 func pyStrip(s string) string {
 	return strings.TrimFunc(s, func(r rune) bool { return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f) })
+}
+
+// gptOssRenderer follows gpt-oss's chat template (the harmony format; no tools, no
+// builtin tools, no thinking field of past turns). A system message of its own comes
+// first: model identity, knowledge cutoff, current date, "Reasoning: <effort>" and the
+// valid channels. A first system (or developer) message becomes the developer message,
+// "# Instructions\n\n" + content + "\n\n"; later system messages are left out, as the
+// template leaves them. Users' turns are <|start|>user<|message|>content<|end|>, past
+// assistant turns their final channel only, and the generation prompt is
+// <|start|>assistant: the model writes its channels itself.
+type gptOssRenderer struct {
+	tok                             *Tokenizer
+	start, message, end, channelTok int
+	stops                           []int
+	system                          string // the system message's text, date and effort filled in
+}
+
+func newGptOss(tok *Tokenizer, effort string, date time.Time) (*gptOssRenderer, error) {
+	ids, err := need(tok, "gpt_oss", "<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>")
+	if err != nil {
+		return nil, err
+	}
+	if effort == "" {
+		effort = "medium"
+	}
+	if date.IsZero() {
+		date = time.Now()
+	}
+	r := &gptOssRenderer{tok: tok, start: ids[0], message: ids[1], end: ids[2], channelTok: ids[3],
+		stops: []int{ids[4], ids[5]}, // gpt-oss's generation_config.json ends on these and <|endoftext|>
+		system: "You are ChatGPT, a large language model trained by OpenAI.\n" +
+			"Knowledge cutoff: 2024-06\n" +
+			"Current date: " + date.UTC().Format(time.DateOnly) + "\n\n" +
+			"Reasoning: " + effort + "\n\n" +
+			"# Valid channels: analysis, commentary, final. Channel must be included for every message."}
+	if id, ok := tok.TokenID("<|endoftext|>"); ok {
+		r.stops = append(r.stops, id)
+	}
+	return r, nil
+}
+
+func (r *gptOssRenderer) Family() string { return "gpt_oss" }
+
+func (r *gptOssRenderer) StopTokens() []int { return append([]int(nil), r.stops...) }
+
+// Render renders msgs as the template does with add_generation_prompt. Where the template
+// raises an exception (channel tags in an assistant's content, a tool message with no tool
+// call before it, which tinkerfleet cannot express), Render returns an error.
+func (r *gptOssRenderer) Render(msgs []Message) ([]int, error) {
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("gpt_oss render: no messages")
+	}
+	var p parts
+	turn := func(header, content string) {
+		p.special(r.start)
+		p.text(header)
+		p.special(r.message)
+		p.text(content)
+		p.special(r.end)
+	}
+	turn("system", r.system)
+	first := 0
+	if msgs[0].Role == "system" {
+		if msgs[0].Content != "" {
+			turn("developer", "# Instructions\n\n"+msgs[0].Content+"\n\n")
+		}
+		first = 1
+	}
+	for i := first; i < len(msgs); i++ {
+		m := msgs[i]
+		switch m.Role {
+		case "system": // the template renders only a first system message
+		case "user":
+			turn("user", m.Content)
+		case "assistant":
+			if strings.Contains(m.Content, "<|channel|>analysis<|message|>") || strings.Contains(m.Content, "<|channel|>final<|message|>") {
+				return nil, fmt.Errorf("gpt_oss render: message %d: an assistant's content holds <|channel|> tags; give its final answer only", i)
+			}
+			p.special(r.start)
+			p.text("assistant")
+			p.special(r.channelTok)
+			p.text("final")
+			p.special(r.message)
+			p.text(m.Content)
+			p.special(r.end)
+		case "tool":
+			return nil, fmt.Errorf("gpt_oss render: message %d: a tool message must follow an assistant's tool call, which chat jobs cannot carry", i)
+		default:
+			return nil, fmt.Errorf("gpt_oss render: message %d has unknown role %q (want system, user or assistant)", i, m.Role)
+		}
+	}
+	p.special(r.start)
+	p.text("assistant")
+	return p.encode(r.tok), nil
 }

@@ -1,5 +1,5 @@
 // Package tokenizer is a pure-Go HuggingFace tokenizer for the byte-level BPE
-// models Tinker serves (Qwen2/2.5/3, Llama 3.x), plus their chat formats and
+// models Tinker serves (Qwen2/2.5/3, Llama 3.x, DeepSeek V3, gpt-oss), plus their chat formats and
 // the lookup of a model's tokenizer files.
 //
 // Encoding follows the Rust tokenizers library step by step, so ids equal
@@ -25,6 +25,7 @@
 // tokenizer once per process: from a local directory, the HuggingFace cache
 // (HF_HOME), or the hub, after mapping the model name as §9 of the wire
 // protocol notes says (TokenizerID). RendererFor returns a chat Renderer
-// (Qwen3, Llama 3 or DeepSeek V3.1; ChatFamily says which) and CheckContext checks prompt plus max_tokens against a
-// context window.
+// (Qwen3, Llama 3, DeepSeek V3.1 or gpt-oss; ChatFamily says which, CheckOptions whether a
+// thinking switch or reasoning effort applies) and CheckContext checks prompt plus max_tokens
+// against a context window.
 package tokenizer

@@ -39,6 +39,10 @@ func TestGoldenDeepSeekV3(t *testing.T) {
 	checkGolden(t, deepseekV3(t), "deepseek_v3-golden.jsonl")
 }
 
+// gpt-oss pre-tokenizes with o200k's pattern (case-aware words, digit runs of up to
+// three), which runs on the regexp2 fallback.
+func TestGoldenGptOss(t *testing.T) { checkGolden(t, gptOss(t), "gpt-oss-golden.jsonl") }
+
 // TestCommittedQwen3Checksum checks that the committed .zst decompresses to
 // the tokenizer.json named in testdata/tokenizer/README.md.
 func TestCommittedQwen3Checksum(t *testing.T) {

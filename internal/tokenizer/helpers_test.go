@@ -79,6 +79,26 @@ func deepseekV3(t testing.TB) *Tokenizer {
 	return tok
 }
 
+// gptOssEnv names the gpt-oss tokenizer.json (or its directory), fetched by
+// testdata/tokenizer/fetch-gpt-oss.sh rather than committed (27 MB).
+const gptOssEnv = "TINKERFLEET_GPT_OSS_TOKENIZER"
+
+var loadGptOss = sync.OnceValues(func() (*Tokenizer, error) {
+	return Load(os.Getenv(gptOssEnv))
+})
+
+func gptOss(t testing.TB) *Tokenizer {
+	t.Helper()
+	if os.Getenv(gptOssEnv) == "" {
+		t.Skipf("%s is not set; run testdata/tokenizer/fetch-gpt-oss.sh DIR and set %s to its output to run the gpt-oss tests", gptOssEnv, gptOssEnv)
+	}
+	tok, err := loadGptOss()
+	if err != nil {
+		t.Fatalf("load gpt-oss from $%s: %v", gptOssEnv, err)
+	}
+	return tok
+}
+
 type golden struct {
 	Text    string `json:"text"`
 	IDs     []int  `json:"ids"`
