@@ -406,21 +406,34 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 }
 
 // renderable rejects a chat job for a model whose chat template the workers do not know
-// (tokenizer.ChatFamily), which would otherwise end as an error result once published. A job
-// that names a checkpoint (model_path) is left to the worker, which learns its base model
-// from the service.
+// (tokenizer.ChatFamily), or whose template has no thinking switch or reasoning effort where
+// the job sets one (tokenizer.CheckOptions): either would otherwise end as an error result
+// once published. A job that names a checkpoint (model_path) is left to the worker, which
+// learns its base model from the service.
 func renderable(j jobs.Job, file string, line int) error {
 	if len(j.Messages) == 0 || j.Model == "" {
 		return nil
 	}
-	if _, ok := tokenizer.ChatFamily(j.Model); ok {
+	openai := j.Format == jobs.FormatOpenAIChat
+	lineErr := func(native, openaiField string, err error) error {
+		field := native
+		if openai {
+			field = openaiField
+		}
+		return &jobs.LineError{File: file, Line: line, Field: field, Msg: err.Error()}
+	}
+	if _, ok := tokenizer.ChatFamily(j.Model); !ok {
+		return lineErr("model", "body.model", tokenizer.NoChatFamily(j.Model))
+	}
+	err := tokenizer.CheckOptions(j.Model, tokenizer.RenderOptions{Thinking: j.Thinking, ReasoningEffort: j.ReasoningEffort})
+	switch {
+	case err == nil:
 		return nil
+	case j.ReasoningEffort != "":
+		return lineErr("reasoning_effort", "body.reasoning_effort", err)
+	default:
+		return lineErr("thinking", "body.chat_template_kwargs", err)
 	}
-	field := "model"
-	if j.Format == jobs.FormatOpenAIChat {
-		field = "body.model"
-	}
-	return &jobs.LineError{File: file, Line: line, Field: field, Msg: tokenizer.NoChatFamily(j.Model).Error()}
 }
 
 // storeWaiter publishes jobs (and writes the batch's manifest) and waits for the server to

@@ -319,7 +319,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		`{"custom_id":"z","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", 9<<20) + `"}`,
 		"{\"custom_id\":\"u\",\"model\":\"Qwen/Qwen3-8B\",\"prompt\":\"\xff\xfe\"}",
 		jobLine(7),
-		`{"custom_id":"c","model":"openai/gpt-oss-20b","messages":[{"role":"user","content":"hi"}]}`,
+		`{"custom_id":"c","model":"moonshotai/Kimi-K2-Thinking","messages":[{"role":"user","content":"hi"}]}`,
 	})
 	ctx := context.Background()
 
@@ -334,7 +334,7 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 		in + ":5: field colour: unknown field",
 		in + ":6: line is longer than the limit",
 		in + ":7:",
-		in + `:9: field model: no chat template for model "openai/gpt-oss-20b"`,
+		in + `:9: field model: no chat template for model "moonshotai/Kimi-K2-Thinking"`,
 	} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
@@ -1842,7 +1842,8 @@ func TestALocalRunWhoseKeyIsRevokedStopsAndGoesOnLater(t *testing.T) {
 }
 
 // TestRenderableNamesTheModelField: a chat for a model without a known chat template is
-// rejected at its model field, as the line spells it; prompts, known families and checkpoints
+// rejected at its model field, as the line spells it, and a thinking switch or reasoning
+// effort that its template lacks at that field; prompts, known families and checkpoints
 // (whose base model only the service knows) pass.
 func TestRenderableNamesTheModelField(t *testing.T) {
 	chat := []jobs.Message{{Role: jobs.RoleUser, Content: "hi"}}
@@ -1850,10 +1851,15 @@ func TestRenderableNamesTheModelField(t *testing.T) {
 		job   jobs.Job
 		field string // "" when accepted
 	}{
-		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat}, "model"},
-		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat, Format: jobs.FormatOpenAIChat}, "body.model"},
-		{jobs.Job{Model: "openai/gpt-oss-20b", Prompt: "hi"}, ""},
+		{jobs.Job{Model: "moonshotai/Kimi-K2-Thinking", Messages: chat}, "model"},
+		{jobs.Job{Model: "moonshotai/Kimi-K2-Thinking", Messages: chat, Format: jobs.FormatOpenAIChat}, "body.model"},
+		{jobs.Job{Model: "moonshotai/Kimi-K2-Thinking", Prompt: "hi"}, ""},
 		{jobs.Job{Model: "deepseek-ai/DeepSeek-V3.1", Messages: chat}, ""},
+		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat, ReasoningEffort: "high"}, ""},
+		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat, Thinking: true}, "thinking"},
+		{jobs.Job{Model: "openai/gpt-oss-20b", Messages: chat, Thinking: true, Format: jobs.FormatOpenAIChat}, "body.chat_template_kwargs"},
+		{jobs.Job{Model: "Qwen/Qwen3-8B", Messages: chat, ReasoningEffort: "low"}, "reasoning_effort"},
+		{jobs.Job{Model: "Qwen/Qwen3-8B", Messages: chat, ReasoningEffort: "low", Format: jobs.FormatOpenAIChat}, "body.reasoning_effort"},
 		{jobs.Job{ModelPath: "tinker://run/sampler_weights/1", Messages: chat}, ""},
 	} {
 		err := renderable(tc.job, "in.jsonl", 3)

@@ -36,8 +36,12 @@ type Job struct {
 	Messages []Message
 	// Thinking turns on the chat template's thinking switch (Qwen3's enable_thinking,
 	// DeepSeek V3.1's thinking), which is off by default. It applies to Messages only; a
-	// model whose template has no switch (Llama 3, the Qwen3 Instruct models) ignores it.
+	// model whose template has no switch (Llama 3, the Qwen3 Instruct models) ignores it, and
+	// gpt-oss, which always reasons, refuses it.
 	Thinking bool
+	// ReasoningEffort is how hard gpt-oss reasons before it answers: "low", "medium" or
+	// "high" ("": medium, its chat template's default). It applies to gpt-oss's Messages only.
+	ReasoningEffort string
 	// Metadata is any JSON value, copied byte for byte from the input line into the result line.
 	// Nil when the line had none.
 	Metadata json.RawMessage
@@ -133,6 +137,7 @@ type wireJob struct {
 	PromptTokens       []int           `json:"prompt_tokens,omitempty"`
 	Messages           []Message       `json:"messages,omitempty"`
 	Thinking           bool            `json:"thinking,omitempty"`
+	ReasoningEffort    string          `json:"reasoning_effort,omitempty"`
 	Params             *SamplingParams `json:"sampling_params,omitempty"`
 	NumSamples         int             `json:"num_samples"`
 	PromptLogprobs     bool            `json:"prompt_logprobs,omitempty"`
@@ -150,6 +155,7 @@ func (j Job) Encode() ([]byte, error) {
 		PromptTokens:       j.PromptTokens,
 		Messages:           j.Messages,
 		Thinking:           j.Thinking,
+		ReasoningEffort:    j.ReasoningEffort,
 		NumSamples:         j.NumSamples,
 		PromptLogprobs:     j.PromptLogprobs,
 		TopKPromptLogprobs: j.TopKPromptLogprobs,

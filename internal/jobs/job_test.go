@@ -26,6 +26,10 @@ func TestJobEncodeDecodeRoundTrip(t *testing.T) {
 			NumSamples: 2, Params: SamplingParams{Stop: Stop{Strings: []string{"</s>"}}, Seed: int64p(9223372036854775807)},
 			Metadata: json.RawMessage(`null`),
 		},
+		{
+			CustomID: "d", Format: FormatOpenAIChat, Model: "openai/gpt-oss-20b",
+			Messages: []Message{{Role: RoleUser, Content: "x"}}, ReasoningEffort: "low", NumSamples: 1,
+		},
 	}
 	for _, j := range jobs {
 		if err := j.Validate(Limits{}); err != nil {

@@ -15,19 +15,20 @@ const (
 //
 //   - honoured: model, prompt (completions) / messages (chat), max_tokens,
 //     max_completion_tokens (chat), temperature, top_p, top_k (a vLLM extension), n (→ num_samples),
-//     stop, seed, metadata (kept as the job's metadata and returned in the result);
+//     stop, seed, metadata (kept as the job's metadata and returned in the result),
+//     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it);
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
 //     logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
 //     logit_bias ({}), top_logprobs (0), completions logprobs (0), echo (false), suffix (""),
 //     best_of (1 or equal to n), response_format ({"type": "text"});
-//   - everything else (tools, tool_choice, functions, modalities, audio, prediction,
-//     reasoning_effort, …) is rejected with a field error naming body.<field>.
+//   - everything else (tools, tool_choice, functions, modalities, audio, prediction, …) is
+//     rejected with a field error naming body.<field>.
 
 // openaiUnsupported is the message for body fields outside the rule above.
 const openaiUnsupported = "is not supported: tinkerfleet cannot honour it (honoured: model, prompt or messages, " +
-	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata)"
+	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata, reasoning_effort)"
 
 // parseOpenAI parses an OpenAI Batch API line.
 func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {
@@ -104,7 +105,7 @@ func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {
 // chat line used max_completion_tokens.
 func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *FieldError) {
 	var model, prompt, messages, maxTokens, maxCompletion, temperature, topP, topK, n, stop, seed,
-		metadata, bestOf, templateArgs []byte
+		metadata, bestOf, templateArgs, effort []byte
 	var seen [32][]byte // keys so far, for duplicate detection (bodies have a handful of keys)
 	nseen := 0
 	endpoint := URLCompletions
@@ -202,6 +203,11 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 				return j, wrongEndpoint(k)
 			}
 			templateArgs = v
+		case "reasoning_effort":
+			if !chat {
+				return j, wrongEndpoint(k)
+			}
+			effort = v
 		case "response_format":
 			if !chat {
 				return j, wrongEndpoint(k)
@@ -241,6 +247,11 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 		}
 		if present(templateArgs) {
 			if j.Thinking, fe = parseTemplateArgs(templateArgs); fe != nil {
+				return j, fe
+			}
+		}
+		if present(effort) {
+			if j.ReasoningEffort, fe = getString(effort, "body.reasoning_effort"); fe != nil {
 				return j, fe
 			}
 		}

@@ -48,6 +48,12 @@ func TestOpenAIMapping(t *testing.T) {
 				Messages: []Message{{Role: "user", Content: "Hi"}}, Thinking: true, NumSamples: 1},
 		},
 		{
+			name: "chat with a reasoning effort (gpt-oss)",
+			line: `{"custom_id":"c5","url":"/v1/chat/completions","body":{"model":"openai/gpt-oss-20b","messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"high"}}`,
+			want: Job{CustomID: "c5", Format: FormatOpenAIChat, Model: "openai/gpt-oss-20b",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, ReasoningEffort: "high", NumSamples: 1},
+		},
+		{
 			name: "completions string prompt with stop string, top_k and best_of = n",
 			line: `{"custom_id":"p1","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":10,"stop":"\n","top_k":40,"n":2,"best_of":2,"echo":false,"suffix":null,"logprobs":0}}`,
 			want: Job{

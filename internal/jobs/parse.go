@@ -161,8 +161,8 @@ func nativeTopLevelHint(key string) string {
 // parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job).
 func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 	var r struct {
-		customID, format, model, modelPath, prompt, promptTokens, messages, thinking, params,
-		numSamples, promptLogprobs, topk, metadata []byte
+		customID, format, model, modelPath, prompt, promptTokens, messages, thinking, effort,
+		params, numSamples, promptLogprobs, topk, metadata []byte
 	}
 	it := newObjIter(b)
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
@@ -182,6 +182,8 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 			dst = &r.messages
 		case "thinking":
 			dst = &r.thinking
+		case "reasoning_effort":
+			dst = &r.effort
 		case "sampling_params":
 			dst = &r.params
 		case "num_samples":
@@ -255,6 +257,11 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 	}
 	if present(r.thinking) {
 		if j.Thinking, fe = getBool(r.thinking, "thinking"); fe != nil {
+			return Job{}, fe
+		}
+	}
+	if present(r.effort) {
+		if j.ReasoningEffort, fe = getString(r.effort, "reasoning_effort"); fe != nil {
 			return Job{}, fe
 		}
 	}

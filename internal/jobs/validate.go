@@ -13,7 +13,7 @@ import (
 // names the field the user wrote ("body.n", not "num_samples").
 type fieldNames struct {
 	customID, model, modelPath, prompt, promptTokens, messages, thinking, metadata string
-	maxTokens, temperature, topP, topK, seed, stop                                 string
+	reasoningEffort, maxTokens, temperature, topP, topK, seed, stop                string
 	numSamples, promptLogprobs, topKPromptLogprobs                                 string
 }
 
@@ -22,7 +22,8 @@ func nativeNames() fieldNames {
 	return fieldNames{
 		customID: "custom_id", model: "model", modelPath: "model_path", prompt: "prompt",
 		promptTokens: "prompt_tokens", messages: "messages", thinking: "thinking", metadata: "metadata",
-		maxTokens: "sampling_params.max_tokens", temperature: "sampling_params.temperature",
+		reasoningEffort: "reasoning_effort",
+		maxTokens:       "sampling_params.max_tokens", temperature: "sampling_params.temperature",
 		topP: "sampling_params.top_p", topK: "sampling_params.top_k", seed: "sampling_params.seed",
 		stop: "sampling_params.stop", numSamples: "num_samples", promptLogprobs: "prompt_logprobs",
 		topKPromptLogprobs: "topk_prompt_logprobs",
@@ -35,7 +36,7 @@ func openaiNames() fieldNames {
 	return fieldNames{
 		customID: "custom_id", model: "body.model", modelPath: "body.model", prompt: "body.prompt",
 		promptTokens: "body.prompt", messages: "body.messages", metadata: "body.metadata",
-		thinking:  "body.chat_template_kwargs",
+		thinking: "body.chat_template_kwargs", reasoningEffort: "body.reasoning_effort",
 		maxTokens: "body.max_tokens", temperature: "body.temperature", topP: "body.top_p",
 		topK: "body.top_k", seed: "body.seed", stop: "body.stop", numSamples: "body.n",
 		promptLogprobs: "prompt_logprobs", topKPromptLogprobs: "topk_prompt_logprobs",
@@ -192,6 +193,14 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 	}
 	if j.Thinking && len(j.Messages) == 0 {
 		return fieldErr(n.thinking, "applies to messages only (a chat template's thinking switch)")
+	}
+	if e := j.ReasoningEffort; e != "" {
+		if e != "low" && e != "medium" && e != "high" {
+			return fieldErr(n.reasoningEffort, fmt.Sprintf("must be low, medium or high, not %q", e))
+		}
+		if len(j.Messages) == 0 {
+			return fieldErr(n.reasoningEffort, "applies to messages only (gpt-oss's chat template)")
+		}
 	}
 	size := 0
 	for i, m := range j.Messages {

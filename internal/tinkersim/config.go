@@ -24,6 +24,7 @@ func DefaultModels() []Model {
 		{Name: "Qwen/Qwen3-30B-A3B", MaxContextLength: 32768},
 		{Name: "meta-llama/Llama-3.1-8B-Instruct", MaxContextLength: 131072},
 		{Name: "meta-llama/Llama-3.2-1B", MaxContextLength: 131072},
+		{Name: "openai/gpt-oss-20b", MaxContextLength: 131072},
 	}
 }
 

@@ -567,7 +567,8 @@ func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids
 	case len(job.PromptTokens) > 0:
 		return job.PromptTokens, nil, nil
 	case len(job.Messages) > 0:
-		renderer, err := tokenizer.RendererFor(baseModel, tok, tokenizer.RenderOptions{Thinking: job.Thinking})
+		renderer, err := tokenizer.RendererFor(baseModel, tok, tokenizer.RenderOptions{
+			Thinking: job.Thinking, ReasoningEffort: job.ReasoningEffort})
 		if err != nil {
 			return nil, nil, err
 		}

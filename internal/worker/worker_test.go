@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -241,6 +242,64 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	}
 	if got := b.sim.Stats().Requests["asample"][200]; got != 5 {
 		t.Fatalf("simulator accepted %d asample calls, want 5 (none for the over-long and invalid jobs)", got)
+	}
+}
+
+// TestWorkerRendersGptOssChats: a gpt-oss chat is sampled with its harmony prompt, the
+// reasoning effort the job asks for, and gpt-oss's stop tokens; a chat that asks gpt-oss to
+// think (it has no such switch: it always reasons) ends as a tokenize error, unsampled. The
+// tokenizer is fetched by testdata/tokenizer/fetch-gpt-oss.sh.
+func TestWorkerRendersGptOssChats(t *testing.T) {
+	t.Parallel()
+	file := os.Getenv("TINKERFLEET_GPT_OSS_TOKENIZER")
+	if file == "" {
+		t.Skip("TINKERFLEET_GPT_OSS_TOKENIZER is not set; run testdata/tokenizer/fetch-gpt-oss.sh DIR and set it to its output")
+	}
+	dir := filepath.Join(t.TempDir(), "openai", "gpt-oss-20b")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(file, filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true, Dir: filepath.Dir(filepath.Dir(dir))})
+	w := b.open(t, b.connect(t), Config{})
+	run(t, w)
+
+	chat := []jobs.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}}
+	publishJobs(t, b.results, "oss", []jobs.Job{
+		{CustomID: "medium", Model: "openai/gpt-oss-20b", Messages: chat, NumSamples: 1},
+		{CustomID: "high", Model: "openai/gpt-oss-20b", Messages: chat, ReasoningEffort: "high", NumSamples: 1},
+		{CustomID: "thinking", Model: "openai/gpt-oss-20b", Messages: chat, Thinking: true, NumSamples: 1},
+	})
+	res := waitResults(t, b.results, "oss", 3, 30*time.Second)
+
+	tok, err := b.tokens.ForModel(context.Background(), "openai/gpt-oss-20b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, effort := range []string{"medium", "high"} {
+		want, stops, err := PromptTokens(jobs.Job{Messages: chat, ReasoningEffort: effort}, "openai/gpt-oss-20b", tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res[effort]; r.Status != jobs.StatusOK || r.Usage.PromptTokens != len(want) {
+			t.Fatalf("%s: %+v, want ok with %d prompt tokens", effort, r, len(want))
+		}
+		prompt := tok.Decode(want)
+		if !strings.Contains(prompt, "Reasoning: "+effort+"\n") || !strings.HasSuffix(prompt, "# Instructions\n\nBe brief.\n\n<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant") {
+			t.Fatalf("%s: prompt %q", effort, prompt)
+		}
+		if !slices.Equal(stops, []int{200002, 200012, 199999}) { // <|return|>, <|call|>, <|endoftext|>
+			t.Fatalf("stop tokens %v", stops)
+		}
+	}
+	if r := res["thinking"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeTokenize || !strings.Contains(r.Error.Message, "always reasons") {
+		t.Fatalf("thinking on gpt-oss: %+v", r)
+	}
+	if got := b.sim.Stats().Requests["asample"][200]; got != 2 {
+		t.Fatalf("simulator accepted %d asample calls, want 2", got)
 	}
 }
 
