@@ -87,3 +87,12 @@ func BenchmarkParseQwen3(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEncodeGptOss is BenchmarkEncodeQwen3 with gpt-oss's o200k tokenizer, and
+// BenchmarkEncodeGptOssRegexp2 the same with its pattern run by regexp2 instead of the
+// hand-written scanner (the baseline: how gpt-oss was tokenized before the scanner).
+func BenchmarkEncodeGptOss(b *testing.B) { benchEncode(b, gptOss(b)) }
+
+func BenchmarkEncodeGptOssRegexp2(b *testing.B) {
+	benchEncode(b, withRegexSplitter(b, gptOss(b), PatternO200k))
+}

@@ -24,7 +24,10 @@ func buildCorpus(t testing.TB, size int) string {
 func randomText(r *rand.Rand, n int) string {
 	alphabet := []string{" ", " ", "  ", "\t", "\n", "\r", "\r\n", "'", "'s", "'LL", "'re", "'x", "a", "Z", "é",
 		"e\u0301", "日", "한", "7", "42", "١", "½", ".", "!", "?!", "(", "\"", "-", "_", "\u00a0", "\u3000", "\u2003",
-		"\u200b", "🚀", "👍🏽", "\xff", "\xe2\x82", "\v", "\f", "\u0085", "\u2028", "x", "y1", "<", "<|", "|>"}
+		"\u200b", "🚀", "👍🏽", "\xff", "\xe2\x82", "\v", "\f", "\u0085", "\u2028", "x", "y1", "<", "<|", "|>",
+		// for o200k's case-aware words: capitals, title case, modifier letters, lone marks
+		// (a mark is in both word classes but not a letter), a slash after punctuation.
+		"A", "AB", "aB", "Ab", "'S", "ǅ", "ʰ", "\u0301", "\u0903", "\u20dd", "ß", "Ω", "ω", "/", "-/"}
 	var b strings.Builder
 	for b.Len() < n {
 		b.WriteString(alphabet[r.IntN(len(alphabet))])
@@ -57,14 +60,14 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	var fuzz []string
-	for range 300 {
+	for range 3000 {
 		fuzz = append(fuzz, randomText(r, 1+r.IntN(80)))
 	}
 	for _, tc := range []struct {
 		name    string
 		pattern string
-		fast    scanner
-	}{{"qwen2", PatternQwen2, scanner{maxDigits: 1}}, {"llama3", PatternLlama3, scanner{maxDigits: 3}}} {
+		fast    splitter
+	}{{"qwen2", PatternQwen2, scanner{maxDigits: 1}}, {"llama3", PatternLlama3, scanner{maxDigits: 3}}, {"o200k", PatternO200k, o200kScanner{}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			re, err := newRegexSplitter(tc.pattern)
 			if err != nil {
@@ -117,6 +120,7 @@ func TestEncodeCorpusRoundTrip(t *testing.T) {
 	}
 	t.Run("qwen3", func(t *testing.T) { check(t, qwen3(t), PatternQwen2) })
 	t.Run("llama3", func(t *testing.T) { check(t, llama3(t), PatternLlama3) })
+	t.Run("gpt-oss", func(t *testing.T) { check(t, gptOss(t), PatternO200k) })
 }
 
 // TestMergeLinearEqualsHeap checks the short-piece merge loop against HF's

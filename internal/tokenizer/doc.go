@@ -8,9 +8,9 @@
 //  1. added tokens are cut out first (leftmost-longest, honouring
 //     single_word, lstrip, rstrip and normalized);
 //  2. the rest is normalized (NFC for Qwen) and split by the pre-tokenizer
-//     pattern; the Qwen2 and Llama 3 patterns, which need look-ahead, run on
-//     a hand-written scanner proved equal to the regex (regexp2 is the
-//     fallback for any other pattern);
+//     pattern; the Qwen2, Llama 3 and o200k (gpt-oss) patterns, which need
+//     look-ahead or backtracking, run on hand-written scanners proved equal to
+//     the regex (regexp2 is the fallback for any other pattern);
 //  3. each piece is merged by BPE rank, with a lock-free cache of pieces.
 //
 // Decode joins the tokens' bytes and replaces invalid UTF-8 as Rust's

@@ -15,6 +15,10 @@ const (
 	PatternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	// PatternLlama3 is the pre-tokenizer pattern of Llama 3.x.
 	PatternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternO200k is the pre-tokenizer pattern of gpt-oss (o200k_harmony, as OpenAI's
+	// o200k_base): words keep a run of capitals before their lower-case letters, and a
+	// contraction, and digits come in runs of up to three.
+	PatternO200k = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	// PatternGPT2 is the pattern the ByteLevel pre-tokenizer uses when use_regex is true.
 	PatternGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 )
@@ -152,7 +156,12 @@ func (sc scanner) next(s string, i int) int {
 			return j
 		}
 	}
-	// Whitespace: alternatives 5, 6 and 7.
+	return scanSpace(s, i)
+}
+
+// scanSpace returns the end of the piece of \s*[\r\n]+|\s+(?!\S)|\s+ that starts at s[i],
+// a space or line end: the alternatives that end both scanners' patterns.
+func scanSpace(s string, i int) int {
 	j, lastNL, lastStart, count := i, -1, i, 0
 	for j < len(s) {
 		c2, w2 := classAt(s, j)

@@ -254,7 +254,7 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 	return nil
 }
 
-// splitterFor picks the hand-written scanner for the two known patterns and
+// splitterFor picks the hand-written scanner for the three known patterns and
 // regexp2 for anything else.
 func splitterFor(pattern string) (splitter, error) {
 	switch pattern {
@@ -262,6 +262,8 @@ func splitterFor(pattern string) (splitter, error) {
 		return scanner{maxDigits: 1}, nil
 	case PatternLlama3:
 		return scanner{maxDigits: 3}, nil
+	case PatternO200k:
+		return o200kScanner{}, nil
 	}
 	return newRegexSplitter(pattern)
 }
