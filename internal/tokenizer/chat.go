@@ -85,7 +85,7 @@ func CheckOptions(model string, opts RenderOptions) error {
 		return fmt.Errorf("%s always reasons: its chat template has no thinking switch (set reasoning_effort: low, medium or high)", model)
 	case opts.ReasoningEffort == "":
 	case family != "gpt_oss":
-		return fmt.Errorf("reasoning_effort applies to gpt-oss chats, not %s", model)
+		return fmt.Errorf("a reasoning effort applies to gpt-oss chats, not %s", model)
 	case !ValidReasoningEffort(opts.ReasoningEffort):
 		return fmt.Errorf("reasoning effort %q: want low, medium or high", opts.ReasoningEffort)
 	}
