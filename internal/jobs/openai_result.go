@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -38,7 +39,10 @@ const (
 // stop_reason ("stop" or "length"), "logprobs" is null (OpenAI's logprobs carry token strings,
 // which the sampler does not return: use the native format for tokens and logprobs), and "usage"
 // has prompt_tokens, completion_tokens, total_tokens and prompt_tokens_details.cached_tokens
-// (the prefix-cache hits). batch_id, attempts, latency_ms and metadata have no place in the
+// (the prefix-cache hits). A chat sample in gpt-oss's harmony format (its text begins with
+// "<|channel|>") is read as vLLM reads it: "content" is its final channel's text ("" when the
+// sample ended before it) and "reasoning_content" the text of its other channels (analysis,
+// commentary), joined by a blank line; the native result keeps the whole text. batch_id, attempts, latency_ms and metadata have no place in the
 // OpenAI format and are left out.
 //
 // Failures map as follows; the error body is {"error":{"message":…,"type":…,"param":null,"code":…}}
@@ -150,7 +154,13 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 			b = append(b, `{"index":`...)
 			b = strconv.AppendInt(b, int64(i), 10)
 			b = append(b, `,"message":{"role":"assistant","content":`...)
-			b = appendJSONString(b, s.Text)
+			if final, reasoning, ok := harmonyChannels(s.Text); ok {
+				b = appendJSONString(b, final)
+				b = append(b, `,"reasoning_content":`...)
+				b = appendJSONString(b, reasoning)
+			} else {
+				b = appendJSONString(b, s.Text)
+			}
 			b = append(b, `,"refusal":null},"logprobs":null,"finish_reason":`...)
 		} else {
 			b = append(b, `{"text":`...)
@@ -192,4 +202,39 @@ func openAIHash(batch, customID string) [24]byte {
 	var h [24]byte
 	hex.Encode(h[:], sum[:12])
 	return h
+}
+
+// harmonyChannels splits a gpt-oss completion, written in the harmony format after the
+// prompt's "<|start|>assistant", into the text of its final channel and that of its other
+// channels, each joined by a blank line. Each message is "<|channel|>" + channel (and, for a
+// tool call, a content type) + "<|message|>" + text, ended by "<|end|>" and followed by
+// "<|start|>assistant" (perhaps with a recipient) and the next; the last one's stop token
+// (<|return|> or <|call|>) is already cut. ok is false when text does not begin with
+// "<|channel|>".
+func harmonyChannels(text string) (final, other string, ok bool) {
+	const channel, message, next = "<|channel|>", "<|message|>", "<|start|>assistant"
+	if !strings.HasPrefix(text, channel) {
+		return "", "", false
+	}
+	var finals, others []string
+	for rest := text; strings.HasPrefix(rest, channel); {
+		header, body, found := strings.Cut(rest[len(channel):], message)
+		if !found {
+			break // the sample ended inside a header
+		}
+		name, _, _ := strings.Cut(header, " ")
+		body, rest, _ = strings.Cut(body, "<|end|>")
+		body, _, _ = strings.Cut(body, "<|call|>")
+		body, _, _ = strings.Cut(body, "<|return|>")
+		if name == "final" {
+			finals = append(finals, body)
+		} else {
+			others = append(others, body)
+		}
+		rest = strings.TrimPrefix(rest, next)
+		if i := strings.Index(rest, channel); i > 0 && !strings.Contains(rest[:i], message) {
+			rest = rest[i:] // a recipient before the channel: " to=functions.f"
+		}
+	}
+	return strings.Join(finals, "\n\n"), strings.Join(others, "\n\n"), true
 }

@@ -148,6 +148,49 @@ func TestAppendOpenAIChatOK(t *testing.T) {
 	}
 }
 
+// TestAppendOpenAISplitsHarmony: a gpt-oss chat sample's final channel is the content and its
+// other channels the reasoning_content, as vLLM answers; other samples are left whole.
+func TestAppendOpenAISplitsHarmony(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		text, content string
+		reasoning     *string
+	}{
+		{"<|channel|>analysis<|message|>221 = 13 x 17.<|end|><|start|>assistant<|channel|>final<|message|>No.", "No.", ptr("221 = 13 x 17.")},
+		{"<|channel|>final<|message|>Hi", "Hi", ptr("")},
+		{"<|channel|>analysis<|message|>Cut off by max_tok", "", ptr("Cut off by max_tok")},
+		{"<|channel|>analy", "", ptr("")},
+		{"<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
+			"", ptr("a\n\n{}")},
+		{"Hello <|channel|>", "Hello <|channel|>", nil},
+	} {
+		r := Result{CustomID: "c", BatchID: "b", Status: StatusOK, Model: "openai/gpt-oss-20b", Format: FormatOpenAIChat,
+			Samples: []Sample{{Text: tc.text, Tokens: []int{1}, Logprobs: Logprobs{-1}, StopReason: StopReasonStop}},
+			Usage:   &Usage{PromptTokens: 1, CompletionTokens: 1}}
+		_, line := appendOpenAI(t, r, created)
+		var c struct {
+			Choices []struct {
+				Message map[string]*string `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(line.Response.Body, &c); err != nil {
+			t.Fatal(err)
+		}
+		m := c.Choices[0].Message
+		reasoning, has := m["reasoning_content"]
+		switch {
+		case m["content"] == nil || *m["content"] != tc.content:
+			t.Errorf("%q: content %v, want %q", tc.text, m["content"], tc.content)
+		case tc.reasoning == nil && has:
+			t.Errorf("%q: reasoning_content %q, want none", tc.text, *reasoning)
+		case tc.reasoning != nil && (reasoning == nil || *reasoning != *tc.reasoning):
+			t.Errorf("%q: reasoning_content %v, want %q", tc.text, reasoning, *tc.reasoning)
+		}
+	}
+}
+
+func ptr(s string) *string { return &s }
+
 func TestAppendOpenAICompletionsTwoSamples(t *testing.T) {
 	t.Parallel()
 	r := Result{CustomID: "request-3", BatchID: "b-1", Status: StatusOK, Model: "tinker://x:train:0/sampler_weights/s", Format: FormatOpenAICompletions,
