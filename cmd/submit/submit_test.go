@@ -1206,7 +1206,16 @@ func TestRoomThatComesAndGoesIsSaidOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var drained sync.WaitGroup
 	defer func() { cancel(); drained.Wait() }()
-	drained.Go(func() { // a slow worker: 200 jobs every 200 ms
+	drained.Go(func() { // a slow worker: 200 jobs every 200 ms, once the stream is full
+		// Waiting for the stream to fill first makes the test hold on a busy machine, where
+		// a slow submit was drained as fast as it published and never met a full stream.
+		for ctx.Err() == nil {
+			info, err := q.JS.Stream(ctx, q.Names.JobsStream())
+			if err == nil && info.CachedInfo().State.Bytes > 192<<10 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		for ctx.Err() == nil {
 			time.Sleep(200 * time.Millisecond)
 			batch, err := cons.Fetch(200, jetstream.FetchMaxWait(100*time.Millisecond))
