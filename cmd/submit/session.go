@@ -248,6 +248,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 			return fmt.Errorf("the local worker needs a Tinker key (or --simulate): %w", err)
 		}
 		cfg.TinkerAPIKey, cfg.TinkerCredentialCmd = key, credentialCmd
+		cfg.TinkerAPIKeyFile = tinker.APIKeyFileOf(env.getenv)
 	}
 	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
 	// The worker opens its Tinker session while the jobs are published: a service it cannot

@@ -200,6 +200,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		Queue:               q,
 		TinkerBaseURL:       o.baseURL,
 		TinkerAPIKey:        key,
+		TinkerAPIKeyFile:    tinker.APIKeyFileOf(getenv),
 		TinkerCredentialCmd: credentialCmd,
 		LocalBackoff:        o.localBackoff,
 		PausedBackoff:       o.pausedBackoff,

@@ -78,13 +78,44 @@ func APIKeyFrom(getenv func(string) string) (APIKey, error) {
 		if path == "" {
 			return "", errNoAPIKey
 		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			// The path is not secret; the content never appears in this error.
-			return "", fmt.Errorf("tinker: read TINKER_API_KEY_FILE: %w", err)
-		}
-		k = APIKey(strings.TrimSpace(string(b)))
+		return APIKeyFromFile(path)
 	}
+	if err := k.Validate(); err != nil {
+		return "", err
+	}
+	return k, nil
+}
+
+// APIKeyFileOf returns the file APIKeyFrom reads the key from, through getenv:
+// TINKER_API_KEY_FILE when TINKER_API_KEY is unset or empty, else "".
+func APIKeyFileOf(getenv func(string) string) string {
+	if strings.TrimSpace(getenv("TINKER_API_KEY")) != "" {
+		return ""
+	}
+	return getenv("TINKER_API_KEY_FILE")
+}
+
+// maxAPIKeyFile bounds the file read by APIKeyFromFile: a credential is a few hundred bytes
+// (a JWT a few kilobytes), and a path set to a large file by mistake is not read whole.
+const maxAPIKeyFile = 64 << 10
+
+// APIKeyFromFile reads the credential of TINKER_API_KEY_FILE from path (surrounding white
+// space is trimmed) and validates it with [APIKey.Validate].
+func APIKeyFromFile(path string) (APIKey, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		// The path is not secret; the content never appears in this error.
+		return "", fmt.Errorf("tinker: read TINKER_API_KEY_FILE: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxAPIKeyFile+1))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("tinker: read TINKER_API_KEY_FILE: %w", err)
+	case len(b) > maxAPIKeyFile:
+		return "", fmt.Errorf("tinker: TINKER_API_KEY_FILE %s is over %d bytes: not a credential", path, maxAPIKeyFile)
+	}
+	k := APIKey(strings.TrimSpace(string(b)))
 	if err := k.Validate(); err != nil {
 		return "", err
 	}

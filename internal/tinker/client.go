@@ -20,11 +20,11 @@ import (
 // Client is a Tinker session: server flags, a session id and its heartbeat. It
 // is safe for concurrent use. Create it with [Dial] and stop it with Close.
 type Client struct {
-	base      string         // base URL with a trailing slash (§1.1)
-	key       *APIKey        // a pointer, so that printing the struct shows an address; "" with cmd alone
-	cmd       *credentialCmd // TINKER_CREDENTIAL_CMD (§2.1); nil when not set
-	viaCmd    bool           // the JWT exchange sends the command's credential, not the key (§2.2)
-	jwt       *jwtAuth       // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
+	base      string                 // base URL with a trailing slash (§1.1)
+	key       atomic.Pointer[APIKey] // "" with cmd alone; replaced by SetAPIKey (printing the struct shows an address)
+	cmd       *credentialCmd         // TINKER_CREDENTIAL_CMD (§2.1); nil when not set
+	viaCmd    bool                   // the JWT exchange sends the command's credential, not the key (§2.2)
+	jwt       *jwtAuth               // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
 	hc        *http.Client
 	ownHC     bool
 	log       *slog.Logger
@@ -102,7 +102,6 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		base:          base,
-		key:           &key,
 		hc:            cfg.HTTPClient,
 		log:           cfg.Logger,
 		disp:          cfg.Dispatcher,
@@ -112,6 +111,7 @@ func newClient(cfg Config) (*Client, error) {
 		flags:         DefaultFlags(),
 		futureTimeout: cfg.FutureTimeout,
 	}
+	c.key.Store(&key)
 	c.clock = c.t.Clock
 	if cmd != "" {
 		c.cmd = &credentialCmd{cmd: cmd}
@@ -324,6 +324,29 @@ func (c *Client) CheckCredential(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("tinker: check credential: %w", err)
+}
+
+// apiKey is the API key in use ("" when the credential command alone authenticates).
+func (c *Client) apiKey() APIKey { return *c.key.Load() }
+
+// SetAPIKey replaces the API key that later requests send (§2.1), or exchange for JWTs
+// (§2.2), as after the key was rotated: a worker reads TINKER_API_KEY_FILE again when the
+// service refuses its key. k must pass [APIKey.Validate] and be of the kind of the key in use
+// (an API key for an API key, a JWT for a JWT), since that kind decided at Dial how the
+// client authenticates. SetAPIKey reports whether k differs from the key in use.
+func (c *Client) SetAPIKey(k APIKey) (changed bool, err error) {
+	if err := k.Validate(); err != nil {
+		return false, err
+	}
+	old := c.apiKey()
+	if isJWT := strings.HasPrefix(string(k), "eyJ"); old == "" || isJWT != strings.HasPrefix(string(old), "eyJ") {
+		return false, errors.New("tinker: the new credential is not of the kind of the one in use (an API key for an API key, a JWT for a JWT)")
+	}
+	if k == old {
+		return false, nil
+	}
+	c.key.Store(&k)
+	return true, nil
 }
 
 // heartbeatCall is one session_heartbeat of session id (§3.4): no retries, a 10 s timeout.

@@ -70,6 +70,35 @@ func TestCheckCredentialTellsARefusedKey(t *testing.T) {
 	}
 }
 
+// SetAPIKey takes a rotated key: after the service accepts only the new key, the client's
+// requests are refused until it holds it, and go through after. A credential of another kind,
+// or an invalid one, is refused, and the key in use is kept.
+func TestSetAPIKeyTakesARotatedKey(t *testing.T) {
+	t.Parallel()
+	e := newSimEnv(t, tinkersim.Config{}, nil)
+	const rotated = "tml-rotated-key-for-the-test"
+	if err := e.sim.SetAPIKeys(rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CheckCredential(e.ctx); !tinker.CredentialRefused(err) {
+		t.Fatalf("the old key after the rotation: %v, want refused", err)
+	}
+	for _, bad := range []tinker.APIKey{"eyJhbGciOi.x.y", "not-a-key", ""} {
+		if changed, err := e.client.SetAPIKey(bad); err == nil || changed {
+			t.Errorf("SetAPIKey(%q) = %v, %v; want an error", bad, changed, err)
+		}
+	}
+	if changed, err := e.client.SetAPIKey(rotated); err != nil || !changed {
+		t.Fatalf("SetAPIKey(the rotated key) = %v, %v", changed, err)
+	}
+	if changed, err := e.client.SetAPIKey(rotated); err != nil || changed {
+		t.Fatalf("SetAPIKey(the key in use) = %v, %v; want no change", changed, err)
+	}
+	if err := e.client.CheckCredential(e.ctx); err != nil {
+		t.Fatalf("the rotated key: %v", err)
+	}
+}
+
 // A session the service no longer knows (it restarted) does not make the credential look
 // refused: the heartbeat's 404 was answered to an accepted key.
 func TestCheckCredentialAcceptsAForgottenSession(t *testing.T) {

@@ -56,7 +56,7 @@ type jwtAuth struct {
 // key. A server that asks for the command's credential when none is set is an error, as in
 // the SDK (resolve_auth_provider).
 func (c *Client) startAuth(ctx context.Context) error {
-	key := *c.key
+	key := c.apiKey()
 	if !c.flags.PJWTAuthEnabled {
 		if key == "" {
 			return errors.New("tinker: the server does not exchange credentials for JWTs (pjwt_auth_enabled is off), so TINKER_CREDENTIAL_CMD alone is not enough: set TINKER_API_KEY or TINKER_API_KEY_FILE (§2.1)")
@@ -151,10 +151,10 @@ func (c *Client) credential(ctx context.Context, cl *call) (APIKey, error) {
 	if c.jwt != nil && !cl.useAPIKey {
 		return c.jwt.token(ctx), nil
 	}
-	if c.cmd != nil && (*c.key == "" || cl.useAPIKey && c.viaCmd) {
+	if c.cmd != nil && (c.apiKey() == "" || cl.useAPIKey && c.viaCmd) {
 		return c.cmd.fetch(ctx)
 	}
-	return *c.key, nil
+	return c.apiKey(), nil
 }
 
 // current returns the JWT in use and its exp.
@@ -283,7 +283,7 @@ func (a *jwtAuth) stop() {
 // redact removes every credential from s (an error body): the API key, the JWTs in use
 // (§2.2) and anything shaped like a JWT.
 func (c *Client) redact(s string) string {
-	secrets := []APIKey{*c.key}
+	secrets := []APIKey{c.apiKey()}
 	if c.cmd != nil {
 		printed := c.cmd.secrets()
 		secrets = append(secrets, printed[:]...)

@@ -314,6 +314,20 @@ func TestAPIKeyFrom(t *testing.T) {
 	if _, err := APIKeyFrom(env(nil)); err == nil {
 		t.Fatal("no key accepted")
 	}
+	// A file far larger than a credential is not read whole.
+	if err := os.WriteFile(file, []byte("tml-"+strings.Repeat("x", 100<<10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := APIKeyFromFile(file); err == nil || !strings.Contains(err.Error(), "not a credential") || strings.Contains(err.Error(), "xxxx") {
+		t.Fatalf("a 100 KiB key file: %v", err)
+	}
+	// The file is the key's source only when TINKER_API_KEY says nothing.
+	if got := APIKeyFileOf(env(map[string]string{"TINKER_API_KEY_FILE": file})); got != file {
+		t.Fatalf("APIKeyFileOf = %q", got)
+	}
+	if got := APIKeyFileOf(env(map[string]string{"TINKER_API_KEY": "tml-ENV", "TINKER_API_KEY_FILE": file})); got != "" {
+		t.Fatalf("APIKeyFileOf with TINKER_API_KEY set = %q", got)
+	}
 	t.Setenv("TINKER_API_KEY", "eyJhbGciOi.x.y")
 	t.Setenv("TINKER_API_KEY_FILE", "")
 	t.Setenv("TINKER_CREDENTIAL_CMD", "")

@@ -106,10 +106,8 @@ type Config struct {
 
 // withDefaults validates c and fills in defaults.
 func (c Config) withDefaults() (Config, error) {
-	for i, k := range c.APIKeys {
-		if !strings.HasPrefix(k, "tml-") || len(k) <= len("tml-") {
-			return c, fmt.Errorf("api key #%d: must start with \"tml-\" and not be empty after it", i+1)
-		}
+	if err := checkAPIKeys(c.APIKeys); err != nil {
+		return c, err
 	}
 	if c.Capacity < 0 {
 		return c, errors.New("capacity must not be negative")
@@ -181,4 +179,14 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
+}
+
+// checkAPIKeys checks that each key starts with "tml-" and is not empty after it.
+func checkAPIKeys(keys []string) error {
+	for i, k := range keys {
+		if !strings.HasPrefix(k, "tml-") || len(k) <= len("tml-") {
+			return fmt.Errorf("api key #%d: must start with \"tml-\" and not be empty after it", i+1)
+		}
+	}
+	return nil
 }

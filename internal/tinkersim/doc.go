@@ -41,7 +41,8 @@
 // # Behaviour
 //
 //   - Authentication: X-API-Key must be one of Config.APIKeys (any "tml-…" key when none are
-//     configured); otherwise 401 with a JSON body.
+//     configured; Server.SetAPIKeys replaces them, as a key rotation does); otherwise 401 with
+//     a JSON body.
 //   - JWT exchange (§2.2, §3.2), with Config.JWTAuth (cmd: -jwt-auth): client/config answers
 //     pjwt_auth_enabled true; POST auth/token with body {} and an accepted API key (or a JWT
 //     of this server, exchanged for a fresh one of the same sub, as the SDK exchanges a JWT

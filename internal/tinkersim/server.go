@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,8 @@ type Server struct {
 	pollsHeld atomic.Int64
 	// jwtKey signs and checks the JWTs of auth/token (§2.2); RevokeJWTs replaces it.
 	jwtKey atomic.Pointer[jwtSecret]
+	// apiKeys are the accepted API keys (Config.APIKeys); SetAPIKeys replaces them.
+	apiKeys atomic.Pointer[[]string]
 	// subSalt keys the HMAC that turns an API key into a JWT sub claim.
 	subSalt jwtSecret
 
@@ -112,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 		closed:       make(chan struct{}),
 	}
 	s.jwtKey.Store(newJWTSecret())
+	s.apiKeys.Store(&c.APIKeys)
 	s.subSalt = *newJWTSecret()
 	s.runs = syntheticRuns(c)
 	for _, f := range c.Faults {
@@ -351,6 +355,18 @@ func endpointName(rest string) string {
 	return epUnknown
 }
 
+// SetAPIKeys replaces the accepted API keys (Config.APIKeys), as a key rotation does: a
+// request with a key no longer among them is refused with 401 from then on. No keys accept
+// any "tml-" key again.
+func (s *Server) SetAPIKeys(keys ...string) error {
+	if err := checkAPIKeys(keys); err != nil {
+		return fmt.Errorf("tinkersim: %w", err)
+	}
+	keys = slices.Clone(keys)
+	s.apiKeys.Store(&keys)
+	return nil
+}
+
 // authorized reports whether X-API-Key holds an accepted API key (§1.2, §12), compared in
 // constant time; the key is never logged. JWTs are checked by checkJWT.
 func (s *Server) authorized(r *http.Request) bool {
@@ -358,11 +374,12 @@ func (s *Server) authorized(r *http.Request) bool {
 	if !strings.HasPrefix(key, "tml-") || len(key) <= len("tml-") {
 		return false
 	}
-	if len(s.cfg.APIKeys) == 0 {
+	keys := *s.apiKeys.Load()
+	if len(keys) == 0 {
 		return true
 	}
 	ok := false
-	for _, k := range s.cfg.APIKeys {
+	for _, k := range keys {
 		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
 			ok = true
 		}

@@ -55,7 +55,7 @@ func (c *credentialCheck) since(ctx context.Context, refusedAt time.Time, check 
 //   - accepted, after a 401 (a JWT the service stopped honouring, renewed by the check), or
 //     no answer: the job is tried again later.
 func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, err error) outcome {
-	cerr := w.credential.since(ctx, time.Now(), w.client.CheckCredential)
+	cerr := w.credential.since(ctx, time.Now(), w.checkCredential)
 	var status *tinker.StatusError
 	errors.As(err, &status)
 	switch {
@@ -72,6 +72,32 @@ func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, err er
 		return outcome{result: &res, settle: settleTerm}
 	}
 	return transient(err)
+}
+
+// checkCredential asks the service whether it still accepts the worker's credential. A key it
+// refuses that came from a file (Config.TinkerAPIKeyFile) is read from the file again: if the
+// file now holds another key, the client takes it and the service is asked again.
+func (w *Worker) checkCredential(ctx context.Context) error {
+	err := w.client.CheckCredential(ctx)
+	if !tinker.CredentialRefused(err) || w.cfg.TinkerAPIKeyFile == "" {
+		return err
+	}
+	key, rerr := tinker.APIKeyFromFile(w.cfg.TinkerAPIKeyFile)
+	if rerr != nil {
+		w.log.Warn("the service refused the API key, and its file could not be read again", "err", rerr)
+		return err
+	}
+	changed, serr := w.client.SetAPIKey(key)
+	switch {
+	case serr != nil:
+		w.log.Warn("the service refused the API key, and the one its file holds now cannot replace it", "err", serr)
+		return err
+	case !changed:
+		return err // the file still holds the refused key
+	}
+	w.log.Info("the service refused the API key; its file holds another, which the worker uses from now on",
+		"file", w.cfg.TinkerAPIKeyFile)
+	return w.client.CheckCredential(ctx)
 }
 
 // stopRun stops Run for cause: it stops pulling jobs, hands back those not yet sent to the

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +82,63 @@ func TestARevokedKeyStopsTheWorkerAndFailsNoJob(t *testing.T) {
 	notes, err := b.results.ReadNotes(context.Background(), "revoked")
 	if err != nil || notes.Service != nil && notes.Service.Stopped {
 		t.Errorf("the refusal's note once a worker's key was accepted: %+v, %v; want it removed", notes.Service, err)
+	}
+}
+
+// A key rotated in its file (TINKER_API_KEY_FILE, as a mounted Kubernetes secret is
+// rotated) costs no restart and fails no job: when the service refuses the old key, the
+// worker reads the file again and goes on with the new key. A refused key that its file
+// still holds stops the worker, as one without a file.
+func TestAKeyRotatedInItsFileIsTakenWithoutARestart(t *testing.T) {
+	t.Parallel()
+	const oldKey, newKey, newerKey = fleettest.APIKey, "tml-new-0123456789abcdef", "tml-newer-0123456789abcdef"
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
+	file := filepath.Join(t.TempDir(), "tinker-api-key")
+	if err := os.WriteFile(file, []byte(oldKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const n = 60
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, RetryDelay: 100 * time.Millisecond, TinkerAPIKey: oldKey, TinkerAPIKeyFile: file})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	publishJobs(t, b.results, "rotated", tokenJobs("j", n))
+	waitFirstResult(t, b.results, "rotated")
+
+	// The secret is rotated: the file first (as a mounted secret changes), then the service.
+	if err := os.WriteFile(file, []byte(newKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.sim.SetAPIKeys(newKey); err != nil {
+		t.Fatal(err)
+	}
+	for id, r := range waitResults(t, b.results, "rotated", n, 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the worker stopped: %v", err)
+	default:
+	}
+	if refused := b.sim.Stats().Requests["session_heartbeat"][401]; refused == 0 {
+		t.Fatal("the service never refused the old key: the test rotated nothing")
+	}
+
+	// Rotated again, but not in the file: the worker stops, and says why without the key.
+	if err := b.sim.SetAPIKeys(newerKey); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, b.results, "after", tokenJobs("k", 4))
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrCredentialRefused) || strings.Contains(err.Error(), "0123456789abcdef") || strings.Contains(err.Error(), oldKey) {
+			t.Fatalf("Run: %v, want ErrCredentialRefused without the key", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker went on with a key the service refuses")
 	}
 }
 

@@ -32,6 +32,11 @@ type Config struct {
 	TinkerBaseURL string
 	// TinkerAPIKey authenticates to Tinker. It is sent in X-API-Key and nowhere else.
 	TinkerAPIKey tinker.APIKey
+	// TinkerAPIKeyFile is the file TinkerAPIKey was read from (TINKER_API_KEY_FILE), or "".
+	// When the service refuses the key, the worker reads the file again, and goes on with
+	// the key it holds if that is another one that the service accepts: a key rotated in its
+	// file (a mounted Kubernetes secret, say) costs no restart.
+	TinkerAPIKeyFile string
 	// TinkerCredentialCmd is a shell command whose output is the credential
 	// (TINKER_CREDENTIAL_CMD; see tinker.Config.CredentialCmd). It may stand in for
 	// TinkerAPIKey where the service exchanges credentials for JWTs.

@@ -60,7 +60,9 @@ func (b *testBundle) open(t *testing.T, q *queue.Queue, cfg Config) *Worker {
 	t.Helper()
 	cfg.Queue = q
 	cfg.TinkerBaseURL = b.simURL
-	cfg.TinkerAPIKey = fleettest.APIKey
+	if cfg.TinkerAPIKey == "" {
+		cfg.TinkerAPIKey = fleettest.APIKey
+	}
 	cfg.Tokenizers = b.tokens
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 2 * time.Second
