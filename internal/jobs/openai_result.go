@@ -39,10 +39,14 @@ const (
 // stop_reason ("stop" or "length"), "logprobs" is null (OpenAI's logprobs carry token strings,
 // which the sampler does not return: use the native format for tokens and logprobs), and "usage"
 // has prompt_tokens, completion_tokens, total_tokens and prompt_tokens_details.cached_tokens
-// (the prefix-cache hits). A chat sample in gpt-oss's harmony format (its text begins with
-// "<|channel|>") is read as vLLM reads it: "content" is its final channel's text ("" when the
-// sample ended before it) and "reasoning_content" the text of its other channels (analysis,
-// commentary), joined by a blank line; the native result keeps the whole text. batch_id, attempts, latency_ms and metadata have no place in the
+// (the prefix-cache hits). A chat sample that reasons first is read as vLLM's reasoning
+// parsers read it: "content" is the answer ("" when the sample ended before it) and
+// "reasoning_content" the reasoning. That is a sample in gpt-oss's harmony format (its text
+// begins with "<|channel|>"): its final channel, and its other channels (analysis,
+// commentary) joined by a blank line; and a thinking Qwen3's or DeepSeek V3.1's sample: the
+// text after "</think>" (newlines before it trimmed), and the text before it, after a
+// leading "<think>" (Qwen3 writes one; V3.1's prompt ends with it, and only a DeepSeek
+// model's text is split at a "</think>" without one). The native result keeps the whole text. batch_id, attempts, latency_ms and metadata have no place in the
 // OpenAI format and are left out.
 //
 // Failures map as follows; the error body is {"error":{"message":…,"type":…,"param":null,"code":…}}
@@ -154,7 +158,7 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 			b = append(b, `{"index":`...)
 			b = strconv.AppendInt(b, int64(i), 10)
 			b = append(b, `,"message":{"role":"assistant","content":`...)
-			if final, reasoning, ok := harmonyChannels(s.Text); ok {
+			if final, reasoning, ok := reasoningApart(r.Model, s.Text); ok {
 				b = appendJSONString(b, final)
 				b = append(b, `,"reasoning_content":`...)
 				b = appendJSONString(b, reasoning)
@@ -202,6 +206,25 @@ func openAIHash(batch, customID string) [24]byte {
 	var h [24]byte
 	hex.Encode(h[:], sum[:12])
 	return h
+}
+
+// reasoningApart splits a chat sample of model that reasons before it answers into its
+// answer and its reasoning (see AppendOpenAI); ok is false for any other sample.
+func reasoningApart(model, text string) (answer, reasoning string, ok bool) {
+	if answer, reasoning, ok = harmonyChannels(text); ok {
+		return answer, reasoning, true
+	}
+	const open, closing = "<think>", "</think>"
+	thought, rest, closed := strings.Cut(text, closing)
+	switch {
+	case strings.HasPrefix(text, open) && !closed:
+		return "", strings.Trim(text[len(open):], "\n"), true // it ended while thinking
+	case strings.HasPrefix(text, open):
+		thought = thought[len(open):]
+	case !closed || !strings.Contains(strings.ToLower(model), "deepseek"):
+		return "", "", false
+	}
+	return strings.TrimLeft(rest, "\n"), strings.Trim(thought, "\n"), true
 }
 
 // harmonyChannels splits a gpt-oss completion, written in the harmony format after the

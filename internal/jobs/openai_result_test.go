@@ -148,23 +148,34 @@ func TestAppendOpenAIChatOK(t *testing.T) {
 	}
 }
 
-// TestAppendOpenAISplitsHarmony: a gpt-oss chat sample's final channel is the content and its
-// other channels the reasoning_content, as vLLM answers; other samples are left whole.
-func TestAppendOpenAISplitsHarmony(t *testing.T) {
+// TestAppendOpenAISplitsReasoning: a gpt-oss chat sample's final channel is the content and
+// its other channels the reasoning_content, as vLLM answers; a thinking Qwen3's or DeepSeek
+// V3.1's answer and thought are split at </think>; other samples are left whole.
+func TestAppendOpenAISplitsReasoning(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		text, content string
 		reasoning     *string
+		model         string // "" is openai/gpt-oss-20b
 	}{
-		{"<|channel|>analysis<|message|>221 = 13 x 17.<|end|><|start|>assistant<|channel|>final<|message|>No.", "No.", ptr("221 = 13 x 17.")},
-		{"<|channel|>final<|message|>Hi", "Hi", ptr("")},
-		{"<|channel|>analysis<|message|>Cut off by max_tok", "", ptr("Cut off by max_tok")},
-		{"<|channel|>analy", "", ptr("")},
-		{"<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
-			"", ptr("a\n\n{}")},
-		{"Hello <|channel|>", "Hello <|channel|>", nil},
+		{text: "<think>\n2+2 is 4.\n</think>\n\nFour.", content: "Four.", reasoning: ptr("2+2 is 4."), model: "Qwen/Qwen3-8B"},
+		{text: "<think>\nStill thinking when max_tok", content: "", reasoning: ptr("Still thinking when max_tok"), model: "Qwen/Qwen3-8B"},
+		{text: "Fine </think> here", content: "Fine </think> here", model: "Qwen/Qwen3-8B"},
+		{text: "2+2 is 4.</think>Four.", content: "Four.", reasoning: ptr("2+2 is 4."), model: "deepseek-ai/DeepSeek-V3.1"},
+		{text: "Four.", content: "Four.", model: "deepseek-ai/DeepSeek-V3.1"},
+		{text: "<|channel|>analysis<|message|>221 = 13 x 17.<|end|><|start|>assistant<|channel|>final<|message|>No.", content: "No.", reasoning: ptr("221 = 13 x 17.")},
+		{text: "<|channel|>final<|message|>Hi", content: "Hi", reasoning: ptr("")},
+		{text: "<|channel|>analysis<|message|>Cut off by max_tok", content: "", reasoning: ptr("Cut off by max_tok")},
+		{text: "<|channel|>analy", content: "", reasoning: ptr("")},
+		{text: "<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
+			content: "", reasoning: ptr("a\n\n{}")},
+		{text: "Hello <|channel|>", content: "Hello <|channel|>"},
 	} {
-		r := Result{CustomID: "c", BatchID: "b", Status: StatusOK, Model: "openai/gpt-oss-20b", Format: FormatOpenAIChat,
+		model := tc.model
+		if model == "" {
+			model = "openai/gpt-oss-20b"
+		}
+		r := Result{CustomID: "c", BatchID: "b", Status: StatusOK, Model: model, Format: FormatOpenAIChat,
 			Samples: []Sample{{Text: tc.text, Tokens: []int{1}, Logprobs: Logprobs{-1}, StopReason: StopReasonStop}},
 			Usage:   &Usage{PromptTokens: 1, CompletionTokens: 1}}
 		_, line := appendOpenAI(t, r, created)
