@@ -7,7 +7,7 @@
 // Point a client at http://127.0.0.1:8765 (or at http://127.0.0.1:8765/services/tinker-prod:
 // any path prefix before /api/v1/ is accepted). API keys come from -api-key (repeatable) and the
 // comma-separated env TINKERSIM_API_KEYS; the admin endpoints (/admin/faults, /admin/stats,
-// /admin/reset, /admin/forget_sessions) take -admin-token / TINKERSIM_ADMIN_TOKEN in
+// /admin/reset, /admin/forget_sessions, /admin/api_keys) take -admin-token / TINKERSIM_ADMIN_TOKEN in
 // X-Admin-Token, or an API key when no admin token is set. With -tls-cert FILE -tls-key FILE it
 // serves HTTPS with that PEM key pair instead, HTTP/2 offered by ALPN like the real service
 // (§1.4). With -jwt-auth the API wants a JWT from POST /api/v1/auth/token instead of the API key

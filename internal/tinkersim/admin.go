@@ -3,6 +3,7 @@ package tinkersim
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 //	GET    /admin/stats       → Stats
 //	POST   /admin/reset       → clears faults and stats
 //	POST   /admin/forget_sessions → forgets every session, sampler and future (a restart)
+//	PUT    /admin/api_keys    body: {"api_keys":["tml-…"]} → the keys accepted from now on (a rotation)
 //
 // A fault object: {"kind":"429","rate":0.5,"count":1,"start_in":"1s","duration":"30s",
 // "reason":"…","category":"user","status":503,"delay":"15s","retry_after":"2s",
@@ -41,6 +43,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request, rest string)
 		if requireMethod(w, r, http.MethodPost) {
 			s.ForgetSessions()
 			writeJSON(w, http.StatusOK, map[string]string{"status": "forgotten"})
+		}
+	case rest == "api_keys":
+		if requireMethod(w, r, http.MethodPut) {
+			s.adminSetAPIKeys(w, r)
 		}
 	case rest == "faults":
 		switch r.Method {
@@ -76,6 +82,27 @@ func (s *Server) adminAuthorized(r *http.Request) bool {
 		return s.authorized(r)
 	}
 	return subtle.ConstantTimeCompare([]byte(s.cfg.AdminToken), []byte(r.Header.Get("X-Admin-Token"))) == 1
+}
+
+// adminSetAPIKeys replaces the accepted API keys (SetAPIKeys) with the body's api_keys.
+func (s *Server) adminSetAPIKeys(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		APIKeys []string `json:"api_keys"`
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	if err != nil {
+		writeHTTPError(w, badRequest("read body: %v", err))
+		return
+	}
+	if e := decodeBytesStrict(raw, &req); e != nil {
+		writeHTTPError(w, e)
+		return
+	}
+	if err := s.SetAPIKeys(req.APIKeys...); err != nil {
+		writeHTTPError(w, unprocessable("%v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"api_keys": len(req.APIKeys)})
 }
 
 // adminInject reads one fault object or a list of them and injects them all (or none).

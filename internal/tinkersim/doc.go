@@ -27,7 +27,8 @@
 // /services/tinker-prod/api/v1/asample, §1.1). Admin endpoints live under any path containing
 // /admin/: POST /admin/faults (a fault object or a list, e.g. {"kind":"429","duration":"30s"}),
 // GET and DELETE /admin/faults, DELETE /admin/faults/{id}, GET /admin/stats, POST /admin/reset,
-// and POST /admin/forget_sessions (Server.ForgetSessions: a restart of the service).
+// POST /admin/forget_sessions (Server.ForgetSessions: a restart of the service), and PUT
+// /admin/api_keys ({"api_keys":[…]}: Server.SetAPIKeys, a key rotation).
 // They take X-Admin-Token when Config.AdminToken is set, else a valid X-API-Key.
 //
 // Endpoints: POST client/config, client/dynamic_config, auth/token, create_session,

@@ -446,4 +446,19 @@ func TestForgetSessionsIsARestart(t *testing.T) {
 	h.protoResult(h.asample(sampleBody(h.sampler("Qwen/Qwen3-8B"), 0, []int32{1}, nil)))
 }
 
+// TestAPIKeysRotate: after PUT /admin/api_keys, the old key is refused with 401 and the new
+// one accepted, on the API and on the admin endpoints (which take the API keys when no admin
+// token is set); a key without the tml- prefix is refused with 422 and changes nothing.
+func TestAPIKeysRotate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	const rotated = "tml-rotated"
+	mustJSONError(t, h.do("PUT", "/admin/api_keys", map[string]any{"api_keys": []string{"bogus"}}), 422)
+	mustStatus(t, h.do("GET", "/api/v1/healthz", nil), 200)
+	mustStatus(t, h.do("PUT", "/admin/api_keys", map[string]any{"api_keys": []string{rotated}}), 200)
+	mustJSONError(t, h.do("GET", "/api/v1/healthz", nil), 401)
+	mustStatus(t, h.do("GET", "/api/v1/healthz", nil, "X-API-Key", rotated), 200)
+	mustStatus(t, h.do("GET", "/admin/stats", nil, "X-API-Key", rotated), 200)
+}
+
 func jsonNum(id FaultID) string { b, _ := json.Marshal(id); return string(b) }
