@@ -99,6 +99,31 @@ func TestSetAPIKeyTakesARotatedKey(t *testing.T) {
 	}
 }
 
+// With the JWT exchange on, a rotated key is what the next exchange sends: the check after
+// the rotation is refused (the old key cannot be exchanged), and after SetAPIKey the check
+// mints a JWT from the new key.
+func TestSetAPIKeyIsExchangedForJWTs(t *testing.T) {
+	t.Parallel()
+	e := newSimEnv(t, tinkersim.Config{JWTAuth: true}, nil)
+	const rotated = "tml-rotated-key-for-the-test"
+	if err := e.sim.SetAPIKeys(rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CheckCredential(e.ctx); !tinker.CredentialRefused(err) {
+		t.Fatalf("the old key after the rotation: %v, want refused", err)
+	}
+	if changed, err := e.client.SetAPIKey(rotated); err != nil || !changed {
+		t.Fatalf("SetAPIKey = %v, %v", changed, err)
+	}
+	if err := e.client.CheckCredential(e.ctx); err != nil {
+		t.Fatalf("the rotated key: %v", err)
+	}
+	s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if _, err := s.Sample(e.ctx, simRequest(1)); err != nil {
+		t.Fatalf("sample on the JWT of the rotated key: %v", err)
+	}
+}
+
 // A session the service no longer knows (it restarted) does not make the credential look
 // refused: the heartbeat's 404 was answered to an accepted key.
 func TestCheckCredentialAcceptsAForgottenSession(t *testing.T) {
