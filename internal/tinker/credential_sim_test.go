@@ -76,7 +76,7 @@ func TestCheckCredentialTellsARefusedKey(t *testing.T) {
 func TestSetAPIKeyTakesARotatedKey(t *testing.T) {
 	t.Parallel()
 	e := newSimEnv(t, tinkersim.Config{}, nil)
-	const rotated = "tml-rotated-key-for-the-test"
+	const rotated = "tml-rotated"
 	if err := e.sim.SetAPIKeys(rotated); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestSetAPIKeyTakesARotatedKey(t *testing.T) {
 func TestSetAPIKeyIsExchangedForJWTs(t *testing.T) {
 	t.Parallel()
 	e := newSimEnv(t, tinkersim.Config{JWTAuth: true}, nil)
-	const rotated = "tml-rotated-key-for-the-test"
+	const rotated = "tml-rotated"
 	if err := e.sim.SetAPIKeys(rotated); err != nil {
 		t.Fatal(err)
 	}

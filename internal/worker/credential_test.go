@@ -91,7 +91,7 @@ func TestARevokedKeyStopsTheWorkerAndFailsNoJob(t *testing.T) {
 // still holds stops the worker, as one without a file.
 func TestAKeyRotatedInItsFileIsTakenWithoutARestart(t *testing.T) {
 	t.Parallel()
-	const oldKey, newKey, newerKey = fleettest.APIKey, "tml-new-0123456789abcdef", "tml-newer-0123456789abcdef"
+	const oldKey, newKey, newerKey = fleettest.APIKey, "tml-new-key", "tml-newer-key"
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
 	file := filepath.Join(t.TempDir(), "tinker-api-key")
 	if err := os.WriteFile(file, []byte(oldKey+"\n"), 0o600); err != nil {
@@ -134,7 +134,7 @@ func TestAKeyRotatedInItsFileIsTakenWithoutARestart(t *testing.T) {
 	publishJobs(t, b.results, "after", tokenJobs("k", 4))
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrCredentialRefused) || strings.Contains(err.Error(), "0123456789abcdef") || strings.Contains(err.Error(), oldKey) {
+		if !errors.Is(err, ErrCredentialRefused) || strings.Contains(err.Error(), newerKey) || strings.Contains(err.Error(), newKey) || strings.Contains(err.Error(), oldKey) {
 			t.Fatalf("Run: %v, want ErrCredentialRefused without the key", err)
 		}
 	case <-time.After(30 * time.Second):
