@@ -40,10 +40,6 @@ type RenderOptions struct {
 	Date time.Time
 }
 
-// ValidReasoningEffort reports whether s is a reasoning effort gpt-oss knows: low, medium
-// or high.
-func ValidReasoningEffort(s string) bool { return s == "low" || s == "medium" || s == "high" }
-
 // Families returns the chat formats RendererFor knows.
 func Families() []string { return []string{"qwen3", "llama3", "deepseek_v3.1", "gpt_oss"} }
 
@@ -86,7 +82,7 @@ func CheckOptions(model string, opts RenderOptions) error {
 	case opts.ReasoningEffort == "":
 	case family != "gpt_oss":
 		return fmt.Errorf("a reasoning effort applies to gpt-oss chats, not %s", model)
-	case !ValidReasoningEffort(opts.ReasoningEffort):
+	case opts.ReasoningEffort != "low" && opts.ReasoningEffort != "medium" && opts.ReasoningEffort != "high":
 		return fmt.Errorf("reasoning effort %q: want low, medium or high", opts.ReasoningEffort)
 	}
 	return nil
