@@ -40,9 +40,6 @@ type RenderOptions struct {
 	Date time.Time
 }
 
-// Families returns the chat formats RendererFor knows.
-func Families() []string { return []string{"qwen3", "llama3", "deepseek_v3.1", "gpt_oss"} }
-
 // ChatFamily returns the chat format of a model by its name (a tag after ':' is ignored):
 // "qwen3" for Qwen3 models ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...),
 // "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...), "deepseek_v3.1" for
