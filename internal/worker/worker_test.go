@@ -264,7 +264,8 @@ func TestWorkerRendersGptOssChats(t *testing.T) {
 	if err := os.Symlink(file, filepath.Join(dir, "tokenizer.json")); err != nil {
 		t.Fatal(err)
 	}
-	b := setup(t, queue.Config{}, tinkersim.Config{})
+	// Every sample ends on one of the request's stop tokens: the test reads which the worker sent.
+	b := setup(t, queue.Config{}, tinkersim.Config{StopTokenProbability: 1})
 	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true, Dir: filepath.Dir(filepath.Dir(dir))})
 	w := b.open(t, b.connect(t), Config{})
 	run(t, w)
@@ -295,6 +296,10 @@ func TestWorkerRendersGptOssChats(t *testing.T) {
 		}
 		if !slices.Equal(stops, []int{200002, 200012, 199999}) { // <|return|>, <|call|>, <|endoftext|>
 			t.Fatalf("stop tokens %v", stops)
+		}
+		s := res[effort].Samples[0]
+		if s.StopReason != "stop" || !slices.Contains(stops, s.Tokens[len(s.Tokens)-1]) {
+			t.Fatalf("%s: sample %+v did not end on one of the stop tokens the worker sent", effort, s)
 		}
 	}
 	if r := res["thinking"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeTokenize || !strings.Contains(r.Error.Message, "always reasons") {
