@@ -1,6 +1,6 @@
 // Package tokenizer is a pure-Go HuggingFace tokenizer for the byte-level BPE
-// models Tinker serves (Qwen2/2.5/3, Llama 3.x, DeepSeek V3, gpt-oss), plus their chat formats and
-// the lookup of a model's tokenizer files.
+// models Tinker serves (Qwen2/2.5/3, Llama 3.x, DeepSeek V3, gpt-oss), plus
+// their chat formats and the lookup of a model's tokenizer files.
 //
 // Encoding follows the Rust tokenizers library step by step, so ids equal
 // HF's encode(text, add_special_tokens=false):
