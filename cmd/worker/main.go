@@ -61,6 +61,7 @@ type options struct {
 	concurrency   int
 	metricsAddr   string
 	shutdownGrace time.Duration
+	account       string
 	localBackoff  bool
 	pausedBackoff time.Duration
 	tokenizerDir  string
@@ -87,6 +88,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
 	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; empty disables")
 	s.Duration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
+	s.String(&o.account, "account", "TINKERFLEET_ACCOUNT", "", "name of the Tinker account whose backoff the fleet shares (default: a hash of the base URL and key); name it to keep one fleet across key rotations")
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
 	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
@@ -202,6 +204,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		TinkerAPIKey:        key,
 		TinkerAPIKeyFile:    tinker.APIKeyFileOf(getenv),
 		TinkerCredentialCmd: credentialCmd,
+		Account:             o.account,
 		LocalBackoff:        o.localBackoff,
 		PausedBackoff:       o.pausedBackoff,
 		CapacityTTL:         o.capacityTTL,

@@ -97,6 +97,10 @@ func (w *Worker) checkCredential(ctx context.Context) error {
 	}
 	w.log.Info("the service refused the API key; its file holds another, which the worker uses from now on",
 		"file", w.cfg.TinkerAPIKeyFile)
+	if w.cfg.Account == "" && !w.cfg.LocalBackoff {
+		w.log.Warn("the fleet backoff stays the old key's until this worker restarts, and workers started with the new key back off apart; " +
+			"name the account (TINKERFLEET_ACCOUNT) to keep one fleet across rotations")
+	}
 	return w.client.CheckCredential(ctx)
 }
 

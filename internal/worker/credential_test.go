@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -240,4 +241,34 @@ func TestAWorkerRefusedAtStartLeavesANote(t *testing.T) {
 		n := notes.Service
 		return err == nil && n != nil && n.Stopped && n.Status == http.StatusUnauthorized && n.Endpoint == "client/config"
 	})
+}
+
+// Workers that name their account (Config.Account) back off as one fleet whatever key each
+// holds, as after a key rotation, where some took the new key from their file and others
+// started with it; workers that name none back off with those of their own key only.
+func TestANamedAccountIsOneFleetAcrossKeys(t *testing.T) {
+	t.Parallel()
+	const oldKey, newKey = fleettest.APIKey, "tml-new-key"
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64})
+	if err := b.sim.SetAPIKeys(oldKey, newKey); err != nil {
+		t.Fatal(err)
+	}
+	signaller := b.open(t, b.connect(t), Config{TinkerAPIKey: oldKey, Account: "research"})
+	named := b.open(t, b.connect(t), Config{TinkerAPIKey: newKey, Account: "research"})
+	unnamed := b.open(t, b.connect(t), Config{TinkerAPIKey: newKey})
+
+	if err := signaller.backoff.Signal(context.Background(), backoff.ReasonRateLimited, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !time.Now().Before(named.backoff.Until()) {
+		if time.Now().After(deadline) {
+			t.Fatal("a worker of the same named account with another key never saw the backoff")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // what reached one worker of the KV has reached all
+	if until := unnamed.backoff.Until(); time.Now().Before(until) {
+		t.Fatalf("a worker of another key and no account name backs off until %v: its fleet is its key's", until)
+	}
 }

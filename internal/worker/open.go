@@ -48,6 +48,13 @@ type Config struct {
 	TinkerRootCAs *x509.CertPool
 	// TinkerTiming overrides protocol delays (tests and benchmarks); zero means the defaults.
 	TinkerTiming tinker.Timing
+	// Account names the Tinker account whose fleet backoff and capacity shares the worker
+	// takes part in (TINKERFLEET_ACCOUNT). "" means the account of the base URL and key: a
+	// hash of both, so that workers with another key back off apart. Name it when the key
+	// changes while workers run (rotated in TinkerAPIKeyFile): a worker that took the new key
+	// keeps the account it started with, and one started later has the new key's, so without a
+	// name the two back off as two fleets until every worker restarted.
+	Account string
 	// LocalBackoff keeps the backoff in this process only, as the Python SDK does, instead of
 	// sharing it with the fleet through KV. For comparisons; a fleet wants the shared one.
 	LocalBackoff bool
@@ -95,6 +102,17 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives the worker's logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// accountKey is the KV key of the account the worker backs off for (Config.Account): a
+// hash of the base URL and the account's name, or else of the credential. With a credential
+// command alone, the command stands for the account: what it prints may change from one run
+// to the next.
+func accountKey(baseURL string, cfg Config) string {
+	if cfg.Account != "" {
+		return backoff.AccountKey(baseURL, "account:"+cfg.Account)
+	}
+	return backoff.AccountKey(baseURL, cmp.Or(string(cfg.TinkerAPIKey), "credential-cmd:"+cfg.TinkerCredentialCmd))
 }
 
 // Open connects a worker: its backoff (the fleet's KV entry for this Tinker account, unless
@@ -169,10 +187,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		w.backoff = backoff.NewLocal(nil)
 	} else {
 		baseURL := cmp.Or(cfg.TinkerBaseURL, os.Getenv("TINKER_BASE_URL"), tinker.DefaultBaseURL)
-		// With a credential command alone, the command stands for the account: what it prints
-		// may change from one run to the next.
-		credential := cmp.Or(string(cfg.TinkerAPIKey), "credential-cmd:"+cfg.TinkerCredentialCmd)
-		bucket, account := cfg.Queue.Names.BackoffBucket(), backoff.AccountKey(baseURL, credential)
+		bucket, account := cfg.Queue.Names.BackoffBucket(), accountKey(baseURL, cfg)
 		fleet, err := backoff.Open(ctx, cfg.Queue.JS, backoff.Config{
 			Bucket:   bucket,
 			Account:  account,
