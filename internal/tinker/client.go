@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,8 @@ import (
 type Client struct {
 	base      string                 // base URL with a trailing slash (§1.1)
 	key       atomic.Pointer[APIKey] // "" with cmd alone; replaced by SetAPIKey (printing the struct shows an address)
+	keyMu     sync.Mutex             // serialises SetAPIKey; guards retired
+	retired   []APIKey               // the last keys SetAPIKey replaced, still redacted (at most maxRetiredKeys)
 	cmd       *credentialCmd         // TINKER_CREDENTIAL_CMD (§2.1); nil when not set
 	viaCmd    bool                   // the JWT exchange sends the command's credential, not the key (§2.2)
 	jwt       *jwtAuth               // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
@@ -338,6 +341,8 @@ func (c *Client) SetAPIKey(k APIKey) (changed bool, err error) {
 	if err := k.Validate(); err != nil {
 		return false, err
 	}
+	c.keyMu.Lock()
+	defer c.keyMu.Unlock()
 	old := c.apiKey()
 	if isJWT := strings.HasPrefix(string(k), "eyJ"); old == "" || isJWT != strings.HasPrefix(string(old), "eyJ") {
 		return false, errors.New("tinker: the new credential is not of the kind of the one in use (an API key for an API key, a JWT for a JWT)")
@@ -346,7 +351,23 @@ func (c *Client) SetAPIKey(k APIKey) (changed bool, err error) {
 		return false, nil
 	}
 	c.key.Store(&k)
+	// A reply may still echo the key just replaced (a request sent before the swap), or the
+	// one before it: those stay redacted.
+	c.retired = append(c.retired, old)
+	if len(c.retired) > maxRetiredKeys {
+		c.retired = c.retired[len(c.retired)-maxRetiredKeys:]
+	}
 	return true, nil
+}
+
+// maxRetiredKeys is how many replaced keys the client still redacts.
+const maxRetiredKeys = 4
+
+// retiredKeys returns the keys SetAPIKey replaced that the client still redacts.
+func (c *Client) retiredKeys() []APIKey {
+	c.keyMu.Lock()
+	defer c.keyMu.Unlock()
+	return slices.Clone(c.retired)
 }
 
 // heartbeatCall is one session_heartbeat of session id (§3.4): no retries, a 10 s timeout.

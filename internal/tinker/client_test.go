@@ -410,3 +410,25 @@ func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
 		t.Fatalf("30 s later, one warning counting the retry held back: want retried=2:\n%s", out)
 	}
 }
+
+// A reply that echoes a key the client replaced (SetAPIKey, after a rotation; a request sent
+// before the swap may still be answered) has it redacted too.
+func TestARotatedKeyStaysRedacted(t *testing.T) {
+	f := newFake(t)
+	c, _, _ := dial(t, f, nil)
+	const rotated = APIKey("tml-ROTATEDSECRET-0123456789")
+	if changed, err := c.SetAPIKey(rotated); err != nil || !changed {
+		t.Fatalf("SetAPIKey = %v, %v", changed, err)
+	}
+	f.mu.Lock()
+	f.accept = func(_, cred string) bool { return cred == string(rotated) }
+	f.mu.Unlock()
+	f.set("create_sampling_session", jsonReply(403, `{"detail":"keys `+string(testKey)+` and `+string(rotated)+` are not allowed"}`))
+	_, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "m"})
+	if err == nil {
+		t.Fatal("403 accepted")
+	}
+	if msg := err.Error(); strings.Contains(msg, "TESTSECRET") || strings.Contains(msg, "ROTATEDSECRET") || strings.Count(msg, redactedText) != 2 {
+		t.Fatalf("a key echoed after the rotation: %v; want both redacted", err)
+	}
+}

@@ -280,10 +280,10 @@ func (a *jwtAuth) stop() {
 	<-a.done
 }
 
-// redact removes every credential from s (an error body): the API key, the JWTs in use
-// (§2.2) and anything shaped like a JWT.
+// redact removes every credential from s (an error body): the API key and those it replaced,
+// the JWTs in use (§2.2) and anything shaped like a JWT.
 func (c *Client) redact(s string) string {
-	secrets := []APIKey{c.apiKey()}
+	secrets := append([]APIKey{c.apiKey()}, c.retiredKeys()...)
 	if c.cmd != nil {
 		printed := c.cmd.secrets()
 		secrets = append(secrets, printed[:]...)
