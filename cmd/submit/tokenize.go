@@ -30,7 +30,8 @@ Reads one item per line on stdin and writes one result per line on stdout.
                     job's own stop, else its chat template's stop tokens),
                     chats rendered with their model's template, thinking as the job says;
                     each job's model finds its tokenizer, and --model names the base
-                    model of model_path jobs (--tokenizer, if given, serves every job)
+                    model of model_path jobs (--tokenizer, if given, serves every job);
+                    a line that cannot be rendered is named on stderr, the others go on
 Input lines lose their trailing "\n" only; with --json each input line is a JSON
 string instead, so texts may hold newlines. Special tokens written in the text
 (e.g. <|im_end|>) are encoded as their ids.
@@ -60,7 +61,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if *decode || *count || *raw || *jsonIn {
 			return errors.New("tokenize: --jobs takes no --decode, --count, --raw or --json")
 		}
-		return renderJobs(ctx, stdin, stdout, *model, *path)
+		return renderJobs(ctx, stdin, stdout, stderr, *model, *path)
 	}
 	if (*model == "") == (*path == "") {
 		return errors.New("tokenize: give exactly one of --model or --tokenizer")
@@ -161,8 +162,9 @@ type renderedJob struct {
 // (worker.PromptTokens) with its text, so that a chat template's output can be read before a
 // batch is paid for. Each job's base model finds its tokenizer, as on a worker; baseModel
 // stands for the base model of model_path jobs, and the tokenizer at path, if given, serves
-// every job. The first invalid line stops it.
-func renderJobs(ctx context.Context, stdin io.Reader, stdout io.Writer, baseModel, path string) error {
+// every job. A line that cannot be rendered is named on stderr, and the others go on, as
+// submit names every bad line; the error at the end counts them.
+func renderJobs(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, baseModel, path string) error {
 	var fixed *tokenizer.Tokenizer
 	if path != "" {
 		var err error
@@ -175,45 +177,69 @@ func renderJobs(ctx context.Context, stdin io.Reader, stdout io.Writer, baseMode
 	out := bufio.NewWriterSize(stdout, 1<<16)
 	enc := json.NewEncoder(out)
 	enc.SetEscapeHTML(false)
+	bad, lines := 0, 0
 	for {
 		if err := ctx.Err(); err != nil {
+			out.Flush()
 			return fmt.Errorf("tokenize: %w", err)
 		}
 		j, err := r.Next()
 		if err == io.EOF {
 			break
 		}
-		if err != nil {
+		var lineErr *jobs.LineError
+		if err != nil && !errors.As(err, &lineErr) {
 			out.Flush()
 			return fmt.Errorf("tokenize: %w", err)
 		}
-		model := cmp.Or(j.Model, baseModel)
-		if model == "" {
-			out.Flush()
-			return fmt.Errorf("tokenize: stdin:%d: job %q names a checkpoint (model_path): give its base model with --model", r.Line(), j.CustomID)
+		lines++
+		if err == nil {
+			err = renderJob(ctx, enc, j, r.Line(), cmp.Or(j.Model, baseModel), fixed, tokens)
 		}
-		tok := fixed
-		if tok == nil {
-			if tok, err = tokens.ForModel(ctx, model); err != nil {
-				out.Flush()
-				return fmt.Errorf("tokenize: stdin:%d: %w", r.Line(), err)
-			}
+		var werr writeError
+		if errors.As(err, &werr) {
+			return err
 		}
-		ids, stops, err := worker.PromptTokens(j, model, tok)
 		if err != nil {
-			out.Flush()
-			return fmt.Errorf("tokenize: stdin:%d: %w", r.Line(), err)
-		}
-		stop := j.Params.Stop // as the worker sends it: the template's stop tokens only without one
-		if stop.IsZero() {
-			stop = jobs.Stop{TokenIDs: stops}
-		}
-		if err := enc.Encode(renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}); err != nil {
-			return fmt.Errorf("tokenize: write: %w", err)
+			bad++
+			out.Flush() // the lines before it first, so that the two streams read in order
+			fmt.Fprintf(stderr, "tokenize: %v\n", err)
 		}
 	}
 	if err := out.Flush(); err != nil {
 		return fmt.Errorf("tokenize: write: %w", err)
+	}
+	if bad > 0 {
+		return fmt.Errorf("tokenize: %d of %d job lines could not be rendered (named above)", bad, lines)
+	}
+	return nil
+}
+
+// writeError is a failure to write stdout, which ends renderJobs, unlike a bad line.
+type writeError struct{ error }
+
+// renderJob writes the prompt a worker sends for job j, of input line line, to enc.
+func renderJob(ctx context.Context, enc *json.Encoder, j jobs.Job, line int, model string, fixed *tokenizer.Tokenizer, tokens *tokenizer.Registry) error {
+	if model == "" {
+		return fmt.Errorf("stdin:%d: job %q names a checkpoint (model_path): give its base model with --model", line, j.CustomID)
+	}
+	tok := fixed
+	if tok == nil {
+		var err error
+		if tok, err = tokens.ForModel(ctx, model); err != nil {
+			return fmt.Errorf("stdin:%d: %w", line, err)
+		}
+	}
+	ids, stops, err := worker.PromptTokens(j, model, tok)
+	if err != nil {
+		return fmt.Errorf("stdin:%d: %w", line, err)
+	}
+	stop := j.Params.Stop // as the worker sends it: the template's stop tokens only without one
+	if stop.IsZero() {
+		stop = jobs.Stop{TokenIDs: stops}
+	}
+	if err := enc.Encode(renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}); err != nil {
+		return writeError{fmt.Errorf("tokenize: write: %w", err)}
 	}
 	return nil
 }

@@ -146,10 +146,21 @@ func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
 	if got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
-	if _, err := runTok(t, lines, "--jobs"); err == nil || !strings.Contains(err.Error(), `stdin:4: job "ids" names a checkpoint (model_path): give its base model with --model`) {
-		t.Errorf("a checkpoint's job without --model: %v", err)
+	// A line that cannot be rendered is named on stderr and the others go on; the error at
+	// the end counts them.
+	bad := lines + "\n" + `{"custom_id":"x","model":"Qwen/Qwen3-8B","prompt":"p","colour":1}` + "\n" +
+		`{"custom_id":"after","model":"Qwen/Qwen3-8B","prompt":"Hello, world!"}`
+	var out, errb bytes.Buffer
+	err = runTokenize(context.Background(), []string{"--jobs"}, strings.NewReader(bad), &out, &errb)
+	if err == nil || err.Error() != "tokenize: 2 of 6 job lines could not be rendered (named above)" {
+		t.Errorf("bad lines: %v, want them counted", err)
 	}
-	if _, err := runTok(t, `{"custom_id":"x","model":"m","prompt":"p","colour":1}`, "--jobs"); err == nil || !strings.Contains(err.Error(), "stdin:1: field colour: unknown field") {
-		t.Errorf("an invalid job line: %v", err)
+	wantErr := "tokenize: stdin:4: job \"ids\" names a checkpoint (model_path): give its base model with --model\n" +
+		"tokenize: stdin:5: field colour: unknown field\n"
+	if errb.String() != wantErr {
+		t.Errorf("stderr:\n%s\nwant:\n%s", errb.String(), wantErr)
+	}
+	if got, want := strings.Count(out.String(), "\n"), 4; got != want || !strings.Contains(out.String(), `"custom_id":"after"`) {
+		t.Errorf("stdout holds %d lines, want the %d good ones, the last after the bad:\n%s", got, want, out.String())
 	}
 }
