@@ -474,6 +474,7 @@ func (s *Sampler) queueState(q QueueState, reason string) {
 	}
 	s.mu.Unlock()
 	if logIt {
-		s.c.log.Warn(fmt.Sprintf("Sampling is paused for sampler %s. Reason: %s", s.id, reason))
+		s.c.log.Warn(fmt.Sprintf("Sampling is paused for sampler %s. Reason: %s", s.id, reason),
+			"sampler", s.id, "queue_state", string(q))
 	}
 }

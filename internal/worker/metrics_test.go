@@ -1,12 +1,14 @@
 package worker
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -104,5 +106,45 @@ func TestMetricsFollowTheNATSConnection(t *testing.T) {
 	nc.Close()
 	if got := gathered(t, reg)["tinkerfleet_nats_connected{}"]; got != 0 {
 		t.Errorf("connected %v with the connection closed; want 0", got)
+	}
+}
+
+// A paused queue window the service reports while samples are polled (§4.3): the worker
+// logs each paused sampler once (the Tinker client's §4.3 line, with the sampler and the
+// state as attributes), signals the fleet backoff for it, counts its samplers in the state
+// gauge, and every job still ends ok once the window is over.
+func TestAPausedQueueIsLoggedOnceAndPausesTheFleet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
+	var logs fleettest.Buffer
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, Registerer: reg, PausedBackoff: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	run(t, w)
+	const n = 40
+	publishJobs(t, b.results, "paused", tokenJobs("p", n))
+	waitFirstResult(t, b.results, "paused")
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPausedCapacity, Duration: 1500 * time.Millisecond, Reason: "hold on"}); err != nil {
+		t.Fatal(err)
+	}
+	fleet := w.Backoff().(*backoff.Fleet)
+	deadline := time.Now().Add(10 * time.Second)
+	for gathered(t, reg)["tinkerfleet_sampler_queue_state{state=paused_capacity}"] != 1 || fleet.State().Reason != backoff.ReasonPausedCapacity {
+		if time.Now().After(deadline) {
+			t.Fatalf("the paused queue was not counted (%v) or did not pause the fleet (%+v)", gathered(t, reg), fleet.State())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for id, r := range waitResults(t, b.results, "paused", n, 30*time.Second) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %+v", id, r.Error)
+		}
+	}
+	if got := counterValue(t, reg, "tinkerfleet_backoff_signals_total", backoff.ReasonPausedCapacity); got == 0 {
+		t.Error("no backoff signal counted for the paused queue")
+	}
+	if got := strings.Count(logs.String(), "Sampling is paused for sampler"); got != 1 ||
+		!strings.Contains(logs.String(), "Reason: hold on") || !strings.Contains(logs.String(), "queue_state=paused_capacity") {
+		t.Errorf("%d paused lines, want one naming the reason and the state:\n%s", got, logs.String())
 	}
 }

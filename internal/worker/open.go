@@ -222,9 +222,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	var observer *backoff.QueueStateObserver
 	if cfg.Registerer != nil {
 		w.metrics = NewMetrics(cfg.Registerer)
-		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Logger: cfg.Logger, Gauge: w.metrics.queueState})
+		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Gauge: w.metrics.queueState})
 	} else {
-		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Logger: cfg.Logger})
+		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{})
 	}
 
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate

@@ -67,7 +67,7 @@ func (b *testBundle) open(t *testing.T, q *queue.Queue, cfg Config) *Worker {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 2 * time.Second
 	}
-	if testing.Verbose() {
+	if testing.Verbose() && cfg.Logger == nil { // a test's own logger is what it reads
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	w, err := Open(context.Background(), cfg)
