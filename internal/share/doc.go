@@ -22,7 +22,10 @@
 // under its limits never fills the service itself, so such a round was set off by a 429
 // about a rate or another client, mostly while samples waited to be sent, and taking its
 // peaks ratcheted the capacity down round by round. A worker that joins still gets its
-// part: the others' parts shrink within their limits' sum.
+// part: the others' parts shrink within their limits' sum. A report names the capacity its
+// limit is a part of, and limits that add up to more than the largest of those (parts of
+// different divisions: workers whose reports fell in different rounds, or one that kept its
+// own peak) divide that capacity again, or the peaks if they are more.
 //
 // Gather (300 ms, longer than a worker's measure may last, so that a round's first report
 // reads its last) is well inside the 1 s pause that follows a 429, so the division is known

@@ -27,6 +27,10 @@ type Report struct {
 	// (nanoseconds in JSON).
 	Limit    int           `json:"limit,omitempty"`
 	LimitAge time.Duration `json:"limit_age,omitempty"`
+	// Capacity is the capacity Limit is a part of: the one of the round that gave it, or the
+	// worker's own peak for a limit it measured alone (0 with no limit, and from workers that
+	// do not say, which leaves capacityOf's check of the limits out).
+	Capacity int `json:"capacity,omitempty"`
 }
 
 // Share is what a round gives one worker.
@@ -134,17 +138,39 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 // worker's capacity). Limits, not a capacity of the whole fleet, are what a round adds up: a
 // worker that measured nothing (idle, or in a storm of 429s) sits the round out and keeps
 // its own, so the round must not hand its part to the others.
+//
+// That holds only while the limits are parts of one division. Each worker's round is the
+// reports near its own, so workers whose reports came far apart read different rounds, and
+// a worker that joins, or keeps its own peak when its round fails, holds a limit of its own;
+// limits from different divisions can add up to more than any capacity measured (three
+// workers at 32 of 64 after one restarted). Holding them is then what fills the service, and
+// the fleet paused about every second until they expired. So when the limits add up to more
+// than the largest capacity they are parts of, the round takes that capacity, or its peaks
+// if they are more.
 func capacityOf(reports map[string]Report) Share {
-	var peaks, limits int
-	var oldest time.Duration
+	var peaks, limits, top int
+	var oldest, topAge time.Duration
+	allSay := true // every limit names the capacity it is a part of
 	for _, r := range reports {
 		peaks += r.Peak
-		if r.Limit > 0 {
-			limits += r.Limit
-			oldest = max(oldest, r.LimitAge)
+		if r.Limit <= 0 {
+			continue
+		}
+		limits += r.Limit
+		oldest = max(oldest, r.LimitAge)
+		switch {
+		case r.Capacity <= 0:
+			allSay = false
+		case r.Capacity > top:
+			top, topAge = r.Capacity, r.LimitAge
+		case r.Capacity == top:
+			topAge = max(topAge, r.LimitAge)
 		}
 	}
-	if limits > 0 && limits >= peaks {
+	switch {
+	case allSay && limits > top && top > peaks:
+		return Share{Capacity: top, Age: topAge}
+	case limits > 0 && limits >= peaks && (!allSay || limits <= top):
 		return Share{Capacity: limits, Age: oldest}
 	}
 	return Share{Capacity: peaks}

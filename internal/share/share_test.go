@@ -59,6 +59,18 @@ func TestCapacityOfKeepsTheLimitsOfARoundThatMeasuresLess(t *testing.T) {
 			Share{Capacity: 64, Age: 10 * time.Second}},
 		{"a round measuring more takes the peaks", []Report{{Peak: 40}, {Peak: 30, Limit: 32, LimitAge: time.Second}}, Share{Capacity: 70}},
 		{"a worker that sat the round out keeps its part", []Report{{Peak: 20, Limit: 32, LimitAge: 5 * time.Second}}, Share{Capacity: 32, Age: 5 * time.Second}},
+		{"parts of one division keep their limits",
+			[]Report{{Peak: 20, Limit: 21, LimitAge: 3 * time.Second, Capacity: 64}, {Peak: 5, Limit: 21, LimitAge: 3 * time.Second, Capacity: 64}, {Peak: 9, Limit: 22, LimitAge: 3 * time.Second, Capacity: 64}},
+			Share{Capacity: 64, Age: 3 * time.Second}},
+		{"limits of different divisions over the capacity: the peaks that fill it",
+			[]Report{{Peak: 32, Limit: 32, LimitAge: time.Second, Capacity: 64}, {Peak: 30, Limit: 32, LimitAge: time.Second, Capacity: 64}, {Peak: 2, Limit: 32, LimitAge: 2 * time.Second, Capacity: 32}},
+			Share{Capacity: 64}},
+		{"limits of different divisions over the capacity, peaks under it: the largest capacity, with its age",
+			[]Report{{Peak: 10, Limit: 32, LimitAge: time.Second, Capacity: 64}, {Peak: 10, Limit: 32, LimitAge: 4 * time.Second, Capacity: 64}, {Peak: 2, Limit: 20, LimitAge: 9 * time.Second, Capacity: 20}},
+			Share{Capacity: 64, Age: 4 * time.Second}},
+		{"limits of workers that do not name their capacity: the limits",
+			[]Report{{Peak: 10, Limit: 32, LimitAge: time.Second, Capacity: 64}, {Peak: 10, Limit: 32, LimitAge: time.Second, Capacity: 64}, {Peak: 2, Limit: 32, LimitAge: 2 * time.Second}},
+			Share{Capacity: 96, Age: 2 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reports := map[string]Report{}

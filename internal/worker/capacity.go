@@ -70,6 +70,7 @@ type capacity struct {
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when the capacity limit is a part of was measured (see hold)
+	partOf        int       // the capacity limit is a part of: a round's, or this worker's own peak
 	// lastPeak and lastCapacity are the latest peak this worker measured and the latest
 	// capacity the fleet measured (in a share round, or before one whose part it took), kept
 	// after their limits expire: a new measure that repeats one confirms it (see hold).
@@ -93,10 +94,10 @@ type capacity struct {
 }
 
 // measure is a settled measure of this worker's share: the round it ends, its peak, and the
-// limit in force before it (0: none) with the age of the capacity that limit is a part of.
+// limit in force before it (0: none) with the capacity that limit is a part of and its age.
 type measure struct {
-	round, peak, limit int
-	limitAge           time.Duration
+	round, peak, limit, limitOf int
+	limitAge                    time.Duration
 }
 
 // waiter is a sample waiting for room; admitting it sets its phase and closes ready.
@@ -393,12 +394,13 @@ func (c *capacity) end() {
 	c.expire()
 	m := measure{round: c.round, peak: c.peak}
 	if c.limit > 0 {
-		m.limit, m.limitAge = c.limit, c.now().Sub(c.learnedAt)
+		m.limit, m.limitOf, m.limitAge = c.limit, c.partOf, c.now().Sub(c.learnedAt)
 	}
 	if c.peak > 0 {
 		c.acceptedSince = 0
 		if c.peak > c.limit {
 			c.limit, c.window, c.learnedAt = c.peak, c.peak, c.hold(c.peak, c.lastPeak)
+			c.partOf = c.peak // measured alone, until a round makes it a part
 			c.lastPeak = c.peak
 			c.admitWaiters()
 		}
@@ -428,7 +430,7 @@ func (c *capacity) share(round int, s share.Share) {
 	// it (its samples were not sent yet, or it joined later) confirms it with the next round
 	// as the others do, rather than hold its part on probation and probe into one more 429.
 	c.lastCapacity = s.Capacity
-	c.limit, c.window, c.learnedAt = s.Part, s.Part, learnedAt
+	c.limit, c.window, c.learnedAt, c.partOf = s.Part, s.Part, learnedAt, s.Capacity
 	c.expire()
 	c.admitWaiters()
 }
@@ -497,7 +499,7 @@ func (w *Worker) splitShares(ctx context.Context) {
 		case m = <-c.settled:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		s, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak), Limit: m.limit, LimitAge: m.limitAge})
+		s, err := w.board.Split(rctx, share.Report{Peak: m.peak, Want: max(len(w.slots), m.peak), Limit: m.limit, LimitAge: m.limitAge, Capacity: m.limitOf})
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {

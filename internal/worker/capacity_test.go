@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
@@ -224,8 +226,8 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	if got := c.current(); got != 10 {
 		t.Fatalf("limit after a measure of 8 = %d, want the 10 the service held before", got)
 	}
-	if m.peak != 8 || m.limit != 10 || m.limitAge != 30*time.Second {
-		t.Fatalf("measure for the fleet = %+v, want peak 8, limit 10 of a capacity measured 30s before", m)
+	if m.peak != 8 || m.limit != 10 || m.limitOf != 10 || m.limitAge != 30*time.Second {
+		t.Fatalf("measure for the fleet = %+v, want peak 8, limit 10 of its own capacity of 10, measured 30s before", m)
 	}
 
 	// The lower measure did not renew the limit: it expires a ttl after the measure of 10.
@@ -609,4 +611,78 @@ func TestCapacityALeaveMakesTheRoundUnderWayStale(t *testing.T) {
 	if measuring || c.current() != 0 {
 		t.Fatalf("after a leave during a measure: measuring %v, limit %d; want neither", measuring, c.current())
 	}
+}
+
+// A limit taken from a share round is reported, with the next measure, as a part of the
+// round's capacity, so that the next round can tell parts of one division from parts of
+// several (share.capacityOf).
+func TestCapacityReportsTheCapacityItsLimitIsAPartOf(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	c.settled = make(chan measure, 1)
+	sent := sendN(t, c, 4)
+	for i := range sent {
+		c.answered(&sent[i])
+	}
+	c.learn()
+	if m := settled(t, c); m.peak != 4 || m.limit != 0 {
+		t.Fatalf("first measure %+v, want peak 4 and no limit before it", m)
+	}
+	c.share(c.round, share.Share{Part: 21, Capacity: 64})
+	c.done(&sent[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.submit(ctx, &sent[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.send(&sent[0])
+	c.answered(&sent[0])
+	c.learn()
+	if m := settled(t, c); m.limit != 21 || m.limitOf != 64 {
+		t.Fatalf("measure after a share of 21 of 64: %+v, want limit 21 of 64", m)
+	}
+}
+
+// Limits that are parts of different divisions can add up to more than the capacity (a
+// worker restarted, and rounds that read different reports gave three workers 32 of 64
+// each). Holding them is what fills the service, so the fleet would pause about every second
+// until they expired (up to the ttl); the next round divides the capacity again instead, and
+// the fleet runs under it.
+func TestLimitsOverTheCapacityAreDividedAgain(t *testing.T) {
+	t.Parallel()
+	const capacity = 64
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 100 * time.Millisecond})
+	workers := make([]*Worker, 3)
+	for i := range workers {
+		workers[i] = b.open(t, b.connect(t), Config{Concurrency: capacity})
+		// Each holds 32 of a capacity of 64 measured a second ago: 96 in all.
+		c := workers[i].gate.capacity
+		c.share(c.round, share.Share{Part: 32, Capacity: capacity, Age: time.Second})
+	}
+	limits := func() (sum int, each []int) {
+		for _, w := range workers {
+			l := w.gate.capacity.current()
+			sum, each = sum+l, append(each, l)
+		}
+		return sum, each
+	}
+	if sum, each := limits(); sum != 96 {
+		t.Fatalf("limits %v before the run, want 32 each", each)
+	}
+	for _, w := range workers {
+		run(t, w)
+	}
+	publishJobs(t, b.results, "over", tokenJobs("o", 20*capacity))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		sum, each := limits()
+		if sum > 0 && sum <= capacity {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("limits %v (%d in all) 15s into the run, want them divided again within the capacity of %d", each, sum, capacity)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitResults(t, b.results, "over", 20*capacity, time.Minute)
 }
