@@ -147,9 +147,6 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 // the fleet paused about every second until they expired. So when the limits add up to more
 // than the largest capacity they are parts of, the round takes that capacity, or its peaks
 // if they are more.
-//
-// Nor does it hold when the limits were measured a little too high (see fullSlack): a round
-// whose peaks come just under its limits takes them.
 func capacityOf(reports map[string]Report) Share {
 	var peaks, limits, top int
 	var oldest, topAge time.Duration
@@ -174,27 +171,10 @@ func capacityOf(reports map[string]Report) Share {
 	case allSay && limits > top && top > peaks:
 		return Share{Capacity: top, Age: topAge}
 	case limits > 0 && limits >= peaks && (!allSay || limits <= top):
-		if gap := limits - peaks; gap > 0 && gap <= fullSlack(limits) {
-			return Share{Capacity: peaks, Age: oldest}
-		}
 		return Share{Capacity: limits, Age: oldest}
 	}
 	return Share{Capacity: peaks}
 }
-
-// fullSlack is how far under its limits a round's peaks may be for the round to count as
-// one that found the fleet full below them: a thirty-second of the limits, at least 1.
-//
-// A measure can count a sample or two more than the service held: one whose result was on
-// its way back when the service took another in its place. Limits split from such a round
-// add up to a little more than the capacity, and then every refill after a pause meets a 429
-// (a fleet with 66 of 64 paused every 1.2 s, each round measuring 64 or 65 under its 66).
-// Such a round takes its peaks, keeping the limits' age, so they expire when they would
-// have: lowering by a few places, and not renewing, is all a 429 about a rate can cost when
-// it comes as the fleet is full, where keeping the limits cost four fifths of the throughput
-// until they expired. Peaks further below the limits are a fleet that was not full, and keep
-// them, as above.
-func fullSlack(limits int) int { return max(1, limits/32) }
 
 // round reads the reports created within Window of this worker's report at revision rev, and
 // says how many messages it read. It asks the server only for what was stored from Window
