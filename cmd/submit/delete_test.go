@@ -139,7 +139,9 @@ func TestDeleteDropsTheResultOfAJobAtWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.startWorker(1) // one job slot: the next batch's job waits for the first to be settled
-	fleettest.Eventually(t, 10*time.Second, "the job sampling", func() bool { return f.sim.Stats().SamplesAccepted == 1 })
+	// 30 s, as for the results: the worker first loads Qwen3's tokenizer, and in a CI run under
+	// the race detector, beside the package's other tests, the sample came after more than 10 s.
+	fleettest.Eventually(t, 30*time.Second, "the job sampling", func() bool { return f.sim.Stats().SamplesAccepted == 1 })
 	for _, cmd := range []string{"cancel", "delete"} {
 		if _, stderr, err := f.submit(ctx, cmd, "gone"); err != nil {
 			t.Fatalf("%s: %v: %s", cmd, err, stderr)
