@@ -416,7 +416,7 @@ func TestDialWarnsWhileItCannotReachTheService(t *testing.T) {
 func TestARotatedKeyStaysRedacted(t *testing.T) {
 	f := newFake(t)
 	c, _, _ := dial(t, f, nil)
-	const rotated = APIKey("tml-ROTATEDSECRET-0123456789")
+	const rotated = APIKey("tml-ROTATEDSECRET")
 	if changed, err := c.SetAPIKey(rotated); err != nil || !changed {
 		t.Fatalf("SetAPIKey = %v, %v", changed, err)
 	}
