@@ -193,17 +193,18 @@ func renderJobs(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, 
 			return fmt.Errorf("tokenize: %w", err)
 		}
 		lines++
+		var rendered renderedJob
 		if err == nil {
-			err = renderJob(ctx, enc, j, r.Line(), cmp.Or(j.Model, baseModel), fixed, tokens)
-		}
-		var werr writeError
-		if errors.As(err, &werr) {
-			return err
+			rendered, err = renderJob(ctx, j, r.Line(), cmp.Or(j.Model, baseModel), fixed, tokens)
 		}
 		if err != nil {
 			bad++
 			out.Flush() // the lines before it first, so that the two streams read in order
 			fmt.Fprintf(stderr, "tokenize: %v\n", err)
+			continue
+		}
+		if err := enc.Encode(rendered); err != nil {
+			return fmt.Errorf("tokenize: write: %w", err)
 		}
 	}
 	if err := out.Flush(); err != nil {
@@ -215,31 +216,25 @@ func renderJobs(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, 
 	return nil
 }
 
-// writeError is a failure to write stdout, which ends renderJobs, unlike a bad line.
-type writeError struct{ error }
-
-// renderJob writes the prompt a worker sends for job j, of input line line, to enc.
-func renderJob(ctx context.Context, enc *json.Encoder, j jobs.Job, line int, model string, fixed *tokenizer.Tokenizer, tokens *tokenizer.Registry) error {
+// renderJob returns the prompt a worker sends for job j, of input line line.
+func renderJob(ctx context.Context, j jobs.Job, line int, model string, fixed *tokenizer.Tokenizer, tokens *tokenizer.Registry) (renderedJob, error) {
 	if model == "" {
-		return fmt.Errorf("stdin:%d: job %q names a checkpoint (model_path): give its base model with --model", line, j.CustomID)
+		return renderedJob{}, fmt.Errorf("stdin:%d: job %q names a checkpoint (model_path): give its base model with --model", line, j.CustomID)
 	}
 	tok := fixed
 	if tok == nil {
 		var err error
 		if tok, err = tokens.ForModel(ctx, model); err != nil {
-			return fmt.Errorf("stdin:%d: %w", line, err)
+			return renderedJob{}, fmt.Errorf("stdin:%d: %w", line, err)
 		}
 	}
 	ids, stops, err := worker.PromptTokens(j, model, tok)
 	if err != nil {
-		return fmt.Errorf("stdin:%d: %w", line, err)
+		return renderedJob{}, fmt.Errorf("stdin:%d: %w", line, err)
 	}
 	stop := j.Params.Stop // as the worker sends it: the template's stop tokens only without one
 	if stop.IsZero() {
 		stop = jobs.Stop{TokenIDs: stops}
 	}
-	if err := enc.Encode(renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}); err != nil {
-		return writeError{fmt.Errorf("tokenize: write: %w", err)}
-	}
-	return nil
+	return renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}, nil
 }
