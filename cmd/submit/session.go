@@ -266,13 +266,15 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 	s.workers.Go(func() {
 		w, err := worker.Open(runCtx, cfg)
 		running.Store(w)
-		close(s.opened)
 		if err != nil {
+			// Stopped before opened: awaitOpen's caller reads the cause as soon as it returns.
 			if runCtx.Err() == nil {
 				stopped(err)
 			}
+			close(s.opened)
 			return
 		}
+		close(s.opened)
 		if err := w.Run(runCtx); err != nil {
 			stopped(err)
 		}
