@@ -25,7 +25,11 @@
 // part: the others' parts shrink within their limits' sum. A report names the capacity its
 // limit is a part of, and limits that add up to more than the largest of those (parts of
 // different divisions: workers whose reports fell in different rounds, or one that kept its
-// own peak) divide that capacity again, or the peaks if they are more.
+// own peak) divide that capacity again, or the peaks if they are more. A round that counted a
+// sample or two too many leaves limits just over what the service holds, and then every
+// refill meets a 429; so a round whose peaks come under its limits, but within a sixteenth
+// of the capacity measured, takes them. The slack is counted from that capacity (Share's
+// Measured, which such a round keeps), so 429s about a rate cannot ratchet the limits down.
 //
 // Gather (300 ms, longer than a worker's measure may last, so that a round's first report
 // reads its last) is well inside the 1 s pause that follows a 429, so the division is known

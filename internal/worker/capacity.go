@@ -47,17 +47,19 @@ import (
 // that set it (ttl/4 on probation), so a capacity that grows costs at most ttl; the window
 // then grows on from the old limit, and relearning costs one more 429.
 //
-// While a limit is in force, a measure can raise it but neither lowers nor renews it. The
-// service held the limit before without complaint, and a fleet that keeps under its limits
-// never fills the service itself; so a 429 then was about a rate, or another client, or a
-// capacity that shrank, and the measure says nothing sure. Most such 429s come with some
-// samples still waiting to be sent (the refill after a pause, or a dispatch permit), so
-// taking each measure as the limit ratcheted it down 429 by 429, to 1 sample (2 % random
-// 429s: a quarter of the speed of no learning), and renewing the limit with measures at it
-// kept a limit learned too low, in the slow start, for good. So every limit expires ttl
-// after it was learned and the window probes on from it, one 429 per ttl. The price is paid
-// when the capacity really shrinks: the fleet refills into 429s, as the SDK does, until the
-// limit expires, at most ttl.
+// While a limit is in force, a measure can raise it but does not renew it, and lowers it only
+// within a sixteenth of the capacity measured (share's fullSlack). The service held the limit
+// before without complaint, and a fleet that keeps under its limits never fills the service
+// itself; so a 429 then was about a rate, or another client, or a capacity that shrank, and
+// the measure says nothing sure. Most such 429s come with some samples still waiting to be
+// sent (the refill after a pause, or a dispatch permit), so taking each measure as the limit
+// ratcheted it down 429 by 429, to 1 sample (2 % random 429s: a quarter of the speed of no
+// learning), and renewing the limit with measures at it kept a limit learned too low, in the
+// slow start, for good. (The slack is for a capacity measured a place or two too high, which
+// otherwise paused the fleet at every refill.) So every limit expires ttl after it was
+// learned and the window probes on from it, one 429 per ttl. The price is paid when the
+// capacity really shrinks: the fleet refills into 429s, as the SDK does, until the limit
+// expires, at most ttl.
 type capacity struct {
 	ttl time.Duration // 0: never learn (no limit)
 	now func() time.Time
@@ -70,7 +72,9 @@ type capacity struct {
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when the capacity limit is a part of was measured (see hold)
-	partOf        int       // the capacity limit is a part of: a round's, or this worker's own peak
+	// partOf is the capacity measured that limit is a part of: a round's (share.Share's
+	// Measured), or this worker's own peak.
+	partOf int
 	// lastPeak and lastCapacity are the latest peak this worker measured and the latest
 	// capacity the fleet measured (in a share round, or before one whose part it took), kept
 	// after their limits expire: a new measure that repeats one confirms it (see hold).
@@ -429,8 +433,8 @@ func (c *capacity) share(round int, s share.Share) {
 	// Also a capacity measured before: a worker that took no part in the round that measured
 	// it (its samples were not sent yet, or it joined later) confirms it with the next round
 	// as the others do, rather than hold its part on probation and probe into one more 429.
-	c.lastCapacity = s.Capacity
-	c.limit, c.window, c.learnedAt, c.partOf = s.Part, s.Part, learnedAt, s.Capacity
+	c.lastCapacity = s.Measured
+	c.limit, c.window, c.learnedAt, c.partOf = s.Part, s.Part, learnedAt, s.Measured
 	c.expire()
 	c.admitWaiters()
 }
@@ -507,7 +511,7 @@ func (w *Worker) splitShares(ctx context.Context) {
 			}
 			continue
 		}
-		w.log.Debug("capacity share round", "peak", m.peak, "limit_before", m.limit, "limit_age", m.limitAge, "part", s.Part, "fleet_capacity", s.Capacity, "capacity_age", s.Age)
+		w.log.Debug("capacity share round", "peak", m.peak, "limit_before", m.limit, "limit_age", m.limitAge, "part", s.Part, "fleet_capacity", s.Capacity, "measured", s.Measured, "capacity_age", s.Age)
 		c.share(m.round, s)
 	}
 }

@@ -1254,7 +1254,9 @@ func TestPullBacksOffWhileTheConsumerIsGone(t *testing.T) {
 // samples than it took before without complaint, since some are still waiting to be sent.
 // Taking each such measure as the new limit ratcheted the limit down 429 by 429: a
 // 3,000-line batch against 2 % random 429s ended with a limit of 1 and ran at a quarter of
-// the speed of no learning at all. Two workers: their split must hold too.
+// the speed of no learning at all. Two workers: their split must hold too. One that comes
+// as the fleet is full may take a place (a round cannot tell it from a capacity measured a
+// place too high, see share's fullSlack), but no more, however many come.
 func TestRandom429sDoNotShrinkTheLearnedCapacity(t *testing.T) {
 	t.Parallel()
 	const capacity = 16
@@ -1293,8 +1295,9 @@ func TestRandom429sDoNotShrinkTheLearnedCapacity(t *testing.T) {
 	if random < 3 {
 		t.Fatalf("only %d random 429s: the test needs a few", random)
 	}
-	if got, _ := limits(); !slices.Equal(got, learned) {
-		t.Fatalf("after %d random 429s the limits are %v, want the %v learned at the capacity", random, got, learned)
+	slack := max(1, sum/16) // share's fullSlack of the capacity measured
+	if got, gotSum := limits(); gotSum > sum || gotSum < sum-slack || slices.Contains(got, 0) {
+		t.Fatalf("after %d random 429s the limits are %v, want the %v learned at the capacity, or %d place(s) less in all", random, got, learned, slack)
 	}
 }
 
