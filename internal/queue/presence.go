@@ -162,3 +162,77 @@ func (q *Queue) Present(ctx context.Context, window, since time.Duration) (a Att
 
 // kvOperationHeader marks a KV delete or purge marker (its value is DEL or PURGE).
 const kvOperationHeader = "KV-Operation"
+
+// Silence tells, from the presence notes, which workers went silent without removing their
+// note: they crashed, or lost their connection to NATS for longer than Window. Time is the
+// server's, read from the notes themselves: a worker is silent once its latest note is
+// Window older than the newest note of any worker (this one's own included), so no clock
+// of a worker matters, and while no note comes at all (the server is down) nobody goes
+// silent. It follows only the workers noted since its first watch began, and keeps what it
+// saw across watches (a reconnect ends one). Use it from one goroutine.
+type Silence struct {
+	// Window is how far behind the newest note a worker's latest may fall before it is
+	// silent (PresenceWindow).
+	Window time.Duration
+
+	last   map[string]time.Time // the latest note of each worker followed
+	newest time.Time            // the newest note of any worker
+}
+
+// Watch follows the presence notes and calls silent, once, with the id of each followed
+// worker that goes silent; a worker that removes its note (ForgetPresence: it stopped, and
+// said so) is no longer followed. It returns when ctx is done (nil) or the watcher ends (a
+// reconnect may end it, jetstream-notes §6): watch again then. Without the bucket (no worker
+// backs off fleet-wide, so none notes its presence) it waits for ctx.
+func (s *Silence) Watch(ctx context.Context, q *Queue, silent func(worker string)) error {
+	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		<-ctx.Done()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("presence watch: %w", err)
+	}
+	// Only updates: the bucket keeps the last note of every worker that ever crashed.
+	w, err := kv.Watch(ctx, presenceKeyPrefix+"*", jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		return fmt.Errorf("presence watch: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	if s.last == nil {
+		s.last = make(map[string]time.Time)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return errors.New("presence watch: the watcher closed")
+			case e == nil:
+				continue
+			}
+			s.saw(e.Key()[len(presenceKeyPrefix):], e.Operation() == jetstream.KeyValuePut, e.Created(), silent)
+		}
+	}
+}
+
+// saw records a note of worker (or its removal, if not put) stored at, then tells silent of
+// each followed worker now Window behind the newest note.
+func (s *Silence) saw(worker string, put bool, at time.Time, silent func(string)) {
+	if !put {
+		delete(s.last, worker)
+		return
+	}
+	s.last[worker] = at
+	if at.After(s.newest) {
+		s.newest = at
+	}
+	for id, last := range s.last {
+		if s.newest.Sub(last) > s.Window {
+			delete(s.last, id)
+			silent(id)
+		}
+	}
+}

@@ -95,3 +95,62 @@ func TestPresentCountsTheWorkersThatNotedThemselvesLately(t *testing.T) {
 		t.Fatalf("asked for the window alone: running %v, silent %v", running, silent)
 	}
 }
+
+// TestSilenceTellsOfAWorkerWhoseNotesStopped: of three workers noting themselves, one removes
+// its note (it stopped and said so) and one stops without a word (a crash); only the second
+// is silent, once, when the notes of the others have moved the server's time past its last
+// by the window. A worker noted before the watch began is not followed.
+func TestSilenceTellsOfAWorkerWhoseNotesStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
+		t.Fatal(err)
+	}
+	note := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			if err := b.q.NotePresence(id, Presence{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	note("before") // noted before the watch, never again
+	told := make(chan string, 16)
+	s := &Silence{Window: 300 * time.Millisecond}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- s.Watch(watchCtx, b.q, func(id string) { told <- id }) }()
+	defer func() {
+		stopWatch()
+		if err := <-watched; err != nil {
+			t.Errorf("watch: %v", err)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the watch has begun (updates only)
+
+	note("runs", "stops", "crashes")
+	time.Sleep(50 * time.Millisecond)
+	if err := b.q.ForgetPresence(ctx, "stops"); err != nil {
+		t.Fatal(err)
+	}
+	// Only "runs" goes on: about a second of notes, three windows.
+	for range 10 {
+		time.Sleep(100 * time.Millisecond)
+		note("runs")
+	}
+	select {
+	case id := <-told:
+		if id != "crashes" {
+			t.Fatalf("silent: %s, want crashes", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no worker was told silent")
+	}
+	select {
+	case id := <-told:
+		t.Fatalf("then %s was told silent too; want crashes alone, once", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+}

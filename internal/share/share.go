@@ -79,6 +79,8 @@ type Board struct {
 	// watchedTo is the revision after the last board update WatchLeaves saw (0: none yet),
 	// where its next watch begins.
 	watchedTo atomic.Uint64
+	// latest holds the ids of the workers whose reports made up Split's latest round.
+	latest atomic.Pointer[map[string]bool]
 }
 
 // Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
@@ -127,9 +129,11 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 	}
 	s := capacityOf(reports)
 	wants := make(map[string]int, len(reports))
+	in := make(map[string]bool, len(reports))
 	for id, r := range reports {
-		wants[id] = r.Want
+		wants[id], in[id] = r.Want, true
 	}
+	b.latest.Store(&in)
 	s.Part = Split(s.Capacity, wants)[b.id]
 	return s, nil
 }
@@ -346,6 +350,15 @@ func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error
 			}
 		}
 	}
+}
+
+// InLatestRound reports whether worker reported in the latest round Split read: its part of
+// the capacity is then among the parts that round gave. A crashed worker's report is not
+// taken off the board (WatchLeaves cannot tell), so the worker asks this of one whose
+// presence notes stopped (queue.Silence).
+func (b *Board) InLatestRound(worker string) bool {
+	in := b.latest.Load()
+	return in != nil && (*in)[worker]
 }
 
 // Split divides total places among workers by what they want: equal parts, a worker that

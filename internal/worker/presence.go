@@ -60,3 +60,16 @@ func (w *Worker) attend(ctx context.Context, period time.Duration) {
 		}
 	}
 }
+
+// silent is told of another worker whose presence notes stopped without its leaving (a
+// crash, a connection lost for good): if it reported in the latest share round, its part of
+// the capacity is free, as when a worker leaves, and this worker forgets its limit and
+// learns the capacity anew at the next 429, rather than run at its part until the limit
+// expires (up to the ttl) with the fleet short of the silent worker's part.
+func (w *Worker) silent(worker string) {
+	if worker == w.id || !w.board.InLatestRound(worker) {
+		return
+	}
+	w.log.Info("a worker of the latest capacity share round went silent; learning the capacity anew", "worker", worker)
+	w.gate.capacity.forget()
+}

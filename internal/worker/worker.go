@@ -43,6 +43,9 @@ type Worker struct {
 	stopped     atomic.Bool             // stopRun called stop
 	credential  credentialCheck
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
+	// presenceEvery is how often the worker notes its presence (queue.PresencePeriod; a test
+	// shortens it); another worker is silent once three periods pass without its note.
+	presenceEvery time.Duration
 	// sampled, when set (by a test), is called with each job the service sampled, as its
 	// reply arrives: where a bug decoding the reply would panic.
 	sampled func(jobs.Job)
@@ -108,6 +111,13 @@ func (w *Worker) Run(ctx context.Context) error {
 				return w.board.WatchLeaves(ctx, func(string) { w.gate.capacity.forget() })
 			})
 		})
+		// So does one that crashed, which takes nothing off the board: its presence notes stop.
+		bg.Go(func() {
+			silence := &queue.Silence{Window: 3 * w.presenceEvery}
+			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "presence watch", func(ctx context.Context) error {
+				return silence.Watch(ctx, w.cfg.Queue, w.silent)
+			})
+		})
 	}
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()
@@ -115,7 +125,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3, w.link.again, flush) })
 	bg.Go(func() { w.link.probe(aliveCtx, flush) })
 	// Present to readers (submit) until Run returns, grace period included.
-	bg.Go(func() { w.attend(aliveCtx, queue.PresencePeriod) })
+	bg.Go(func() { w.attend(aliveCtx, w.presenceEvery) })
 	select { // know the cancelled batches before the first job
 	case <-loaded:
 	case <-ctx.Done():

@@ -1178,6 +1178,62 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 	})
 }
 
+// TestACrashedWorkerFreesItsPart: a worker that crashes takes neither its capacity report
+// off the board nor its presence note; once its notes have stopped for three periods, the
+// worker that shared the capacity with it forgets its part and learns the whole capacity,
+// rather than run at its part until the limit expires (15 s on probation, the ttl once
+// confirmed) with the crashed worker's part unused. A silent worker that was not in the
+// round frees nothing.
+func TestACrashedWorkerFreesItsPart(t *testing.T) {
+	t.Parallel()
+	const capacity = 16
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 300 * time.Millisecond})
+	publishJobs(t, b.results, "crash", tokenJobs("c", 2000))
+	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
+	crashingConn := b.connect(t)
+	crash := b.open(t, crashingConn, Config{Concurrency: 32, CapacityTTL: time.Minute})
+	stay.presenceEvery, crash.presenceEvery = 100*time.Millisecond, 100*time.Millisecond // silent after 300 ms
+	run(t, stay)
+	crashCtx, crashNow := context.WithCancel(context.Background())
+	crashed := make(chan error, 1)
+	go func() { crashed <- crash.Run(crashCtx) }()
+	t.Cleanup(func() { crashNow(); <-crashed })
+	var part int
+	fleettest.Eventually(t, 30*time.Second, "both workers to hold parts of the capacity from one round", func() bool {
+		part = stay.gate.capacity.current()
+		other := crash.gate.capacity.current()
+		return part > 0 && other > 0 && part+other >= capacity-2 && stay.board.InLatestRound(crash.id)
+	})
+	// A worker that took no part in the round goes silent: nothing of the capacity is free.
+	if err := b.results.NotePresence("bystander", queue.Presence{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if n := stay.gate.capacity.current(); n != part {
+		t.Fatalf("a silent worker that was not in the round changed the limit from %d to %d", part, n)
+	}
+	// The crash: its connection goes, so neither its report nor its note is taken off, and it
+	// stops sampling (within its grace period).
+	crashingConn.JS.Conn().Close()
+	crashNow()
+	crashedAt := time.Now()
+	fleettest.Eventually(t, 5*time.Second, "the staying worker to forget its part", func() bool {
+		n := stay.gate.capacity.current()
+		return n == 0 || n > part
+	})
+	t.Logf("forgotten %v after the crash", time.Since(crashedAt).Round(time.Millisecond))
+	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
+		return stay.gate.capacity.current() >= capacity-2
+	})
+	kv, err := b.results.JS.KeyValue(context.Background(), b.results.Names.BackoffBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(context.Background(), "worker."+crash.id); err != nil {
+		t.Errorf("the crashed worker's presence note, which the test needs left behind: %v", err)
+	}
+}
+
 // TestPullLingersForMoreFreeSlots: jobs that finish a few milliseconds apart free their slots
 // one by one; the pull loop waits its linger after the first, so that one pull request brings
 // the next jobs of several slots, not one each.
