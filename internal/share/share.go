@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,8 +81,9 @@ type Board struct {
 	// watchedTo is the revision after the last board update WatchLeaves saw (0: none yet),
 	// where its next watch begins.
 	watchedTo atomic.Uint64
-	// latest holds the ids of the workers whose reports made up Split's latest round.
-	latest atomic.Pointer[map[string]bool]
+	// seenMu guards seen: when each worker last reported in a round Split read.
+	seenMu sync.Mutex
+	seen   map[string]time.Time
 }
 
 // Open binds the board of account in the KV bucket (the backoff bucket, which must exist)
@@ -129,11 +132,15 @@ func (b *Board) Split(ctx context.Context, r Report) (Share, error) {
 	}
 	s := capacityOf(reports)
 	wants := make(map[string]int, len(reports))
-	in := make(map[string]bool, len(reports))
-	for id, r := range reports {
-		wants[id], in[id] = r.Want, true
+	now := time.Now()
+	b.seenMu.Lock()
+	if b.seen == nil {
+		b.seen = make(map[string]time.Time)
 	}
-	b.latest.Store(&in)
+	for id, r := range reports {
+		wants[id], b.seen[id] = r.Want, now
+	}
+	b.seenMu.Unlock()
 	s.Part = Split(s.Capacity, wants)[b.id]
 	return s, nil
 }
@@ -352,13 +359,18 @@ func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error
 	}
 }
 
-// InLatestRound reports whether worker reported in the latest round Split read: its part of
-// the capacity is then among the parts that round gave. A crashed worker's report is not
-// taken off the board (WatchLeaves cannot tell), so the worker asks this of one whose
-// presence notes stopped (queue.Silence).
-func (b *Board) InLatestRound(worker string) bool {
-	in := b.latest.Load()
-	return in != nil && (*in)[worker]
+// ReportedSince reports whether worker reported in a round Split read since then: a part of
+// the capacity may be its, given by one of those rounds, or kept through later ones it sat
+// out (a round divides only the limits of the workers in it). A crashed worker's report is
+// not taken off the board (WatchLeaves cannot tell), so the worker asks this of one whose
+// presence notes stopped (queue.Silence), with since a ttl ago: limits older than that have
+// expired. Workers last seen before since are forgotten.
+func (b *Board) ReportedSince(worker string, since time.Time) bool {
+	b.seenMu.Lock()
+	defer b.seenMu.Unlock()
+	maps.DeleteFunc(b.seen, func(_ string, at time.Time) bool { return at.Before(since) })
+	_, ok := b.seen[worker]
+	return ok
 }
 
 // Split divides total places among workers by what they want: equal parts, a worker that

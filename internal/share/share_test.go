@@ -178,9 +178,12 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	// Four workers: two took all 64 places, two came too late and measured nothing.
 	reports := []Report{{Peak: 27, Want: 400}, {Peak: 37, Want: 400}, {Peak: 0, Want: 400}, {Peak: 0, Want: 400}}
 	parts := make([]int, len(reports))
+	boards := make([]*Board, len(reports))
 	var wg sync.WaitGroup
+	roundAt := time.Now()
 	for i, r := range reports {
 		b := open("acct")
+		boards[i] = b
 		wg.Go(func() {
 			p, err := b.Split(ctx, r)
 			if err != nil {
@@ -200,6 +203,18 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	}
 	if sum != 64 {
 		t.Fatalf("parts %v add up to %d, want 64", parts, sum)
+	}
+	// Each knows who took part (a part may be theirs), and only since the round.
+	for _, other := range boards[1:] {
+		if !boards[0].ReportedSince(other.id, roundAt) {
+			t.Errorf("worker %s was in the round, but not in what its board knows", other.id)
+		}
+	}
+	if boards[0].ReportedSince(stale.id, time.Time{}) {
+		t.Error("the stale report's worker took no part in the round, but its board says so")
+	}
+	if boards[0].ReportedSince(boards[1].id, time.Now()) {
+		t.Error("a worker seen in a round before now was seen since now")
 	}
 
 	// A later round that measures less (its 429 was about a rate) keeps the limits its

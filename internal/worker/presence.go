@@ -62,14 +62,14 @@ func (w *Worker) attend(ctx context.Context, period time.Duration) {
 }
 
 // silent is told of another worker whose presence notes stopped without its leaving (a
-// crash, a connection lost for good): if it reported in the latest share round, its part of
-// the capacity is free, as when a worker leaves, and this worker forgets its limit and
-// learns the capacity anew at the next 429, rather than run at its part until the limit
-// expires (up to the ttl) with the fleet short of the silent worker's part.
+// crash, a connection lost for good): if it reported in a share round within the ttl, a
+// part of the capacity may be its and is free, as when a worker leaves; this worker forgets
+// its limit and learns the capacity anew at the next 429, rather than run at its part until
+// the limit expires (up to the ttl) with the fleet short of the silent worker's part.
 func (w *Worker) silent(worker string) {
-	if worker == w.id || !w.board.InLatestRound(worker) {
+	if worker == w.id || !w.board.ReportedSince(worker, time.Now().Add(-w.cfg.CapacityTTL)) {
 		return
 	}
-	w.log.Info("a worker of the latest capacity share round went silent; learning the capacity anew", "worker", worker)
+	w.log.Info("a worker of the capacity share rounds went silent; learning the capacity anew", "worker", worker)
 	w.gate.capacity.forget()
 }
