@@ -38,8 +38,8 @@
 // the board (WatchLeaves), forget their limits: the parts of those that stay no longer add up
 // to the capacity, and the next 429 measures it again (one pause, instead of running at the
 // old parts until they expire, up to the ttl). A crashed worker's report stays in the bucket
-// but ages out of every round by Window; its presence notes stop, and ReportedSince tells
-// the others whether it may have had a part to free. A round asks the server only for what was
+// but ages out of every round by Window; its presence notes stop, and ReportedSince tells the
+// others whether it may have had a part to free. A round asks the server only for what was
 // stored from Window before its own report on, so neither those reports nor the delete
 // markers of closed workers are sent to it, however many a fleet leaves over weeks.
 package share

@@ -201,13 +201,14 @@ func capacityOf(reports map[string]Report) Share {
 // fullSlack is how far under the capacity it measured a fleet may find itself full for its
 // round to take the peaks rather than keep the limits: a sixteenth of it, at least 1.
 //
-// A measure can count a sample or two more than the service held: one whose result was on
-// its way back when the service took another in its place (a round summed 65 of 64 in a
-// test whose workers' clock is one, so not from measures taken at different times). Limits
-// split from such a round add up to a little more than the capacity; then every refill
-// after a pause meets a 429, and each round measures 64 or 65 under limits of 66. Keeping
-// them, as a 429 about a rate, paused the fleet every 1.2 s until they expired: a fifth of
-// the throughput for up to the ttl, 0.72 of the ideal over a steady 100,000-job run.
+// A round can count a sample or two more than the service held: one whose result was on its
+// way back when the service took another in its place, or peaks its workers measured at
+// different moments (three workers of one process, every acceptance traced against one clock:
+// a round summed 65 of 64 when they held 65 for a moment, another when they never held more
+// than 64). Limits split from such a round add up to a little more than the capacity; then
+// every refill after a pause meets a 429, and each round measures 64 or 65 under limits of
+// 66. Keeping them, as a 429 about a rate, paused the fleet every 1.2 s until they expired: a
+// fifth of the throughput for up to the ttl, 0.72 of the ideal over a steady 100,000-job run.
 //
 // A 429 about a rate that comes as the fleet is full looks the same to one round, and takes
 // a place or two too. The slack is counted from the capacity measured, which such a round

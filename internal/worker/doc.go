@@ -32,6 +32,7 @@
 //   - While Run runs, the worker notes its presence on the NATS server every
 //     queue.PresencePeriod and removes the note as Run returns, so that submit tells a fleet
 //     that is gone from one whose slots are all busy (queue.Presence). It follows the
-//     others' notes too (queue.Silence): one of the latest capacity share round whose notes
-//     stop without its leaving (a crash) frees its part, as a worker that leaves does.
+//     others' notes too (queue.Silence): one that reported in a capacity share round within
+//     the ttl and whose notes stop without its leaving (a crash) frees its part, as a
+//     worker that leaves does.
 package worker
