@@ -1189,7 +1189,9 @@ func TestACrashedWorkerFreesItsPart(t *testing.T) {
 	const capacity = 16
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 300 * time.Millisecond})
 	publishJobs(t, b.results, "crash", tokenJobs("c", 2000))
-	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
+	var logs fleettest.Buffer
+	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	crashingConn := b.connect(t)
 	crash := b.open(t, crashingConn, Config{Concurrency: 32, CapacityTTL: time.Minute})
 	stay.presenceEvery, crash.presenceEvery = 100*time.Millisecond, 100*time.Millisecond // silent after 300 ms
@@ -1209,8 +1211,8 @@ func TestACrashedWorkerFreesItsPart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	if n := stay.gate.capacity.current(); n != part {
-		t.Fatalf("a silent worker that was in no round changed the limit from %d to %d", part, n)
+	if strings.Contains(logs.String(), "went silent") {
+		t.Fatalf("a silent worker that was in no round made the staying worker forget its limit:\n%s", logs.String())
 	}
 	// The crash: its connection goes, so neither its report nor its note is taken off, and it
 	// stops sampling.
@@ -1222,6 +1224,9 @@ func TestACrashedWorkerFreesItsPart(t *testing.T) {
 		return n == 0 || n > part
 	})
 	t.Logf("forgotten %v after the crash", time.Since(crashedAt).Round(time.Millisecond))
+	if !strings.Contains(logs.String(), "worker="+crash.id) {
+		t.Errorf("the log does not name the worker that went silent, %s:\n%s", crash.id, logs.String())
+	}
 	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
 		return stay.gate.capacity.current() >= capacity-2
 	})
@@ -1374,7 +1379,9 @@ func TestALone429HoldsALimitOnlyOnProbation(t *testing.T) {
 	w := b.open(t, b.connect(t), Config{Concurrency: 128, CapacityTTL: ttl})
 	run(t, w)
 	publishJobs(t, b.results, "lone", tokenJobs("l", 600))
-	fleettest.Eventually(t, 10*time.Second, "the initial window accepted", func() bool {
+	// Up to 30 s: the first sample comes after the worker loads Qwen3's tokenizer, which took
+	// more than 10 s in a CI run with the package's other tests beside it.
+	fleettest.Eventually(t, 30*time.Second, "the initial window accepted", func() bool {
 		return b.sim.Stats().SamplesAccepted >= initialWindow
 	})
 	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultRateLimit, Count: 1}); err != nil {
