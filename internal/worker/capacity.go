@@ -470,15 +470,19 @@ func abs(x int) int {
 // was taken off, and either way its outcome is a part too small for the fleet that stays. A
 // worker that left during the pause after a 429 otherwise had the others adopt such a part
 // right after they forgot theirs, and run below the capacity until it expired.
-func (c *capacity) forget() {
+//
+// It reports whether a limit was in force.
+func (c *capacity) forget() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.round++ // share ignores a round that is not the latest
 	c.dropMeasure()
-	if c.limit > 0 {
-		c.limit = 0
-		c.admitWaiters()
+	if c.limit == 0 {
+		return false
 	}
+	c.limit = 0
+	c.admitWaiters()
+	return true
 }
 
 // current returns the limit in force (0: none), for metrics.

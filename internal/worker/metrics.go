@@ -34,6 +34,7 @@ type Metrics struct {
 	retries          *prometheus.CounterVec
 	queueState       *prometheus.GaugeVec
 	backoffSignals   *prometheus.CounterVec
+	limitsForgotten  *prometheus.CounterVec
 
 	// The series of the hot paths, by their label values (see seriesCache).
 	requestSeries  seriesCache[requestKey, requestSeries]
@@ -144,8 +145,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		backoffSignals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",
 		}, []string{"reason"}),
+		limitsForgotten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tinkerfleet_capacity_limits_forgotten_total",
+			Help: "Capacity limits this worker dropped because another worker that held a part of the capacity stopped (reason left) or went silent (silent: it crashed, or lost NATS for 15 s); the next 429 learns the capacity anew.",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.backoffSignals, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.redeliveriesHeld, m.leftUnsent, m.panics, m.promptTokens,
+	reg.MustRegister(m.backoffSignals, m.limitsForgotten, m.jobsPulled, m.fetches, m.jobsFinished, m.jobLatency, m.deadLetters, m.redeliveriesHeld, m.leftUnsent, m.panics, m.promptTokens,
 		m.completionTokens, m.requests, m.requestLatency, m.rateLimited, m.billingPaused, m.retries, m.queueState)
 	return m
 }
@@ -261,6 +266,13 @@ func (m *Metrics) redeliveredHeld() {
 func (m *Metrics) leftToFleet() {
 	if m != nil {
 		m.leftUnsent.Inc()
+	}
+}
+
+// forgotLimit counts a limit dropped for reason (left, silent).
+func (m *Metrics) forgotLimit(reason string) {
+	if m != nil {
+		m.limitsForgotten.WithLabelValues(reason).Inc()
 	}
 }
 

@@ -71,5 +71,7 @@ func (w *Worker) silent(worker string) {
 		return
 	}
 	w.log.Info("a worker of the capacity share rounds went silent; learning the capacity anew", "worker", worker)
-	w.gate.capacity.forget()
+	if w.gate.capacity.forget() {
+		w.metrics.forgotLimit("silent")
+	}
 }

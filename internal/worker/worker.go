@@ -108,7 +108,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		// A worker that leaves frees its part of the capacity: forget the limit, learn anew.
 		bg.Go(func() {
 			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "capacity share watch", func(ctx context.Context) error {
-				return w.board.WatchLeaves(ctx, func(string) { w.gate.capacity.forget() })
+				return w.board.WatchLeaves(ctx, func(string) {
+					if w.gate.capacity.forget() {
+						w.metrics.forgotLimit("left")
+					}
+				})
 			})
 		})
 		// So does one that crashed, which takes nothing off the board: its presence notes stop.

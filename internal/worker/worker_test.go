@@ -1131,7 +1131,8 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 	const capacity = 16
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 300 * time.Millisecond})
 	publishJobs(t, b.results, "leave", tokenJobs("l", 2000))
-	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
+	reg := prometheus.NewRegistry()
+	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute, Registerer: reg})
 	run(t, stay)
 	leave := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute})
 	stopLeaving := run(t, leave)
@@ -1173,6 +1174,9 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 		n := stay.gate.capacity.current()
 		return n == 0 || n > part
 	})
+	if n := counterValue(t, reg, "tinkerfleet_capacity_limits_forgotten_total", "left"); n != 1 {
+		t.Errorf("limits forgotten for a worker that left: %v, want 1", n)
+	}
 	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
 		return stay.gate.capacity.current() >= capacity-2
 	})
@@ -1190,7 +1194,8 @@ func TestACrashedWorkerFreesItsPart(t *testing.T) {
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: capacity, BaseLatency: 300 * time.Millisecond})
 	publishJobs(t, b.results, "crash", tokenJobs("c", 2000))
 	var logs fleettest.Buffer
-	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute,
+	reg := prometheus.NewRegistry()
+	stay := b.open(t, b.connect(t), Config{Concurrency: 32, CapacityTTL: time.Minute, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	crashingConn := b.connect(t)
 	crash := b.open(t, crashingConn, Config{Concurrency: 32, CapacityTTL: time.Minute})
@@ -1226,6 +1231,9 @@ func TestACrashedWorkerFreesItsPart(t *testing.T) {
 	t.Logf("forgotten %v after the crash", time.Since(crashedAt).Round(time.Millisecond))
 	if !strings.Contains(logs.String(), "worker="+crash.id) {
 		t.Errorf("the log does not name the worker that went silent, %s:\n%s", crash.id, logs.String())
+	}
+	if n := counterValue(t, reg, "tinkerfleet_capacity_limits_forgotten_total", "silent"); n != 1 {
+		t.Errorf("limits forgotten for a worker that went silent: %v, want 1", n)
 	}
 	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
 		return stay.gate.capacity.current() >= capacity-2
