@@ -641,6 +641,21 @@ func TestCapacityReportsTheCapacityItsLimitIsAPartOf(t *testing.T) {
 	if m := settled(t, c); m.limit != 21 || m.limitOf != 64 {
 		t.Fatalf("measure after a share of 21 of 64: %+v, want limit 21 of 64", m)
 	}
+
+	// A round that found the fleet full just under its limits gave parts of 62, still of the
+	// 66 measured: the limit is reported as a part of 66, so that the next round counts its
+	// slack from 66 and not from 62 (no ratchet).
+	c.share(c.round, share.Share{Part: 20, Capacity: 62, Measured: 66})
+	c.done(&sent[0])
+	if err := c.submit(ctx, &sent[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.send(&sent[0])
+	c.answered(&sent[0])
+	c.learn()
+	if m := settled(t, c); m.limit != 20 || m.limitOf != 66 {
+		t.Fatalf("measure after a share of 20 of a lowered division of 66: %+v, want limit 20 of 66", m)
+	}
 }
 
 // Limits that add up to more than the service holds are what fills it, so the fleet would
