@@ -220,13 +220,12 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		}
 	}
 
-	var observer *backoff.QueueStateObserver
+	var samplersByState *prometheus.GaugeVec // with metrics only
 	if cfg.Registerer != nil {
 		w.metrics = NewMetrics(cfg.Registerer)
-		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{Gauge: w.metrics.queueState})
-	} else {
-		observer = backoff.NewQueueStateObserver(backoff.ObserverConfig{})
+		samplersByState = w.metrics.queueState
 	}
+	observer := backoff.NewQueueStateObserver(backoff.ObserverConfig{Gauge: samplersByState})
 
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
