@@ -105,7 +105,8 @@ func TestSilenceTellsOfAWorkerWhoseNotesStopped(t *testing.T) {
 	b := setup(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()}); err != nil {
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
 		t.Fatal(err)
 	}
 	note := func(ids ...string) {
@@ -117,6 +118,11 @@ func TestSilenceTellsOfAWorkerWhoseNotesStopped(t *testing.T) {
 		}
 	}
 	note("before") // noted before the watch, never again
+	// The note is published without waiting; a put on the same connection, answered once
+	// stored, comes after it, so the watch (of updates only) begins after it is stored.
+	if _, err := kv.Put(ctx, "test-sync", nil); err != nil {
+		t.Fatal(err)
+	}
 	told := make(chan string, 16)
 	s := &Silence{Window: 300 * time.Millisecond}
 	watchCtx, stopWatch := context.WithCancel(ctx)
