@@ -134,7 +134,17 @@ func TestSilenceTellsOfAWorkerWhoseNotesStopped(t *testing.T) {
 			t.Errorf("watch: %v", err)
 		}
 	}()
-	time.Sleep(100 * time.Millisecond) // the watch has begun (updates only)
+	// The watch has begun (updates only) once the bucket's stream has its consumer.
+	for {
+		info, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.(*jetstream.KeyValueBucketStatus).StreamInfo().State.Consumers > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	note("runs", "stops", "crashes")
 	time.Sleep(50 * time.Millisecond)
