@@ -197,6 +197,24 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	}
 	subBefore, wBefore := len(subV.list()), len(wV.list())
 
+	// A worker that stops with a job on its last delivery publishes it again, so that it does
+	// not end as a dead letter although it never failed: a job taken by it, published again.
+	puller, err := wq.NewJobPuller(ctx)
+	if err != nil {
+		t.Fatalf("worker: puller: %v", err)
+	}
+	var taken []jetstream.Msg
+	if _, err := puller.Pull(ctx, 1, 5*time.Second, func(m jetstream.Msg) { taken = append(taken, m) }); err != nil || len(taken) != 1 {
+		t.Fatalf("worker: pull: %d jobs, %v", len(taken), err)
+	}
+	if err := wq.PublishAgain(ctx, taken[0]); err != nil {
+		t.Errorf("worker: publish a job again, on its last delivery: %v", err)
+	}
+	_ = puller.Close()
+	if info, err := sub.Jobs.Info(ctx); err != nil || info.State.Msgs != total {
+		t.Fatalf("jobs stream after a job was published again: %v, err %v; want %d jobs waiting", info, err, total)
+	}
+
 	// Normal work: a worker runs the batch, submit follows the results, lists batches and
 	// cancels one; none of it may hit a permission violation.
 	// A 429 window at the start makes the worker signal the fleet backoff (a KV write).
