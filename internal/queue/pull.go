@@ -349,10 +349,14 @@ func HandBack(ctx context.Context, msg jetstream.Msg) error {
 
 // PublishAgain publishes the job of msg, which a JobPuller delivered, again as a new message,
 // with every delivery ahead of it and marked as published again (it may have a result by
-// then), and then ends msg, waiting for the server to take that (or ctx to end, or 5 s). It
-// serves a job handed back on its last delivery: the server would otherwise keep it as a
-// dead letter, although it never failed. Should msg not end, the server later finds it out of
-// deliveries, and its dead letter (a result) may come first.
+// then), and then ends msg. It serves a job handed back on its last delivery: the server
+// would otherwise keep it as a dead letter, although it never failed. Each step waits for the
+// server to take it (or ctx to end, or 5 s).
+//
+// msg must end once its copy is stored: left to run out of deliveries, it would become a dead
+// letter whose error result could be stored before the copy's. So should its term not reach
+// the server, msg is deleted from the stream, which ends it too (jetstream-notes §4: a dead
+// letter's handler finds it gone). Only if that fails as well does an error say so.
 func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
 	batch := q.Names.BatchFromJobSubject(msg.Subject())
 	customID := msg.Headers().Get(HeaderCustomID)
@@ -363,17 +367,39 @@ func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
 	again.Data = msg.Data()
 	// A Nats-Msg-Id of its own: the job's first one may still be in the duplicate window.
 	id := fmt.Sprintf("%s/again/%d", MsgID(batch, customID), seq)
-	ctx, cancel := context.WithTimeout(ctx, handBackWait)
+	pubCtx, cancel := context.WithTimeout(ctx, handBackWait)
 	defer cancel()
-	if _, err := q.JS.PublishMsg(ctx, again, jetstream.WithMsgID(id)); err != nil {
+	if _, err := q.JS.PublishMsg(pubCtx, again, jetstream.WithMsgID(id)); err != nil {
 		return fmt.Errorf("publish job %s/%s again: %w", batch, customID, err)
 	}
+	termErr := q.endPublishedAgain(ctx, msg)
+	if termErr == nil {
+		return nil
+	}
+	delCtx, cancel := context.WithTimeout(ctx, handBackWait)
+	defer cancel()
+	if err := q.Jobs.DeleteMsg(delCtx, seq); err != nil {
+		// Gone already: the term reached the server, and only its answer was lost.
+		if _, getErr := q.Jobs.GetMsg(delCtx, seq); !errors.Is(getErr, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("end job %s/%s, published again: %w; nor could it be deleted: %w", batch, customID, termErr, err)
+		}
+	}
+	if j, ok := msg.(*jobMsg); ok {
+		j.acked.Store(true)
+	}
+	return nil
+}
+
+// endPublishedAgain terms msg, published again, and waits for the server to take it.
+func (q *Queue) endPublishedAgain(ctx context.Context, msg jetstream.Msg) error {
 	j, ok := msg.(*jobMsg)
 	if !ok {
 		return msg.TermWithReason(publishedAgain)
 	}
+	ctx, cancel := context.WithTimeout(ctx, handBackWait)
+	defer cancel()
 	if _, err := j.nc.RequestWithContext(ctx, j.msg.Reply, []byte(ackTerm+" "+publishedAgain)); err != nil {
-		return fmt.Errorf("end job %s/%s, published again: %w", batch, customID, err)
+		return err
 	}
 	j.acked.Store(true)
 	return nil

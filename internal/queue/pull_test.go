@@ -237,6 +237,55 @@ func TestJobMsgSettlesAsJetStreamsMessagesDo(t *testing.T) {
 	}
 }
 
+// TestPublishAgainEndsTheOriginal: a job on its last delivery published again leaves the
+// stream at once, so that it cannot run out of deliveries into a dead letter whose error
+// result could come before its copy's. Its term may not reach the server (here no one answers
+// it): it is deleted instead. Or the term reaches it and only the answer is lost: then it is
+// gone already, and that is no error. The copy comes next, marked.
+func TestPublishAgainEndsTheOriginal(t *testing.T) {
+	t.Parallel()
+	for _, term := range []string{"answered", "lost", "answer lost"} {
+		t.Run(term, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond})
+			p := newPuller(t, b)
+			ctx := context.Background()
+			publishJob(t, b.q, "b1", "last")
+			var msg jetstream.Msg
+			if got, err := p.Pull(ctx, 1, time.Second, func(m jetstream.Msg) { msg = m }); err != nil || got != 1 {
+				t.Fatalf("pull: %d, %v", got, err)
+			}
+			seq, _ := StreamSeq(msg)
+			j := msg.(*jobMsg)
+			if term == "answer lost" {
+				if _, err := b.nc.Request(j.msg.Reply, []byte(ackTerm), 5*time.Second); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if term != "answered" { // its ack subject names a stream that is not there: nobody answers
+				j.msg.Reply = strings.Replace(j.msg.Reply, "."+b.q.Names.JobsStream()+".", ".GONE.", 1)
+			}
+			if err := b.q.PublishAgain(ctx, msg); err != nil {
+				t.Fatalf("publish again: %v", err)
+			}
+			if _, err := b.q.Jobs.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("the job published again is still in the stream (%v): it would end as a dead letter", err)
+			}
+			if err := msg.Nak(); !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				t.Fatalf("nak after it was published again: %v, want ErrMsgAlreadyAckd", err)
+			}
+			time.Sleep(time.Second) // past the original's ack wait
+			var copies []jetstream.Msg
+			if _, err := p.Pull(ctx, 2, time.Second, func(m jetstream.Msg) { copies = append(copies, m) }); err != nil {
+				t.Fatal(err)
+			}
+			if len(copies) != 1 || copies[0].Headers().Get(HeaderCustomID) != "last" || copies[0].Headers().Get(HeaderRepublished) == "" {
+				t.Fatalf("after the ack wait: %d jobs delivered, want the copy alone", len(copies))
+			}
+		})
+	}
+}
+
 // TestJobPullerReportsARequestAboveTheConsumersLimits: a 409 the next request would meet again
 // (here a batch above the consumer's MaxRequestBatch) is an error, not an empty pull.
 func TestJobPullerReportsARequestAboveTheConsumersLimits(t *testing.T) {
