@@ -26,6 +26,11 @@ type maxDeliveriesAdvisory struct {
 // deadLetters ends jobs whose last delivery died with its worker: the server keeps such a
 // message in the work queue and announces it with an advisory; one worker of the fleet (a
 // queue group) publishes its error result, keeps the payload in the dead stream and deletes it.
+//
+// The server announces a job once: one whose dead-lettering fails (a full store, a stream
+// leader election) is tried again here, every deadLetterRetry at first and then less often,
+// until it succeeds or the worker stops. Dropped, it would stay in the work queue for ever,
+// never delivered again, and its batch would never be done.
 func (w *Worker) deadLetters(ctx context.Context) {
 	q := w.cfg.Queue
 	nc := q.JS.Conn()
@@ -37,6 +42,18 @@ func (w *Worker) deadLetters(ctx context.Context) {
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	var failed []maxDeliveriesAdvisory // to try again
+	retry := time.NewTimer(maxDeadLetterRetry)
+	retry.Stop()
+	defer retry.Stop()
+	delay := w.deadLetterRetry
+	try := func(adv maxDeliveriesAdvisory) (done bool) {
+		err := w.deadLetter(ctx, adv)
+		if err != nil && ctx.Err() == nil {
+			w.log.Error("dead-letter job; it is tried again", "stream_seq", adv.StreamSeq, "err", err)
+		}
+		return err == nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -47,12 +64,34 @@ func (w *Worker) deadLetters(ctx context.Context) {
 				w.log.Warn("undecodable max-deliveries advisory", "err", err)
 				continue
 			}
-			if err := w.deadLetter(ctx, adv); err != nil {
-				w.log.Error("dead-letter job", "stream_seq", adv.StreamSeq, "err", err)
+			if try(adv) {
+				continue
+			}
+			if len(failed) == 0 {
+				delay = w.deadLetterRetry
+				retry.Reset(delay)
+			}
+			failed = append(failed, adv)
+		case <-retry.C:
+			// In order, and no further than the first that fails again: the rest would most
+			// likely fail alike, each after its wait, while advisories queue up meanwhile.
+			for len(failed) > 0 && try(failed[0]) {
+				failed = failed[1:]
+			}
+			if len(failed) > 0 {
+				delay = min(2*delay, maxDeadLetterRetry)
+				retry.Reset(delay)
 			}
 		}
 	}
 }
+
+// The delays between tries of a dead letter that failed: deadLetterRetry (a Worker's, 5 s
+// unless a test shortens it) at first, doubled per try up to maxDeadLetterRetry.
+const (
+	deadLetterRetry    = 5 * time.Second
+	maxDeadLetterRetry = time.Minute
+)
 
 func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	q := w.cfg.Queue

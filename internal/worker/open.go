@@ -154,17 +154,18 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	w := &Worker{
-		cfg:           cfg,
-		log:           cfg.Logger,
-		slots:         make(chan struct{}, cfg.Concurrency),
-		alive:         aliveSet{staleAfter: staleAfter(cfg.Queue.Config.AckWait)},
-		link:          newLink(),
-		maxDeliver:    cfg.Queue.Config.MaxDeliver,
-		memory:        resultMemory{limit: cfg.ResultMemory},
-		fetchLinger:   fetchLinger,
-		presenceEvery: queue.PresencePeriod,
-		id:            newWorkerID(),
-		host:          hostName(),
+		cfg:             cfg,
+		log:             cfg.Logger,
+		slots:           make(chan struct{}, cfg.Concurrency),
+		alive:           aliveSet{staleAfter: staleAfter(cfg.Queue.Config.AckWait)},
+		link:            newLink(),
+		maxDeliver:      cfg.Queue.Config.MaxDeliver,
+		memory:          resultMemory{limit: cfg.ResultMemory},
+		fetchLinger:     fetchLinger,
+		presenceEvery:   queue.PresencePeriod,
+		deadLetterRetry: deadLetterRetry,
+		id:              newWorkerID(),
+		host:            hostName(),
 	}
 	ok := false
 	defer func() {

@@ -46,6 +46,9 @@ type Worker struct {
 	// presenceEvery is how often the worker notes its presence (queue.PresencePeriod; a test
 	// shortens it); another worker is silent once three periods pass without its note.
 	presenceEvery time.Duration
+	// deadLetterRetry is how long a dead letter that failed waits for its next try
+	// (deadLetterRetry; a test shortens it).
+	deadLetterRetry time.Duration
 	// sampled, when set (by a test), is called with each job the service sampled, as its
 	// reply arrives: where a bug decoding the reply would panic.
 	sampled func(jobs.Job)

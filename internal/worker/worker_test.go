@@ -816,6 +816,56 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	}
 }
 
+// TestADeadLetterThatFailsIsTriedAgain: the server announces a job out of deliveries once. A
+// worker that cannot dead-letter it then (here the dead stream is gone; a full store refuses it
+// alike) tries again until it can: dropped, the job would stay in the work queue, never
+// delivered again, and its batch would never be done.
+func TestADeadLetterThatFailsIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "again", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+	// Play a worker that dies with the job on its one delivery: fetch it, never ack.
+	ctx := context.Background()
+	cons, err := b.results.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range msgs.Messages() {
+	}
+	var logs fleettest.Buffer
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	w.deadLetterRetry = 100 * time.Millisecond
+	if err := b.results.JS.DeleteStream(ctx, b.results.Names.DeadStream()); err != nil {
+		t.Fatal(err)
+	}
+	run(t, w) // its first pull finds the job out of deliveries: the advisory comes
+	fleettest.Eventually(t, 30*time.Second, "the dead letter to fail", func() bool {
+		return strings.Contains(logs.String(), "dead-letter job; it is tried again")
+	})
+	time.Sleep(500 * time.Millisecond) // tries fail meanwhile
+	if got := counterValue(t, reg, "tinkerfleet_dead_letters_total", ""); got != 0 {
+		t.Fatalf("%v dead letters counted without a dead stream", got)
+	}
+	b.connect(t) // Setup makes the dead stream again, as an operator would
+	r := waitResults(t, b.results, "again", 1, 30*time.Second)["orphan"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
+		t.Fatalf("result = %+v", r)
+	}
+	fleettest.Eventually(t, 10*time.Second, "the job to leave the work queue", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if got := counterValue(t, reg, "tinkerfleet_dead_letters_total", ""); got != 1 {
+		t.Fatalf("%v dead letters counted, want 1", got)
+	}
+}
+
 func TestStoppingHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: time.Hour})
