@@ -378,16 +378,28 @@ func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
 	}
 	delCtx, cancel := context.WithTimeout(ctx, handBackWait)
 	defer cancel()
-	if err := q.Jobs.DeleteMsg(delCtx, seq); err != nil {
-		// Gone already: the term reached the server, and only its answer was lost.
-		if _, getErr := q.Jobs.GetMsg(delCtx, seq); !errors.Is(getErr, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("end job %s/%s, published again: %w; nor could it be deleted: %w", batch, customID, termErr, err)
-		}
+	// Gone already, if the term reached the server and only its answer was lost.
+	if err := q.DeleteJob(delCtx, seq); err != nil {
+		return fmt.Errorf("end job %s/%s, published again: %w; nor could it be deleted: %w", batch, customID, termErr, err)
 	}
 	if j, ok := msg.(*jobMsg); ok {
 		j.acked.Store(true)
 	}
 	return nil
+}
+
+// DeleteJob deletes the job at stream sequence seq from the jobs stream, which ends it for
+// the consumer too. A job gone already (acked, ended, deleted by another worker) is no error.
+func (q *Queue) DeleteJob(ctx context.Context, seq uint64) error {
+	err := q.Jobs.DeleteMsg(ctx, seq)
+	if err == nil {
+		return nil
+	}
+	// The server says "no message found" as an error code of its own: ask whether it is gone.
+	if _, getErr := q.Jobs.GetMsg(ctx, seq); errors.Is(getErr, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	return fmt.Errorf("delete job %d: %w", seq, err)
 }
 
 // endPublishedAgain terms msg, published again, and waits for the server to take it.

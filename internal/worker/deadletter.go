@@ -24,19 +24,23 @@ type maxDeliveriesAdvisory struct {
 }
 
 // deadLetters ends jobs whose last delivery died with its worker: the server keeps such a
-// message in the work queue and announces it with an advisory; one worker of the fleet (a
-// queue group) publishes its error result, keeps the payload in the dead stream and deletes it.
+// message in the work queue and announces it with an advisory; a worker publishes its error
+// result, keeps the payload in the dead stream and deletes it.
 //
-// The server announces a job once: one whose dead-lettering fails (a full store, a stream
-// leader election) is tried again here, every deadLetterRetry at first and then less often,
-// until it succeeds or the worker stops. Dropped, it would stay in the work queue for ever,
-// never delivered again, and its batch would never be done.
+// The server announces a job once, and what it announces must not be lost: dropped, the job
+// would stay in the work queue for ever, never delivered again, and its batch would never be
+// done. So every worker hears every announcement, not one of a queue group: the server
+// would give some to a worker whose link died without a word, which it counts until its own
+// pings give up (minutes). Each worker acts on it; the first to get there dead-letters the
+// job, and the others find it done (deadLetter). And one whose dead-lettering fails (a full
+// store, a stream leader election) is tried again here, every deadLetterRetry at first and
+// then less often, until it succeeds or the worker stops.
 func (w *Worker) deadLetters(ctx context.Context) {
 	q := w.cfg.Queue
 	nc := q.JS.Conn()
 	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + q.Names.JobsStream() + "." + queue.ConsumerName
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanQueueSubscribe(subject, q.Names.Prefix+"-dead-letters", ch)
+	ch := make(chan *nats.Msg, 1024) // every worker's: a burst is not spread over the fleet
+	sub, err := nc.ChanSubscribe(subject, ch)
 	if err != nil {
 		w.log.Error("subscribe to max-deliveries advisories", "err", err)
 		return
@@ -99,7 +103,7 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 	defer cancel()
 	raw, err := q.Jobs.GetMsg(ctx, adv.StreamSeq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil // another worker got there first
+		return nil // another worker got there first (every worker hears the advisory)
 	}
 	if err != nil {
 		return fmt.Errorf("read job %d: %w", adv.StreamSeq, err)
@@ -133,8 +137,8 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 			w.metrics.finished(&res, 0)
 		}
 	}
-	if err := q.Jobs.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete dead job %d: %w", adv.StreamSeq, err)
+	if err := q.DeleteJob(ctx, adv.StreamSeq); err != nil {
+		return fmt.Errorf("dead letter: %w", err)
 	}
 	return nil
 }

@@ -816,6 +816,71 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	}
 }
 
+// TestAWorkerCutOffTakesNoDeadLetterFromTheOthers: a worker whose link to NATS died without a
+// word (a dead network, a frozen machine) still counts, for the server, until the server's
+// own pings give up on it (minutes, with its defaults). The server announces each job out
+// of deliveries once; given to that worker alone, as a queue group would, the job would stay
+// in the work queue for ever. Every worker hears it; the one alive dead-letters it.
+func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 3 * time.Second}, tinkersim.Config{Capacity: 8})
+	const n = 8
+	publishJobs(t, b.results, "cut", tokenJobs("orphan-", n))
+	// Play a worker that dies with the jobs on their one delivery: fetch them, never ack.
+	ctx := context.Background()
+	cons, err := b.results.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := time.Now()
+	got := 0
+	for range msgs.Messages() {
+		got++
+	}
+	if got != n {
+		t.Fatalf("fetched %d jobs, want %d", got, n)
+	}
+	var link fleettest.Partition
+	url := b.emb.ClientURL()
+	cutOff := b.open(t, fleettest.Queue(t, url, b.qcfg, nats.SetCustomDialer(&link)), Config{Concurrency: 4})
+	run(t, cutOff)
+	// Two live workers, which both hear every announcement: one dead-letters each job, the
+	// other finds it done, and neither fails.
+	var logs fleettest.Buffer
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	for _, reg := range regs {
+		run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}))
+	}
+	time.Sleep(300 * time.Millisecond) // all listen for the advisories
+	if time.Since(taken) > 2*time.Second {
+		t.Skip("the workers took longer to start than the jobs' ack wait leaves: the machine is too busy for this test")
+	}
+	link.Cut(url)
+	// The ack wait passes; the live worker's next pull has the server find the jobs out of
+	// deliveries, and announce them.
+	rs := waitResults(t, b.results, "cut", n, 30*time.Second)
+	for id, r := range rs {
+		if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
+			t.Errorf("%s: %+v, want a dead letter", id, r)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "the jobs to leave the work queue", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if counted := counterValue(t, regs[0], "tinkerfleet_dead_letters_total", "") + counterValue(t, regs[1], "tinkerfleet_dead_letters_total", ""); counted != n {
+		t.Errorf("%v dead letters counted by the live workers, want %d", counted, n)
+	}
+	if strings.Contains(logs.String(), "dead-letter") {
+		t.Errorf("the live workers failed to dead-letter a job:\n%s", logs.String())
+	}
+}
+
 // TestADeadLetterThatFailsIsTriedAgain: the server announces a job out of deliveries once. A
 // worker that cannot dead-letter it then (here the dead stream is gone; a full store refuses it
 // alike) tries again until it can: dropped, the job would stay in the work queue, never
