@@ -762,30 +762,36 @@ func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
 	}
 }
 
+// dieWith plays a worker that dies with n jobs in hand: it fetches them (one delivery each)
+// and never acks.
+func dieWith(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	cons, err := b.results.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range msgs.Messages() {
+		got++
+	}
+	if got != n {
+		t.Fatalf("fetched %d jobs, want %d", got, n)
+	}
+}
+
 func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
 	publishJobs(t, b.results, "crash", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 
-	// Play a worker that dies twice with the job in hand: fetch it, never ack.
+	// Play a worker that dies twice with the job in hand.
 	ctx := context.Background()
-	cons, err := b.results.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 {
-		msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for range msgs.Messages() {
-			got++
-		}
-		if got != 1 {
-			t.Fatalf("delivery %d: got %d messages", i+1, got)
-		}
-	}
+	dieWith(t, b, 1)
+	dieWith(t, b, 1)
 	// A worker started now never gets the job again; it hears the max-deliveries advisory.
 	reg := prometheus.NewRegistry()
 	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
@@ -826,24 +832,9 @@ func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
 	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 3 * time.Second}, tinkersim.Config{Capacity: 8})
 	const n = 8
 	publishJobs(t, b.results, "cut", tokenJobs("orphan-", n))
-	// Play a worker that dies with the jobs on their one delivery: fetch them, never ack.
 	ctx := context.Background()
-	cons, err := b.results.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dieWith(t, b, n) // on the jobs' one delivery
 	taken := time.Now()
-	got := 0
-	for range msgs.Messages() {
-		got++
-	}
-	if got != n {
-		t.Fatalf("fetched %d jobs, want %d", got, n)
-	}
 	var link fleettest.Partition
 	url := b.emb.ClientURL()
 	cutOff := b.open(t, fleettest.Queue(t, url, b.qcfg, nats.SetCustomDialer(&link)), Config{Concurrency: 4})
@@ -889,18 +880,8 @@ func TestADeadLetterThatFailsIsTriedAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
 	publishJobs(t, b.results, "again", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
-	// Play a worker that dies with the job on its one delivery: fetch it, never ack.
 	ctx := context.Background()
-	cons, err := b.results.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range msgs.Messages() {
-	}
+	dieWith(t, b, 1) // on the job's one delivery
 	var logs fleettest.Buffer
 	reg := prometheus.NewRegistry()
 	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg,
