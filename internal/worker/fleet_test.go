@@ -71,9 +71,13 @@ func TestFleetBackoffBoundsA429Window(t *testing.T) {
 		t.Errorf("fleet backoff sent %d asample calls into the window, per-process backoff %d: want fewer with the fleet",
 			fleetRes.window, localRes.window)
 	}
-	if lateLocal := localRes.per429[1] + localRes.per429[2]; lateLocal <= 2*dispatch.DefaultThrottled {
-		t.Errorf("per-process backoff: workers B and C got %d 429s together; want more than the fleet's throttled allowance %d",
-			lateLocal, 2*dispatch.DefaultThrottled)
+	// With per-process deadlines B and C learn of the window each from 429s of its own: how
+	// many depends on how many of their calls are out before the first comes back, which a
+	// busy machine cuts down (20 of 200 in one CI run, against the fleet's 0), so the measure is
+	// the fleet's B and C in the same test, not the throttled allowance.
+	lateLocal, lateFleet := localRes.per429[1]+localRes.per429[2], fleetRes.per429[1]+fleetRes.per429[2]
+	if lateLocal <= lateFleet {
+		t.Errorf("per-process backoff: workers B and C got %d 429s together, with the fleet backoff %d; want more", lateLocal, lateFleet)
 	}
 }
 
