@@ -14,7 +14,9 @@
 //     for the context window) publish an error result and Term the message; transient ones
 //     NakWithDelay, using the fleet backoff's remaining time when it is the cause; the last
 //     allowed delivery publishes an error result and keeps the payload in the dead stream, and
-//     an advisory handler does the same for jobs whose last delivery died with its worker.
+//     an advisory handler does the same for jobs whose last delivery died with its worker:
+//     every worker hears each advisory, the first dead-letters the job, and one that fails is
+//     tried again until it succeeds.
 //   - A request refused with 401 or 403 is about the key or about the job: one credential
 //     check tells which. A key the service refuses stops the worker (Run returns
 //     ErrCredentialRefused) and fails no job: its jobs go back to the stream.
