@@ -7,6 +7,7 @@
 // The layout for a prefix p (default "tinkerfleet"):
 //
 //	stream P_JOBS     subjects p.jobs.<batch>               work queue, one durable consumer "workers"
+//	                                                        (MaxDeliver + 1 deliveries: see Config)
 //	stream P_RESULTS  subjects p.results.<batch>.<job>      limits, the first message per subject, kept days
 //	stream P_DEAD     subjects p.dead.<batch>               payloads of jobs that exhausted MaxDeliver
 //	KV p_batches      <batch> -> manifest (counts, digest, status)

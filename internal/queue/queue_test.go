@@ -106,11 +106,65 @@ func TestSetupIsIdempotentAndNamesFollowPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.CachedInfo().Config; got.AckPolicy != jetstream.AckExplicitPolicy || got.MaxDeliver != 10 || got.AckWait != 30*time.Second {
+	// Ten deliveries to work on, and one for the dead letter.
+	if got := c.CachedInfo().Config; got.AckPolicy != jetstream.AckExplicitPolicy || got.MaxDeliver != 11 || got.AckWait != 30*time.Second {
 		t.Fatalf("consumer config = %+v", got)
+	}
+	if b.q.Config.MaxDeliver != 10 {
+		t.Fatalf("MaxDeliver read back as %d, want 10", b.q.Config.MaxDeliver)
 	}
 	if _, err := NewNames("Bad.Prefix"); err == nil {
 		t.Fatal("a prefix with a dot and capitals was accepted")
+	}
+}
+
+// TestTheDeliveryForTheDeadLetterIsReadBack: MaxDeliver counts the deliveries a job is worked
+// on. Bind reads it from the consumer as Setup left it: one less than the server's, which
+// keeps a delivery for the dead letter; all of them for a consumer of an earlier version,
+// which keeps none, until a worker sets it up again; and no limit as no limit.
+func TestTheDeliveryForTheDeadLetterIsReadBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxDeliver: 4})
+	ctx := context.Background()
+	bound := func() int {
+		t.Helper()
+		q, err := Bind(ctx, b.q.JS, Config{MaxDeliver: 7}) // submit's flags do not count
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Config.MaxDeliver
+	}
+	if got := bound(); got != 4 {
+		t.Fatalf("bound: MaxDeliver %d, want 4", got)
+	}
+
+	earlier := jetstream.ConsumerConfig{Durable: ConsumerName, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5}
+	if _, err := b.q.JS.UpdateConsumer(ctx, b.q.Names.JobsStream(), earlier); err != nil {
+		t.Fatal(err)
+	}
+	if got := bound(); got != 5 {
+		t.Fatalf("bound to an earlier version's consumer: MaxDeliver %d, want 5", got)
+	}
+	q, err := Setup(ctx, b.q.JS, Config{MaxDeliver: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.MaxDeliver; got != 6 || q.Config.MaxDeliver != 5 || bound() != 5 {
+		t.Fatalf("set up again: the server's MaxDeliver %d, read back %d and %d; want 6, 5, 5", got, q.Config.MaxDeliver, bound())
+	}
+
+	if q, err = Setup(ctx, b.q.JS, Config{MaxDeliver: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = q.Consumer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.MaxDeliver; got != -1 || q.Config.MaxDeliver != -1 {
+		t.Fatalf("no limit: the server's MaxDeliver %d, read back %d; want -1 both", got, q.Config.MaxDeliver)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,7 +19,13 @@ type Config struct {
 	Replicas int
 	// AckWait is how long a delivered job may go without an ack or InProgress; default 30s.
 	AckWait time.Duration
-	// MaxDeliver is how many times a job is delivered before it is dead-lettered; default 10.
+	// MaxDeliver is how many times a job is delivered to be worked on before it is
+	// dead-lettered; default 10, negative for no limit. The consumer allows one delivery
+	// more, on which a worker dead-letters the job without working it: that delivery of a
+	// job whose last one died with its worker comes once the ack wait has passed, to
+	// whichever worker pulls next, even one that starts later. (The server's
+	// MAX_DELIVERIES advisory, the other way to learn of such a job, goes once to whoever
+	// listens at that moment.)
 	MaxDeliver int
 	// MaxAckPending caps the jobs in flight across the whole fleet; default 1000. Size it to
 	// workers × per-worker concurrency (deploy/README.md).
@@ -67,9 +74,13 @@ type Queue struct {
 	Jobs, Results, Dead jetstream.Stream
 	// Batches holds the batch manifests.
 	Batches jetstream.KeyValue
-	// Config is the configuration after defaults.
+	// Config is the configuration after defaults, with the consumer's as the server holds it.
 	Config Config
 }
+
+// extraDeliveryKey is the consumer's metadata that tells the extra delivery: it holds the
+// deliveries to work on (Config.MaxDeliver), one less than the consumer's MaxDeliver.
+const extraDeliveryKey = "tinkerfleet_max_deliver"
 
 // Setup creates or updates the streams, the shared consumer and the batch bucket, so that
 // workers can start in any order. It is the workers' (and operators') call: their
@@ -142,9 +153,13 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		Description:   "shared by every tinkerfleet worker",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait,
-		MaxDeliver:    cfg.MaxDeliver,
+		MaxDeliver:    -1,
 		MaxAckPending: cfg.MaxAckPending,
 		Replicas:      cfg.Replicas,
+	}
+	if cfg.MaxDeliver > 0 {
+		consumer.MaxDeliver = cfg.MaxDeliver + 1
+		consumer.Metadata = map[string]string{extraDeliveryKey: strconv.Itoa(cfg.MaxDeliver)}
 	}
 	var c jetstream.Consumer
 	if update {
@@ -161,7 +176,8 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		// Another worker (or the operator) may have set the consumer up with other flags:
 		// what the server holds is what redelivery follows.
 		got := c.CachedInfo().Config
-		q.Config.AckWait, q.Config.MaxDeliver, q.Config.MaxAckPending = got.AckWait, got.MaxDeliver, got.MaxAckPending
+		q.Config.AckWait, q.Config.MaxAckPending = got.AckWait, got.MaxAckPending
+		q.Config.MaxDeliver = deliveries(got)
 	}
 	bucket := jetstream.KeyValueConfig{
 		Bucket:      names.BatchesBucket(),
@@ -184,6 +200,16 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		return nil, fmt.Errorf("queue: bucket %s: %w", names.BatchesBucket(), err)
 	}
 	return q, nil
+}
+
+// deliveries reads from a consumer's config how many deliveries a job is worked on. A
+// consumer set up by a worker of an earlier version, or changed by hand, keeps no delivery
+// for the dead letter: each of its deliveries is worked on.
+func deliveries(c jetstream.ConsumerConfig) int {
+	if n, err := strconv.Atoi(c.Metadata[extraDeliveryKey]); err == nil && n > 0 && c.MaxDeliver == n+1 {
+		return n
+	}
+	return c.MaxDeliver
 }
 
 // Consumer binds the shared durable consumer that workers pull jobs from.

@@ -38,9 +38,8 @@ type maxDeliveriesAdvisory struct {
 func (w *Worker) deadLetters(ctx context.Context) {
 	q := w.cfg.Queue
 	nc := q.JS.Conn()
-	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + q.Names.JobsStream() + "." + queue.ConsumerName
 	ch := make(chan *nats.Msg, 1024) // every worker's: a burst is not spread over the fleet
-	sub, err := nc.ChanSubscribe(subject, ch)
+	sub, err := nc.ChanSubscribe(maxDeliveriesSubject(q.Names), ch)
 	if err != nil {
 		w.log.Error("subscribe to max-deliveries advisories", "err", err)
 		return
@@ -90,6 +89,12 @@ func (w *Worker) deadLetters(ctx context.Context) {
 	}
 }
 
+// maxDeliveriesSubject is the subject of the server's max-deliveries advisories for the
+// workers' consumer (jetstream-notes §4).
+func maxDeliveriesSubject(names queue.Names) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + names.JobsStream() + "." + queue.ConsumerName
+}
+
 // The delays between tries of a dead letter that failed: deadLetterRetry (a Worker's, 5 s
 // unless a test shortens it) at first, doubled per try up to maxDeadLetterRetry.
 const (
@@ -115,16 +120,7 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 		return err
 	}
 	if !done {
-		job, decErr := jobs.DecodeJob(raw.Data)
-		if decErr != nil {
-			job = jobs.Job{CustomID: customID}
-		}
-		res := errorResult(job, batch, jobs.ResultError{
-			Code:      jobs.CodeDeadLetter,
-			Message:   fmt.Sprintf("no worker finished the job in %d deliveries", adv.Deliveries),
-			Category:  jobs.CategoryServer,
-			Retryable: true,
-		})
+		res := deadLetterResult(raw.Data, batch, customID, unfinished(int(adv.Deliveries)))
 		if err := q.PublishDead(ctx, batch, customID, "max deliveries", raw.Data); err != nil {
 			return err
 		}
@@ -141,4 +137,54 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	return nil
+}
+
+// outOfDeliveries ends a job on the consumer's delivery kept for its dead letter (see
+// queue.Config.MaxDeliver): no worker finished it in the deliveries it had, each worker
+// having died with it (or handed it back on the last, the publish again failing). It is not
+// worked on again, as it may be what killed them; a worker that died between storing its
+// result and the ack may have finished it, though.
+func (w *Worker) outOfDeliveries(ctx context.Context, msg jetstream.Msg, batch, customID string) outcome {
+	done, err := w.cfg.Queue.HasResult(ctx, batch, customID)
+	if err != nil {
+		return transient(err) // handle dead-letters it all the same: this is its last delivery
+	}
+	if done {
+		return outcome{settle: settleAck}
+	}
+	return w.deadLettered(ctx, msg, batch, customID, unfinished(w.maxDeliver), "max deliveries")
+}
+
+// deadLettered is the outcome of a job delivered in msg that ends as a dead letter: an error
+// result that says message, to store, and the payload kept in the dead stream with reason.
+func (w *Worker) deadLettered(ctx context.Context, msg jetstream.Msg, batch, customID, message, reason string) outcome {
+	res := deadLetterResult(msg.Data(), batch, customID, message)
+	if err := w.cfg.Queue.PublishDead(ctx, batch, customID, reason, msg.Data()); err != nil {
+		w.jobLog(batch, customID, queue.NumDelivered(msg)).Error("keep dead-letter payload", "err", err)
+	}
+	w.metrics.deadLetter()
+	return outcome{result: &res, settle: settleTerm}
+}
+
+// deadLetterResult is the error result of a job, its payload data, that ends as a dead letter
+// for the reason message. Undecodable, the job is named by its custom id alone.
+func deadLetterResult(data []byte, batch, customID, message string) jobs.Result {
+	job, err := jobs.DecodeJob(data)
+	if err != nil {
+		job = jobs.Job{CustomID: customID}
+	}
+	return errorResult(job, batch, jobs.ResultError{
+		Code:      jobs.CodeDeadLetter,
+		Message:   message,
+		Category:  jobs.CategoryServer,
+		Retryable: true,
+	})
+}
+
+// unfinished is a dead letter's message for a job that no worker finished in its deliveries.
+func unfinished(deliveries int) string {
+	if deliveries == 1 {
+		return "no worker finished the job in its one delivery"
+	}
+	return fmt.Sprintf("no worker finished the job in %d deliveries", deliveries)
 }

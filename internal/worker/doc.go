@@ -13,10 +13,11 @@
 //   - Permanent failures (an invalid job, a failed future of category user, a prompt too long
 //     for the context window) publish an error result and Term the message; transient ones
 //     NakWithDelay, using the fleet backoff's remaining time when it is the cause; the last
-//     allowed delivery publishes an error result and keeps the payload in the dead stream, and
-//     an advisory handler does the same for jobs whose last delivery died with its worker:
-//     every worker hears each advisory, the first dead-letters the job, and one that fails is
-//     tried again until it succeeds.
+//     allowed delivery publishes an error result and keeps the payload in the dead stream. A
+//     job whose last delivery died with its worker gets one more, kept by the consumer for
+//     this, and is dead-lettered on it without being worked on; an advisory handler does the
+//     same for jobs whose extra delivery died too: every worker hears each advisory, the
+//     first dead-letters the job, and one that fails is tried again until it succeeds.
 //   - A request refused with 401 or 403 is about the key or about the job: one credential
 //     check tells which. A key the service refuses stops the worker (Run returns
 //     ErrCredentialRefused) and fails no job: its jobs go back to the stream.

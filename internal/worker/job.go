@@ -90,18 +90,8 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	last := delivered >= uint64(w.maxDeliver)
 	if out.settle == settleRetry && last {
 		// The last allowed delivery: end the job here rather than leave it without a result.
-		res := errorResult(w.jobOrStub(msg, customID), batch, jobs.ResultError{
-			Code:      jobs.CodeDeadLetter,
-			Message:   fmt.Sprintf("gave up after %d deliveries: %v", delivered, out.err),
-			Category:  jobs.CategoryServer,
-			Retryable: true,
-		})
-		res.LatencyMS = time.Since(start).Milliseconds()
-		if err := w.cfg.Queue.PublishDead(ctx, batch, customID, out.err.Error(), msg.Data()); err != nil {
-			log().Error("keep dead-letter payload", "err", err)
-		}
-		out = outcome{result: &res, settle: settleTerm}
-		w.metrics.deadLetter()
+		out = w.deadLettered(ctx, msg, batch, customID, fmt.Sprintf("gave up after %d deliveries: %v", delivered, out.err), out.err.Error())
+		out.result.LatencyMS = time.Since(start).Milliseconds()
 	}
 	if out.settle == settleRetry || out.settle == settleNak || out.settle == settleLeave {
 		// Let go before the nak: an InProgress sent after it would put its delay off to the
@@ -162,10 +152,10 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	return false
 }
 
-// publishAgain hands back a job that did not fail on its last delivery (the worker stops): a
-// nak would leave the server without a delivery to give it, and it would end as a dead
-// letter. It is published again as a new job instead, or, if that fails, handed back all the
-// same.
+// publishAgain hands back a job that did not fail on its last delivery to be worked on (the
+// worker stops): a nak would leave the server only the delivery kept for its dead letter
+// (queue.Config.MaxDeliver), and it would end as one. It is published again as a new job
+// instead, or, if that fails, handed back all the same.
 func (w *Worker) publishAgain(ctx context.Context, msg jetstream.Msg, log func() *slog.Logger) error {
 	ctx = context.WithoutCancel(ctx) // past the grace period too
 	err := w.cfg.Queue.PublishAgain(ctx, msg)
@@ -282,6 +272,9 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 			out = w.panicked(job, batch, customID, delivered, p)
 		}
 	}()
+	if w.maxDeliver > 0 && delivered > uint64(w.maxDeliver) {
+		return w.outOfDeliveries(ctx, msg, batch, customID)
+	}
 	job, err := jobs.DecodeJob(msg.Data())
 	if err == nil {
 		err = job.Validate(w.cfg.Limits)
@@ -641,14 +634,6 @@ func (w *Worker) publish(ctx context.Context, batch string, res *jobs.Result) (f
 
 // maxKeptBuffer is the largest encode buffer a job handler keeps for its next job.
 const maxKeptBuffer = 64 << 10
-
-// jobOrStub decodes the job of msg for an error result, or makes a stub from the custom id.
-func (w *Worker) jobOrStub(msg jetstream.Msg, customID string) jobs.Job {
-	if j, err := jobs.DecodeJob(msg.Data()); err == nil {
-		return j
-	}
-	return jobs.Job{CustomID: customID}
-}
 
 func errorResult(job jobs.Job, batch string, e jobs.ResultError) jobs.Result {
 	return jobs.Result{

@@ -783,20 +783,47 @@ func dieWith(t *testing.T, b *testBundle, n int) {
 	}
 }
 
-func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
-	t.Parallel()
-	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
-	publishJobs(t, b.results, "crash", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+// exhaust plays workers that die with n jobs on each of their deliveries, the one the consumer
+// keeps for the dead letter too: the server's max-deliveries advisory, once their last ack
+// wait has passed, is all that is left to end them. It returns when they took their last
+// delivery.
+func exhaust(t *testing.T, b *testBundle, n int) time.Time {
+	t.Helper()
+	for range b.results.Config.MaxDeliver + 1 {
+		dieWith(t, b, n) // after the first, each waits out the ack wait of the one before
+	}
+	return time.Now()
+}
 
-	// Play a worker that dies twice with the job in hand.
+// listening waits until n workers listen for the max-deliveries advisories, and skips the test
+// if the ack wait of jobs taken at taken has run out meanwhile: the advisory would have gone
+// to fewer.
+func listening(t *testing.T, b *testBundle, n int, taken time.Time) {
+	t.Helper()
+	subject := maxDeliveriesSubject(b.results.Names)
+	fleettest.Eventually(t, 10*time.Second, "the workers to listen for advisories", func() bool {
+		return b.emb.Server().GlobalAccount().Interest(subject) >= n
+	})
+	if time.Since(taken) > b.results.Config.AckWait*3/4 {
+		t.Skip("the workers took longer to start than the jobs' ack wait leaves: the machine is too busy for this test")
+	}
+}
+
+// TestAJobWhoseEveryDeliveryDiedIsDeadLettered: a job whose delivery kept for the dead letter
+// died with its worker too is announced by the server, and the worker that hears it
+// dead-letters it.
+func TestAJobWhoseEveryDeliveryDiedIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 2, AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "crash", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 	ctx := context.Background()
-	dieWith(t, b, 1)
-	dieWith(t, b, 1)
+	taken := exhaust(t, b, 1)
 	// A worker started now never gets the job again; it hears the max-deliveries advisory.
 	reg := prometheus.NewRegistry()
 	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
+	listening(t, b, 1, taken)
 	r := waitResults(t, b.results, "crash", 1, 30*time.Second)["orphan"]
-	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || r.Error.Message != "no worker finished the job in 3 deliveries" {
 		t.Fatalf("result = %+v", r)
 	}
 	if b.sim.Stats().SamplesAccepted != 0 {
@@ -822,6 +849,41 @@ func TestJobWhoseLastDeliveryDiedIsDeadLettered(t *testing.T) {
 	}
 }
 
+// TestAJobOutOfDeliveriesWhileNoWorkerRanIsDeadLettered: a job whose last delivery dies with
+// its worker while no other worker runs (a lone worker that crashed on it, a fleet scaled to
+// zero) is announced to nobody: the server's advisory comes once, when the ack wait runs out.
+// The consumer keeps one delivery more, for this: the next worker to come gets the job on it,
+// and dead-letters it without sampling it.
+func TestAJobOutOfDeliveriesWhileNoWorkerRanIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 300 * time.Millisecond}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "alone", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+	ctx := context.Background()
+	dieWith(t, b, 1) // on the job's one delivery
+	// The ack wait passes with no worker to hear of it. (Without the extra delivery the
+	// server counts the job out of deliveries then: its NumAckPending drops to 0.)
+	time.Sleep(4 * b.results.Config.AckWait)
+	reg := prometheus.NewRegistry()
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
+	r := waitResults(t, b.results, "alone", 1, 30*time.Second)["orphan"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || r.Error.Message != "no worker finished the job in its one delivery" {
+		t.Fatalf("result = %+v", r)
+	}
+	if n := b.sim.Stats().SamplesAccepted; n != 0 {
+		t.Fatalf("the job was sampled %d times on the delivery kept for its dead letter", n)
+	}
+	fleettest.Eventually(t, 10*time.Second, "the job to leave the work queue", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if _, err := b.results.Dead.GetLastMsgForSubject(ctx, b.results.Names.DeadSubject("alone")); err != nil {
+		t.Fatalf("dead-letter payload: %v", err)
+	}
+	if n := counterValue(t, reg, "tinkerfleet_dead_letters_total", ""); n != 1 {
+		t.Fatalf("%v dead letters counted, want 1", n)
+	}
+}
+
 // TestAWorkerCutOffTakesNoDeadLetterFromTheOthers: a worker whose link to NATS died without a
 // word (a dead network, a frozen machine) still counts, for the server, until the server's
 // own pings give up on it (minutes, with its defaults). The server announces each job out
@@ -833,8 +895,7 @@ func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
 	const n = 8
 	publishJobs(t, b.results, "cut", tokenJobs("orphan-", n))
 	ctx := context.Background()
-	dieWith(t, b, n) // on the jobs' one delivery
-	taken := time.Now()
+	taken := exhaust(t, b, n)
 	var link fleettest.Partition
 	url := b.emb.ClientURL()
 	cutOff := b.open(t, fleettest.Queue(t, url, b.qcfg, nats.SetCustomDialer(&link)), Config{Concurrency: 4})
@@ -847,13 +908,9 @@ func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
 		run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg,
 			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}))
 	}
-	time.Sleep(300 * time.Millisecond) // all listen for the advisories
-	if time.Since(taken) > 2*time.Second {
-		t.Skip("the workers took longer to start than the jobs' ack wait leaves: the machine is too busy for this test")
-	}
+	listening(t, b, 3, taken)
 	link.Cut(url)
-	// The ack wait passes; the live worker's next pull has the server find the jobs out of
-	// deliveries, and announce them.
+	// The ack wait passes: the server finds the jobs out of deliveries, and announces them.
 	rs := waitResults(t, b.results, "cut", n, 30*time.Second)
 	for id, r := range rs {
 		if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
@@ -878,10 +935,10 @@ func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
 // delivered again, and its batch would never be done.
 func TestADeadLetterThatFailsIsTriedAgain(t *testing.T) {
 	t.Parallel()
-	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond}, tinkersim.Config{Capacity: 8})
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 8})
 	publishJobs(t, b.results, "again", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 	ctx := context.Background()
-	dieWith(t, b, 1) // on the job's one delivery
+	taken := exhaust(t, b, 1)
 	var logs fleettest.Buffer
 	reg := prometheus.NewRegistry()
 	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg,
@@ -890,7 +947,8 @@ func TestADeadLetterThatFailsIsTriedAgain(t *testing.T) {
 	if err := b.results.JS.DeleteStream(ctx, b.results.Names.DeadStream()); err != nil {
 		t.Fatal(err)
 	}
-	run(t, w) // its first pull finds the job out of deliveries: the advisory comes
+	run(t, w)
+	listening(t, b, 1, taken)
 	fleettest.Eventually(t, 30*time.Second, "the dead letter to fail", func() bool {
 		return strings.Contains(logs.String(), "dead-letter job; it is tried again")
 	})
