@@ -138,7 +138,9 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// Once the puller is closed: until then, the server could deliver the job again into
 		// the request the puller gave up on.
 		<-w.pullDone
-		if last {
+		if delivered == uint64(w.maxDeliver) {
+			// Its last delivery to be worked on. (Not the one kept for its dead letter, past
+			// it: each worker before died with that job, which may be what killed them.)
 			err = w.publishAgain(ctx, msg, log)
 			break
 		}

@@ -783,6 +783,48 @@ func dieWith(t *testing.T, b *testBundle, n int) {
 	}
 }
 
+// TestAWorkerStoppedOnAJobsDeadLetterDeliveryDoesNotPublishItAgain: a job handed back on its
+// last delivery to be worked on is published again, with every delivery ahead of it, as it
+// never failed. One handed back on the delivery kept for its dead letter (a worker stopping
+// while it dead-letters the job) goes back as it is: each worker before died with it, and it
+// may be what killed them.
+func TestAWorkerStoppedOnAJobsDeadLetterDeliveryDoesNotPublishItAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 300 * time.Millisecond}, tinkersim.Config{})
+	publishJobs(t, b.results, "stop", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+	ctx := context.Background()
+	dieWith(t, b, 1) // on its one delivery to be worked on
+	cons, err := b.results.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := <-msgs.Messages()
+	if msg == nil || queue.NumDelivered(msg) != 2 {
+		t.Fatal("no delivery kept for the dead letter")
+	}
+	w := b.open(t, b.connect(t), Config{})
+	w.pullDone = make(chan struct{})
+	close(w.pullDone)
+	stopped, cancel := context.WithCancel(ctx)
+	cancel() // the worker stops as it begins to dead-letter the job
+	w.handle(stopped, delivery{msg: msg})
+
+	info, err := b.results.Jobs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 || info.State.LastSeq != 1 {
+		t.Fatalf("the jobs stream holds %d jobs, the last at %d: want the one job, not published again", info.State.Msgs, info.State.LastSeq)
+	}
+	if r, _ := b.results.HasResult(ctx, "stop", "orphan"); r {
+		t.Fatal("a result was stored for a job handed back")
+	}
+}
+
 // exhaust plays workers that die with n jobs on each of their deliveries, the one the consumer
 // keeps for the dead letter too: the server's max-deliveries advisory, once their last ack
 // wait has passed, is all that is left to end them. It returns when they took their last
