@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
+	"strconv"
 )
 
 // Formats a job can come from (Job.Format).
@@ -126,49 +128,169 @@ func (s *Stop) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// wireJob is the JSON shape of a Job (the native line plus "format"); metadata is spliced in by
-// encodeWithMetadata so that it stays byte for byte.
-type wireJob struct {
-	CustomID           string          `json:"custom_id"`
-	Format             string          `json:"format,omitempty"`
-	Model              string          `json:"model,omitempty"`
-	ModelPath          string          `json:"model_path,omitempty"`
-	Prompt             *string         `json:"prompt,omitempty"`
-	PromptTokens       []int           `json:"prompt_tokens,omitempty"`
-	Messages           []Message       `json:"messages,omitempty"`
-	Thinking           bool            `json:"thinking,omitempty"`
-	ReasoningEffort    string          `json:"reasoning_effort,omitempty"`
-	Params             *SamplingParams `json:"sampling_params,omitempty"`
-	NumSamples         int             `json:"num_samples"`
-	PromptLogprobs     bool            `json:"prompt_logprobs,omitempty"`
-	TopKPromptLogprobs int             `json:"topk_prompt_logprobs,omitempty"`
+// Encode returns the compact JSON form of the job (the NATS message body): AppendJSON into a
+// new buffer.
+func (j Job) Encode() ([]byte, error) {
+	return j.AppendJSON(make([]byte, 0, j.encodedSizeHint()))
 }
 
-// Encode returns the compact JSON form of the job (the NATS message body). Metadata is written
-// byte for byte; only if it contains a newline is it compacted, to keep the encoding on one line.
-func (j Job) Encode() ([]byte, error) {
-	w := wireJob{
-		CustomID:           j.CustomID,
-		Format:             j.Format,
-		Model:              j.Model,
-		ModelPath:          j.ModelPath,
-		PromptTokens:       j.PromptTokens,
-		Messages:           j.Messages,
-		Thinking:           j.Thinking,
-		ReasoningEffort:    j.ReasoningEffort,
-		NumSamples:         j.NumSamples,
-		PromptLogprobs:     j.PromptLogprobs,
-		TopKPromptLogprobs: j.TopKPromptLogprobs,
+// AppendJSON appends the compact one-line JSON of the job to b: the native line's fields (the
+// zero ones left out) and "format", as encoding/json writes them with HTML escaping off, and
+// the metadata last, byte for byte (compacted only if it holds a newline, to keep one line).
+// submit encodes one job per input line, so this is written out by hand rather than through
+// reflection (bench comparison 4); TestJobAppendJSONMatchesEncodingJSON and FuzzJobJSON hold it
+// to encoding/json's output, byte for byte.
+func (j *Job) AppendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"custom_id":`...)
+	b = appendJSONString(b, j.CustomID)
+	b = appendStringField(b, `,"format":`, j.Format)
+	b = appendStringField(b, `,"model":`, j.Model)
+	b = appendStringField(b, `,"model_path":`, j.ModelPath)
+	b = appendStringField(b, `,"prompt":`, j.Prompt)
+	if len(j.PromptTokens) > 0 {
+		b = append(b, `,"prompt_tokens":`...)
+		b = appendInts(b, j.PromptTokens)
 	}
-	if j.Prompt != "" {
-		w.Prompt = &j.Prompt
+	if len(j.Messages) > 0 {
+		b = append(b, `,"messages":[`...)
+		for i, m := range j.Messages {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"role":`...)
+			b = appendJSONString(b, m.Role)
+			b = append(b, `,"content":`...)
+			b = appendJSONString(b, m.Content)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
 	}
+	if j.Thinking {
+		b = append(b, `,"thinking":true`...)
+	}
+	b = appendStringField(b, `,"reasoning_effort":`, j.ReasoningEffort)
 	if !j.Params.isZero() {
-		w.Params = &j.Params
+		var err error
+		if b, err = j.Params.appendJSON(append(b, `,"sampling_params":`...)); err != nil {
+			return nil, fmt.Errorf("encode job %q: %w", j.CustomID, err)
+		}
 	}
-	b, err := encodeWithMetadata(w, j.Metadata)
-	if err != nil {
-		return nil, fmt.Errorf("encode job %q: %w", j.CustomID, err)
+	b = append(b, `,"num_samples":`...)
+	b = strconv.AppendInt(b, int64(j.NumSamples), 10)
+	if j.PromptLogprobs {
+		b = append(b, `,"prompt_logprobs":true`...)
+	}
+	if j.TopKPromptLogprobs != 0 {
+		b = append(b, `,"topk_prompt_logprobs":`...)
+		b = strconv.AppendInt(b, int64(j.TopKPromptLogprobs), 10)
+	}
+	if j.Metadata != nil {
+		var err error
+		if b, err = appendMetadata(b, j.Metadata); err != nil {
+			return nil, fmt.Errorf("encode job %q: %w", j.CustomID, err)
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// encodedSizeHint is about the size of the job's encoding, so that Encode allocates once.
+func (j *Job) encodedSizeHint() int {
+	n := 160 + len(j.CustomID) + len(j.Model) + len(j.ModelPath) + len(j.Prompt) + 8*len(j.PromptTokens) + len(j.Metadata)
+	for _, m := range j.Messages {
+		n += 32 + len(m.Content)
+	}
+	return n
+}
+
+// appendStringField appends key and s as a JSON string, unless s is empty (omitempty).
+func appendStringField(b []byte, key, s string) []byte {
+	if s == "" {
+		return b
+	}
+	return appendJSONString(append(b, key...), s)
+}
+
+// appendInts appends a JSON list of integers.
+func appendInts(b []byte, xs []int) []byte {
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	return append(b, ']')
+}
+
+// appendJSON appends the parameters as a JSON object: the fields set, in the order of the
+// struct (as encoding/json writes them).
+func (p *SamplingParams) appendJSON(b []byte) ([]byte, error) {
+	b = append(b, '{')
+	key := func(k string) {
+		if b[len(b)-1] != '{' {
+			b = append(b, ',')
+		}
+		b = append(b, k...)
+	}
+	if p.MaxTokens != nil {
+		key(`"max_tokens":`)
+		b = strconv.AppendInt(b, int64(*p.MaxTokens), 10)
+	}
+	if p.Seed != nil {
+		key(`"seed":`)
+		b = strconv.AppendInt(b, *p.Seed, 10)
+	}
+	if len(p.Stop.Strings) > 0 {
+		key(`"stop":[`)
+		for i, s := range p.Stop.Strings {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, s)
+		}
+		b = append(b, ']')
+	} else if len(p.Stop.TokenIDs) > 0 {
+		key(`"stop":`)
+		b = appendInts(b, p.Stop.TokenIDs)
+	}
+	var err error
+	if p.Temperature != nil {
+		key(`"temperature":`)
+		if b, err = appendFloat64(b, *p.Temperature); err != nil {
+			return nil, err
+		}
+	}
+	if p.TopK != nil {
+		key(`"top_k":`)
+		b = strconv.AppendInt(b, int64(*p.TopK), 10)
+	}
+	if p.TopP != nil {
+		key(`"top_p":`)
+		if b, err = appendFloat64(b, *p.TopP); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// appendFloat64 appends f as encoding/json writes a float64: the shortest form that reads
+// back the same, in exponent form below 1e-6 and from 1e21 on, with a one-digit negative
+// exponent written without its leading zero. NaN and infinities are not JSON.
+func appendFloat64(b []byte, f float64) ([]byte, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("unsupported value %v", f)
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// e-07 -> e-7, as encoding/json does.
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
 	}
 	return b, nil
 }
@@ -206,38 +328,6 @@ func DecodeJob(data []byte) (Job, error) {
 func (p SamplingParams) isZero() bool {
 	return p.MaxTokens == nil && p.Seed == nil && p.Temperature == nil && p.TopK == nil &&
 		p.TopP == nil && p.Stop.IsZero()
-}
-
-// encodeWithMetadata marshals v (a struct encoding to a JSON object) without HTML escaping and
-// appends "metadata": raw before the closing brace, raw kept byte for byte unless it holds a
-// newline (then it is compacted).
-func encodeWithMetadata(v any, raw json.RawMessage) ([]byte, error) {
-	b, err := marshalNoEscape(v)
-	if err != nil {
-		return nil, err
-	}
-	if raw == nil {
-		return b, nil
-	}
-	if !json.Valid(raw) {
-		return nil, fmt.Errorf("metadata is not valid JSON")
-	}
-	if bytes.IndexByte(raw, '\n') >= 0 {
-		var c bytes.Buffer
-		if err := json.Compact(&c, raw); err != nil {
-			return nil, fmt.Errorf("compact metadata: %w", err)
-		}
-		raw = c.Bytes()
-	}
-	out := make([]byte, 0, len(b)+len(raw)+12)
-	out = append(out, b[:len(b)-1]...)
-	if len(b) > 2 {
-		out = append(out, ',')
-	}
-	out = append(out, `"metadata":`...)
-	out = append(out, raw...)
-	out = append(out, '}')
-	return out, nil
 }
 
 // marshalNoEscape is json.Marshal without HTML escaping (so "<|im_end|>" stays readable).
