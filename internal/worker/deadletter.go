@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -181,10 +182,15 @@ func deadLetterResult(data []byte, batch, customID, message string) jobs.Result 
 	})
 }
 
-// unfinished is a dead letter's message for a job that no worker finished in its deliveries.
-func unfinished(deliveries int) string {
-	if deliveries == 1 {
-		return "no worker finished the job in its one delivery"
+// unfinished is a dead letter's message for a job that no worker finished in n deliveries.
+func unfinished(n int) string {
+	return "no worker finished the job in " + deliveries(n)
+}
+
+// deliveries words n deliveries: "1 delivery", "3 deliveries".
+func deliveries(n int) string {
+	if n == 1 {
+		return "1 delivery"
 	}
-	return fmt.Sprintf("no worker finished the job in %d deliveries", deliveries)
+	return strconv.Itoa(n) + " deliveries"
 }

@@ -90,7 +90,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	last := delivered >= uint64(w.maxDeliver)
 	if out.settle == settleRetry && last {
 		// The last allowed delivery: end the job here rather than leave it without a result.
-		out = w.deadLettered(ctx, msg, batch, customID, fmt.Sprintf("gave up after %d deliveries: %v", delivered, out.err), out.err.Error())
+		out = w.deadLettered(ctx, msg, batch, customID, fmt.Sprintf("gave up after %s: %v", deliveries(int(delivered)), out.err), out.err.Error())
 		out.result.LatencyMS = time.Since(start).Milliseconds()
 	}
 	if out.settle == settleRetry || out.settle == settleNak || out.settle == settleLeave {

@@ -700,7 +700,8 @@ func TestJobsThatKeepFailingEndAsDeadLetters(t *testing.T) {
 	publishJobs(t, b.results, "dl", []jobs.Job{{CustomID: "doomed", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
 
 	r := waitResults(t, b.results, "dl", 1, 30*time.Second)["doomed"]
-	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || !r.Error.Retryable {
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || !r.Error.Retryable ||
+		!strings.HasPrefix(r.Error.Message, "gave up after 3 deliveries: ") {
 		t.Fatalf("result = %+v", r)
 	}
 	if got := b.sim.Stats().SamplesAccepted; got != 3 {
@@ -908,7 +909,7 @@ func TestAJobOutOfDeliveriesWhileNoWorkerRanIsDeadLettered(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
 	r := waitResults(t, b.results, "alone", 1, 30*time.Second)["orphan"]
-	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || r.Error.Message != "no worker finished the job in its one delivery" {
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || r.Error.Message != "no worker finished the job in 1 delivery" {
 		t.Fatalf("result = %+v", r)
 	}
 	if n := b.sim.Stats().SamplesAccepted; n != 0 {
