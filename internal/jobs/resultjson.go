@@ -106,14 +106,7 @@ func (s *Sample) appendJSON(b []byte) []byte {
 	if s.Tokens == nil {
 		b = append(b, "null"...)
 	} else {
-		b = append(b, '[')
-		for i, t := range s.Tokens {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(t), 10)
-		}
-		b = append(b, ']')
+		b = appendInts(b, s.Tokens)
 	}
 	if len(s.Logprobs) > 0 {
 		b = append(b, `,"logprobs":`...)
@@ -143,7 +136,7 @@ func (l Logprobs) appendJSON(b []byte) []byte {
 var errMetadataNotJSON = errors.New("metadata is not valid JSON")
 
 // appendMetadata appends `,"metadata":` and raw, byte for byte unless it holds a newline (then
-// compacted), as encodeWithMetadata does.
+// compacted), as results and jobs were encoded through encoding/json.
 func appendMetadata(b []byte, raw json.RawMessage) ([]byte, error) {
 	if !json.Valid(raw) {
 		return nil, errMetadataNotJSON
