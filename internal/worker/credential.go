@@ -52,9 +52,12 @@ func (c *credentialCheck) since(ctx context.Context, refusedAt time.Time, check 
 //     nothing fails, and nothing is sampled while the key is refused.
 //   - accepted, after a 403: the key may not have what this job asked for (a model path of
 //     another account, say): the job ends with an api_error result.
+//   - accepted, and the worker has taken a new key from the file since the job's request
+//     began (keysTaken, when the job's sample began): the refusal was the old key's, and the
+//     job goes back to the stream at once.
 //   - accepted, after a 401 (a JWT the service stopped honouring, renewed by the check), or
 //     no answer: the job is tried again later.
-func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, err error) outcome {
+func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, keysTaken uint64, err error) outcome {
 	cerr := w.credential.since(ctx, time.Now(), w.checkCredential)
 	var status *tinker.StatusError
 	errors.As(err, &status)
@@ -70,6 +73,10 @@ func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, err er
 			Code: jobs.CodeAPIError, Message: err.Error(), Category: jobs.CategoryUser,
 		})
 		return outcome{result: &res, settle: settleTerm}
+	case cerr == nil && w.keysTaken.Load() != keysTaken:
+		// Once per rotation for each job: a key the service refused in turn would stop
+		// the worker above, not send its jobs round at once again.
+		return outcome{settle: settleRetry, delay: time.Nanosecond, err: err}
 	}
 	return transient(err)
 }
@@ -95,6 +102,7 @@ func (w *Worker) checkCredential(ctx context.Context) error {
 	case !changed:
 		return err // the file still holds the refused key
 	}
+	w.keysTaken.Add(1)
 	w.log.Info("the service refused the API key; its file holds another, which the worker uses from now on",
 		"file", w.cfg.TinkerAPIKeyFile)
 	if w.cfg.Account == "" && !w.cfg.LocalBackoff {

@@ -356,10 +356,11 @@ func cancelled(job jobs.Job, batch string) outcome {
 
 // sample turns a valid job, delivered in msg, into a Tinker sample and its result.
 func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, batch string, r *dispatch.Reservation) outcome {
+	keysTaken := w.keysTaken.Load() // to tell a refusal of a key replaced since (refused)
 	spec := tinker.SamplerSpec{BaseModel: job.Model, ModelPath: job.ModelPath}
 	sampler, baseModel, err := w.samplers.get(ctx, spec)
 	if err != nil {
-		return w.failure(ctx, job, batch, err)
+		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 	prompt, stops, tok, err := w.prompt(ctx, job, baseModel)
 	if err != nil {
@@ -398,7 +399,7 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		if errors.Is(err, errStopping) {
 			return outcome{settle: settleNak} // to another worker, now
 		}
-		return w.failure(ctx, job, batch, err)
+		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 
 	st := &sampleState{reservation: r, batch: batch, msg: msg}
@@ -446,11 +447,11 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		case errors.Is(err, errGivenOut):
 			return outcome{settle: settleLeave}
 		}
-		return w.failure(ctx, job, batch, err)
+		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 	cells := replyCells(res.Response)
 	if err := mem.grow(ctx, int64(cells)*resultCellBytes); err != nil {
-		return w.failure(ctx, job, batch, err)
+		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 	result := okResult(job, batch, res, len(prompt), tok, params.Stop)
 	kept = true
@@ -471,8 +472,9 @@ func samplerLost(err error) bool {
 // service runs, so that only a future it lost reaches it.
 const DefaultSampleTimeout = 30 * time.Minute
 
-// failure classifies a sampling error into a permanent error result or a retry.
-func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err error) outcome {
+// failure classifies a sampling error into a permanent error result or a retry. keysTaken is
+// Worker.keysTaken when the job's sample began.
+func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, keysTaken uint64, err error) outcome {
 	if ctx.Err() != nil {
 		return outcome{settle: settleNak, err: err}
 	}
@@ -487,7 +489,7 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, err er
 		return transient(err)
 	}
 	if tinker.CredentialRefused(err) {
-		return w.refused(ctx, job, batch, err)
+		return w.refused(ctx, job, batch, keysTaken, err)
 	}
 	var status *tinker.StatusError
 	if errors.As(err, &status) {

@@ -42,6 +42,7 @@ type Worker struct {
 	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
 	stopped     atomic.Bool             // stopRun called stop
 	credential  credentialCheck
+	keysTaken   atomic.Uint64 // keys taken from Config.TinkerAPIKeyFile after the service refused the one before
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
 	// presenceEvery is how often the worker notes its presence (queue.PresencePeriod; a test
 	// shortens it); another worker is silent once three periods pass without its note.
