@@ -767,6 +767,13 @@ func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
 // and never acks.
 func dieWith(t *testing.T, b *testBundle, n int) {
 	t.Helper()
+	take(t, b, n)
+}
+
+// take fetches n jobs from the workers' consumer, as a worker would (one delivery each),
+// waiting up to 5 s for them.
+func take(t *testing.T, b *testBundle, n int) []jetstream.Msg {
+	t.Helper()
 	cons, err := b.results.Consumer(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -775,13 +782,14 @@ func dieWith(t *testing.T, b *testBundle, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := 0
-	for range msgs.Messages() {
-		got++
+	var got []jetstream.Msg
+	for msg := range msgs.Messages() {
+		got = append(got, msg)
 	}
-	if got != n {
-		t.Fatalf("fetched %d jobs, want %d", got, n)
+	if len(got) != n {
+		t.Fatalf("fetched %d jobs, want %d", len(got), n)
 	}
+	return got
 }
 
 // TestAWorkerStoppedOnAJobsDeadLetterDeliveryDoesNotPublishItAgain: a job handed back on its
@@ -795,16 +803,8 @@ func TestAWorkerStoppedOnAJobsDeadLetterDeliveryDoesNotPublishItAgain(t *testing
 	publishJobs(t, b.results, "stop", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 	ctx := context.Background()
 	dieWith(t, b, 1) // on its one delivery to be worked on
-	cons, err := b.results.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := <-msgs.Messages()
-	if msg == nil || queue.NumDelivered(msg) != 2 {
+	msg := take(t, b, 1)[0]
+	if queue.NumDelivered(msg) != 2 {
 		t.Fatal("no delivery kept for the dead letter")
 	}
 	w := b.open(t, b.connect(t), Config{})
