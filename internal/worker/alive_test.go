@@ -15,25 +15,9 @@ import (
 // heldMsgs returns n job messages delivered by a real consumer, as a worker holds them.
 func heldMsgs(t *testing.T, n int) []jetstream.Msg {
 	t.Helper()
-	ctx := context.Background()
 	q := fleettest.Queue(t, fleettest.NATS(t).ClientURL(), queue.Config{})
 	publishJobs(t, q, "alive", tokenJobs("alive-", n))
-	cons, err := q.Consumer(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != n {
-		t.Fatalf("fetched %d jobs, want %d", len(msgs), n)
-	}
-	return msgs
+	return take(t, q, n)
 }
 
 // TestARoundOfInProgressRenewsOnlyNewsThatHadNotLapsed: a round whose flush comes back is news

@@ -767,14 +767,14 @@ func TestAServiceThatForgotTheSessionFailsNoJob(t *testing.T) {
 // and never acks.
 func dieWith(t *testing.T, b *testBundle, n int) {
 	t.Helper()
-	take(t, b, n)
+	take(t, b.results, n)
 }
 
-// take fetches n jobs from the workers' consumer, as a worker would (one delivery each),
-// waiting up to 5 s for them.
-func take(t *testing.T, b *testBundle, n int) []jetstream.Msg {
+// take fetches n jobs from the workers' consumer of q, as a worker would (one delivery
+// each), waiting up to 5 s for them.
+func take(t *testing.T, q *queue.Queue, n int) []jetstream.Msg {
 	t.Helper()
-	cons, err := b.results.Consumer(context.Background())
+	cons, err := q.Consumer(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -803,7 +803,7 @@ func TestAWorkerStoppedOnAJobsDeadLetterDeliveryDoesNotPublishItAgain(t *testing
 	publishJobs(t, b.results, "stop", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
 	ctx := context.Background()
 	dieWith(t, b, 1) // on its one delivery to be worked on
-	msg := take(t, b, 1)[0]
+	msg := take(t, b.results, 1)[0]
 	if queue.NumDelivered(msg) != 2 {
 		t.Fatal("no delivery kept for the dead letter")
 	}
