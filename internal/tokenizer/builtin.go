@@ -17,7 +17,7 @@ var qwen3Zst []byte
 // Qwen3 family ("Qwen/Qwen3-…"), whose models share one vocabulary and one set of added tokens.
 func IsBuiltin(id string) bool { return strings.HasPrefix(id, "Qwen/Qwen3-") }
 
-// builtin parses the built-in tokenizer for id (about half a second; the Registry keeps the
+// builtin parses the built-in tokenizer for id (about a quarter of a second; the Registry keeps the
 // result); ok is false when there is none.
 func builtin(id string) (tok *Tokenizer, ok bool, err error) {
 	if !IsBuiltin(id) {

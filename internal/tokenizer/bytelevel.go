@@ -33,14 +33,20 @@ var runeToByte = func() (t [324]int16) {
 // character is not one of the 256 byte characters, the token is returned as
 // its own UTF-8 bytes, as the HF ByteLevel decoder does.
 func byteLevelDecode(tok string) (string, bool) {
-	out := make([]byte, 0, len(tok))
-	for _, r := range tok {
+	out, ok := appendByteLevelDecoded(make([]byte, 0, len(tok)), []byte(tok))
+	return string(out), ok
+}
+
+// appendByteLevelDecoded appends byteLevelDecode(tok) to dst.
+func appendByteLevelDecoded(dst, tok []byte) ([]byte, bool) {
+	start := len(dst)
+	for _, r := range string(tok) {
 		if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] < 0 {
-			return tok, false
+			return append(dst[:start], tok...), false
 		}
-		out = append(out, byte(runeToByte[r]))
+		dst = append(dst, byte(runeToByte[r]))
 	}
-	return string(out), true
+	return dst, true
 }
 
 // appendLossyUTF8 appends b to dst, replacing each maximal invalid subpart

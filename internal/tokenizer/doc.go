@@ -19,7 +19,12 @@
 // The vocabulary lives in a few pointer-free arrays (vocab.go), not in a map
 // and a slice of strings: a loaded tokenizer is a few hundred heap objects
 // that the garbage collector marks without scanning, where 150,000 strings
-// would be work on every collection for as long as the process runs.
+// would be work on every collection for as long as the process runs. Parse
+// reads the vocabulary and merges (nine tenths of a tokenizer.json) itself,
+// straight into those arrays (vocabjson.go), and leaves the rest of the file to
+// encoding/json: loading Qwen3 allocates 17 MB, where decoding them with
+// encoding/json allocated 80 MB in 734,000 objects and set a worker's peak
+// memory at start-up.
 //
 // A Tokenizer is immutable and safe for concurrent use. A Registry loads each
 // tokenizer once per process: from a local directory, the HuggingFace cache

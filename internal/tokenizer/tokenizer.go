@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,14 +55,14 @@ type splitPat struct {
 }
 
 type bpeModel struct {
-	Type                    string           `json:"type"`
-	Vocab                   map[string]int32 `json:"vocab"`
-	Merges                  json.RawMessage  `json:"merges"`
-	IgnoreMerges            bool             `json:"ignore_merges"`
-	ByteFallback            bool             `json:"byte_fallback"`
-	Dropout                 *float64         `json:"dropout"`
-	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
+	Type                    string   `json:"type"`
+	Vocab                   jsonSpan `json:"vocab"`  // read by readVocab
+	Merges                  jsonSpan `json:"merges"` // read by readMerges
+	IgnoreMerges            bool     `json:"ignore_merges"`
+	ByteFallback            bool     `json:"byte_fallback"`
+	Dropout                 *float64 `json:"dropout"`
+	ContinuingSubwordPrefix *string  `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string  `json:"end_of_word_suffix"`
 }
 
 // Load reads a tokenizer from path: a tokenizer.json, a zstd-compressed
@@ -160,11 +159,11 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if f.Decoder == nil || !hasByteLevel(f.Decoder) {
 		return nil, errors.New("parse tokenizer.json: decoder is not ByteLevel; only byte-level BPE is supported")
 	}
-	decoded, err := t.setModel(f.Model)
+	tokens, err := t.setModel(f.Model)
 	if err != nil {
 		return nil, err
 	}
-	if err := t.setAdded(f.AddedTokens, decoded); err != nil {
+	if err := t.setAdded(f.AddedTokens, tokens); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -276,115 +275,78 @@ const maxTokenizerJSON = 256 << 20
 // largest: far above any real vocabulary (Qwen3's is 151,669, Llama 3's 128,256).
 const maxTokenID = 1 << 24
 
-// setModel builds the BPE model and returns each model token's bytes by id.
-func (t *Tokenizer) setModel(m *bpeModel) ([]string, error) {
+// setModel builds the BPE model and returns its tokens.
+func (t *Tokenizer) setModel(m *bpeModel) (tokenList, error) {
 	if m == nil {
-		return nil, errors.New("parse tokenizer.json: no model")
+		return tokenList{}, errors.New("parse tokenizer.json: no model")
 	}
 	if m.Type != "BPE" {
-		return nil, fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
+		return tokenList{}, fmt.Errorf("parse tokenizer.json: model type %q is not BPE", m.Type)
 	}
 	if m.ByteFallback || m.Dropout != nil ||
 		(m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
 		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
-		return nil, errors.New("parse tokenizer.json: BPE options byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix are not supported")
+		return tokenList{}, errors.New("parse tokenizer.json: BPE options byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix are not supported")
 	}
 	b := &bpe{ignoreMerges: m.IgnoreMerges, cache: newPieceCache(16)}
-	vocab := make(map[string]int32, len(m.Vocab)) // raw bytes -> id
-	maxID := int32(-1)
-	for tok, id := range m.Vocab {
-		if id < 0 || id > maxTokenID {
-			return nil, fmt.Errorf("parse tokenizer.json: vocab token %q has id %d, outside 0..%d", tok, id, maxTokenID)
-		}
-		raw, _ := byteLevelDecode(tok)
-		vocab[raw] = id
-		maxID = max(maxID, id)
+	tokens, err := readVocab(m.Vocab)
+	if err != nil {
+		return tokenList{}, err
+	}
+	if b.vocab, err = newVocab(&tokens); err != nil {
+		return tokenList{}, fmt.Errorf("parse tokenizer.json vocab: %w", err)
 	}
 	for c := 0; c < 256; c++ {
-		id, ok := vocab[string([]byte{byte(c)})]
+		id, ok := b.vocab.id(string([]byte{byte(c)}))
 		if !ok {
-			return nil, fmt.Errorf("parse tokenizer.json: vocab has no token for byte 0x%02x", c)
+			return tokenList{}, fmt.Errorf("parse tokenizer.json: vocab has no token for byte 0x%02x", c)
 		}
 		b.byteID[c] = id
 	}
-	pairs, err := parseMerges(m.Merges)
-	if err != nil {
-		return nil, err
-	}
-	b.merges = make(map[uint64]uint64, len(pairs))
-	var joined []byte
-	for rank, p := range pairs {
-		a, okA := m.Vocab[p[0]]
-		c, okC := m.Vocab[p[1]]
-		joined = append(append(joined[:0], p[0]...), p[1]...)
-		merged, okM := m.Vocab[string(joined)] // no allocation for the key
-
+	// A BPE vocabulary is made by its merges, one token each, so there are about as many.
+	b.merges = make(map[uint64]uint64, len(tokens.ids))
+	var rawA, rawB, joined, rawJoined []byte
+	err = readMerges(m.Merges, func(rank int, a, c []byte) error {
+		rawA, _ = appendByteLevelDecoded(rawA[:0], a)
+		rawB, _ = appendByteLevelDecoded(rawB[:0], c)
+		joined = append(append(joined[:0], a...), c...)
+		rawJoined, _ = appendByteLevelDecoded(rawJoined[:0], joined)
+		left, okA := b.vocab.id(string(rawA))
+		right, okC := b.vocab.id(string(rawB))
+		merged, okM := b.vocab.id(string(rawJoined))
 		if !okA || !okC || !okM {
-			return nil, fmt.Errorf("parse tokenizer.json: merge %d (%q %q) uses a token missing from the vocab", rank, p[0], p[1])
+			return fmt.Errorf("(%q %q) uses a token missing from the vocab", a, c)
 		}
-		k := pairKey(a, c)
+		k := pairKey(left, right)
 		if _, dup := b.merges[k]; !dup {
 			b.merges[k] = uint64(rank)<<32 | uint64(uint32(merged))
 		}
+		return nil
+	})
+	if err != nil {
+		return tokenList{}, err
 	}
-	b.vocab = newVocab(vocab)
 	t.model = b
-	decoded := make([]string, maxID+1)
-	for raw, id := range vocab {
-		decoded[id] = raw
-	}
-	return decoded, nil
+	return tokens, nil
 }
 
-// parseMerges accepts both merge formats: "a b" strings (older files) and ["a","b"] pairs
-// (newer ones, e.g. Qwen3's), told apart by the first element so the list is decoded once.
-func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	if firstElement(raw) == '"' {
-		var strs []string
-		if err := json.Unmarshal(raw, &strs); err != nil {
-			return nil, fmt.Errorf("parse tokenizer.json merges: %w", err)
-		}
-		out := make([][2]string, len(strs))
-		for i, s := range strs {
-			a, b, ok := strings.Cut(s, " ")
-			if !ok {
-				return nil, fmt.Errorf("parse tokenizer.json: merge %d %q has no space", i, s)
-			}
-			out[i] = [2]string{a, b}
-		}
-		return out, nil
-	}
-	var pairs [][2]string
-	if err := json.Unmarshal(raw, &pairs); err != nil {
-		return nil, fmt.Errorf("parse tokenizer.json merges: %w", err)
-	}
-	return pairs, nil
-}
-
-// firstElement returns the first byte of the first element of the JSON array raw, or 0.
-func firstElement(raw []byte) byte {
-	const space = " \t\r\n"
-	rest, ok := bytes.CutPrefix(bytes.TrimLeft(raw, space), []byte("["))
-	if rest = bytes.TrimLeft(rest, space); !ok || len(rest) == 0 {
-		return 0
-	}
-	return rest[0]
-}
-
-// setAdded sets the added tokens and the bytes of every id: decoded (the model's tokens by
-// id) with the added tokens' over them.
-func (t *Tokenizer) setAdded(toks []*addedToken, decoded []string) error {
+// setAdded sets the added tokens and the bytes of every id: the model's tokens' with the
+// added tokens' over them.
+func (t *Tokenizer) setAdded(toks []*addedToken, model tokenList) error {
 	t.added = make(map[string]*addedToken, len(toks))
+	n := 0 // one more than the largest id
+	for _, id := range model.ids {
+		n = max(n, int(id)+1)
+	}
+	addedBytes := make(map[int][]byte, len(toks))
 	var raw, normed []*addedToken
 	for _, a := range toks {
 		if a.ID < 0 || a.ID > maxTokenID {
 			return fmt.Errorf("parse tokenizer.json: added token %q has id %d, outside 0..%d", a.Content, a.ID, maxTokenID)
 		}
 		t.added[a.Content] = a
-		if a.ID >= len(decoded) {
-			decoded = append(decoded, make([]string, a.ID+1-len(decoded))...)
-		}
-		decoded[a.ID], _ = byteLevelDecode(a.Content)
+		n = max(n, a.ID+1)
+		addedBytes[a.ID], _ = appendByteLevelDecoded(nil, []byte(a.Content))
 		if a.Normalized && len(t.forms) > 0 {
 			c := *a
 			c.Content = t.normalize(a.Content)
@@ -393,8 +355,19 @@ func (t *Tokenizer) setAdded(toks []*addedToken, decoded []string) error {
 			raw = append(raw, a)
 		}
 	}
-	t.idBytes = newTokenBytes(decoded)
-	t.special = make([]bool, len(decoded))
+	at := make([]int32, n) // each id's position in model.ids, plus one; 0 for none
+	for i, id := range model.ids {
+		at[id] = int32(i + 1)
+	}
+	t.idBytes = tokenBytes{buf: make([]byte, 0, len(model.buf)), ends: make([]uint32, 0, n)}
+	for id := range n {
+		if b, ok := addedBytes[id]; ok {
+			t.idBytes.add(b)
+		} else {
+			t.idBytes.add(model.get(int(at[id]) - 1))
+		}
+	}
+	t.special = make([]bool, n)
 	for _, a := range toks {
 		t.special[a.ID] = a.Special
 	}

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/maphash"
 	"math/bits"
 )
@@ -18,18 +19,10 @@ type tokenBytes struct {
 	ends []uint32 // ends[id] is where id's bytes end in buf; they start at ends[id-1] (0 for id 0)
 }
 
-// newTokenBytes packs byID, whose index is the id ("" for an id without a token).
-func newTokenBytes(byID []string) tokenBytes {
-	n := 0
-	for _, s := range byID {
-		n += len(s)
-	}
-	t := tokenBytes{buf: make([]byte, 0, n), ends: make([]uint32, len(byID))}
-	for id, s := range byID {
-		t.buf = append(t.buf, s...)
-		t.ends[id] = uint32(len(t.buf))
-	}
-	return t
+// add appends the bytes of the next id.
+func (t *tokenBytes) add(b []byte) {
+	t.buf = append(t.buf, b...)
+	t.ends = append(t.ends, uint32(len(t.buf)))
 }
 
 // len is one more than the largest id.
@@ -58,17 +51,32 @@ type vocab struct {
 	buf   []byte
 }
 
-// newVocab indexes tokens (bytes → id).
-func newVocab(tokens map[string]int32) *vocab {
-	size := 1 << bits.Len(uint(len(tokens)+len(tokens)/2)) // load ≤ 2/3
+// tokenList is a vocabulary as tokenizer.json lists it: the i-th token's bytes (tokenBytes
+// indexed by position, not id) and its id.
+type tokenList struct {
+	tokenBytes
+	ids []int32
+}
+
+// add appends a token.
+func (l *tokenList) add(b []byte, id int32) {
+	l.tokenBytes.add(b)
+	l.ids = append(l.ids, id)
+}
+
+// newVocab indexes tokens (bytes → id). Two tokens with the same bytes are an error: HF would
+// keep the last, and its ids would not be ours.
+func newVocab(tokens *tokenList) (*vocab, error) {
+	n := len(tokens.ids)
+	size := 1 << bits.Len(uint(n+n/2)) // load ≤ 2/3
 	v := &vocab{seed: maphash.MakeSeed(), slots: make([]uint64, size)}
-	n := 0
-	for s := range tokens {
-		n += binary.MaxVarintLen32 + 4 + len(s)
-	}
-	v.buf = make([]byte, 0, n)
-	for s, id := range tokens {
-		h := maphash.String(v.seed, s)
+	v.buf = make([]byte, 0, n*(binary.MaxVarintLen32+4)+len(tokens.buf))
+	for i, id := range tokens.ids {
+		s := tokens.get(i)
+		if _, dup := v.id(string(s)); dup {
+			return nil, fmt.Errorf("token %q appears more than once", s)
+		}
+		h := maphash.Bytes(v.seed, s)
 		i := h & uint64(len(v.slots)-1)
 		for v.slots[i] != 0 {
 			i = (i + 1) & uint64(len(v.slots)-1)
@@ -78,7 +86,7 @@ func newVocab(tokens map[string]int32) *vocab {
 		v.buf = binary.LittleEndian.AppendUint32(v.buf, uint32(id))
 		v.buf = append(v.buf, s...)
 	}
-	return v
+	return v, nil
 }
 
 // id returns the id of the token whose bytes are s.

@@ -36,9 +36,23 @@ func qwen3Vocab(t *testing.T) map[string]int32 {
 	return vocab
 }
 
+// vocabOf indexes tokens as newVocab would a tokenizer.json's.
+func vocabOf(t *testing.T, tokens map[string]int32) *vocab {
+	t.Helper()
+	var list tokenList
+	for s, id := range tokens {
+		list.add([]byte(s), id)
+	}
+	v, err := newVocab(&list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func TestVocabFindsEveryTokenAndNothingElse(t *testing.T) {
 	want := qwen3Vocab(t)
-	v := newVocab(want)
+	v := vocabOf(t, want)
 	for s, id := range want {
 		if got, ok := v.id(s); !ok || got != id {
 			t.Fatalf("id(%q) = %d, %v; want %d", s, got, ok, id)
@@ -66,7 +80,7 @@ func TestVocabProbesPastCollisions(t *testing.T) {
 		for i := range n {
 			want[fmt.Sprintf("t%d", i)] = int32(n - i)
 		}
-		v := newVocab(want)
+		v := vocabOf(t, want)
 		if used := len(v.slots) - countZero(v.slots); used != n || used*3 > len(v.slots)*2 {
 			t.Errorf("n=%d: %d of %d slots used, want n and at most 2/3", n, used, len(v.slots))
 		}
@@ -87,7 +101,7 @@ func TestVocabProbesPastCollisions(t *testing.T) {
 // Equal hash bits and length are not equal bytes: a slot forged to give "cd"'s hash bits to
 // "ab"'s entry (as a 32-bit collision would) is not a hit for "cd".
 func TestVocabComparesBytesAfterHashBits(t *testing.T) {
-	v := newVocab(map[string]int32{"ab": 7})
+	v := vocabOf(t, map[string]int32{"ab": 7})
 	h := maphash.String(v.seed, "cd")
 	clear(v.slots)
 	v.slots[h&uint64(len(v.slots)-1)] = h>>32<<32 | 1 // "ab"'s entry is at offset 0
@@ -106,7 +120,10 @@ func countZero(xs []uint64) (n int) {
 }
 
 func TestTokenBytes(t *testing.T) {
-	tb := newTokenBytes([]string{"ab", "", "c", "", "def"})
+	var tb tokenBytes
+	for _, s := range []string{"ab", "", "c", "", "def"} {
+		tb.add([]byte(s))
+	}
 	if tb.len() != 5 {
 		t.Errorf("len = %d, want 5", tb.len())
 	}
