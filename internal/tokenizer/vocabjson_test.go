@@ -49,6 +49,7 @@ func referenceMerges(t *testing.T, raw json.RawMessage) [][2]string {
 	if err := json.Unmarshal(raw, &pairs); err == nil {
 		return pairs
 	}
+	pairs = nil // what encoding/json decoded before it failed
 	var strs []string
 	if err := json.Unmarshal(raw, &strs); err != nil {
 		t.Fatal(err)
