@@ -64,8 +64,8 @@ func (l *tokenList) add(b []byte, id int32) {
 	l.ids = append(l.ids, id)
 }
 
-// newVocab indexes tokens (bytes → id). Two tokens with the same bytes are an error: HF would
-// keep the last, and its ids would not be ours.
+// newVocab indexes tokens (bytes → id). Two tokens with the same bytes are an error, not a
+// guess at the one HF keeps; no real tokenizer.json has any.
 func newVocab(tokens *tokenList) (*vocab, error) {
 	n := len(tokens.ids)
 	size := 1 << bits.Len(uint(n+n/2)) // load ≤ 2/3
@@ -77,11 +77,11 @@ func newVocab(tokens *tokenList) (*vocab, error) {
 			return nil, fmt.Errorf("token %q appears more than once", s)
 		}
 		h := maphash.Bytes(v.seed, s)
-		i := h & uint64(len(v.slots)-1)
-		for v.slots[i] != 0 {
-			i = (i + 1) & uint64(len(v.slots)-1)
+		slot := h & uint64(len(v.slots)-1)
+		for v.slots[slot] != 0 {
+			slot = (slot + 1) & uint64(len(v.slots)-1)
 		}
-		v.slots[i] = h>>32<<32 | uint64(len(v.buf)+1)
+		v.slots[slot] = h>>32<<32 | uint64(len(v.buf)+1)
 		v.buf = binary.AppendUvarint(v.buf, uint64(len(s)))
 		v.buf = binary.LittleEndian.AppendUint32(v.buf, uint32(id))
 		v.buf = append(v.buf, s...)
