@@ -11,8 +11,8 @@ import (
 // The model's vocab and merges are nine tenths of a tokenizer.json (Qwen3: 151,643 tokens and
 // 151,387 merges). Decoded by encoding/json into a map[string]int32 and a [][2]string, they
 // were 450,000 strings and two maps, all garbage once the tables of vocab.go were built:
-// loading Qwen3 allocated 80 MB and took a worker's resident memory to 65 MB at start, where
-// the tokenizer then holds 11. So encoding/json checks the whole file and decodes the small
+// loading Qwen3 allocated 80 MB, and a process that only loaded it peaked at 65 MB resident
+// (a worker's peak for its whole life), where the tokenizer then holds 11. So encoding/json checks the whole file and decodes the small
 // parts, and hands these two over as spans of the input, which the readers below go through
 // once, straight into the tables.
 
@@ -223,7 +223,7 @@ func readVocab(span []byte) (tokenList, error) {
 		return list, nil
 	}
 	if !r.accept('{') {
-		return list, fmt.Errorf("parse tokenizer.json: vocab is not an object")
+		return list, errors.New("parse tokenizer.json: vocab is not an object")
 	}
 	// Raw bytes are no longer than the byte-level strings, and an entry is about 20 bytes.
 	list.buf = make([]byte, 0, len(span)/2)
@@ -266,7 +266,7 @@ func readMerges(span []byte, merge func(rank int, a, b []byte) error) error {
 		return nil
 	}
 	if !r.accept('[') {
-		return fmt.Errorf("parse tokenizer.json: merges is not an array")
+		return errors.New("parse tokenizer.json: merges is not an array")
 	}
 	if r.accept(']') {
 		return nil
