@@ -317,10 +317,9 @@ func (t *Tokenizer) setModel(m *bpeModel) (tokenList, error) {
 		if !okA || !okC || !okM {
 			return fmt.Errorf("(%q %q) uses a token missing from the vocab", a, c)
 		}
-		k := pairKey(left, right)
-		if _, dup := b.merges[k]; !dup {
-			b.merges[k] = uint64(rank)<<32 | uint64(uint32(merged))
-		}
+		// A pair listed twice takes its last rank, as in HF, whose BpeBuilder collects the
+		// merges into a map in order.
+		b.merges[pairKey(left, right)] = uint64(rank)<<32 | uint64(uint32(merged))
 		return nil
 	})
 	if err != nil {

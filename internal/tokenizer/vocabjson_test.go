@@ -305,3 +305,29 @@ func FuzzReadMerges(f *testing.F) {
 		}
 	})
 }
+
+// A merge listed twice takes its last rank, as HF's BpeBuilder gives it (it collects the
+// merges into a map in order). "h e" listed again after "e l" loses "hel" to "e l".
+func TestAMergeListedTwiceTakesItsLastRank(t *testing.T) {
+	for _, tc := range []struct {
+		merges string
+		want   []int
+	}{
+		{`"merges":["h e","l l","he ll","e l"]`, []int{256, 'l'}},
+		{`"merges":["h e","l l","he ll","e l","h e"]`, []int{'h', 259}},
+	} {
+		mini := string(miniTokenizerJSON(t))
+		data := strings.Replace(mini, `"merges":["h e","l l","he ll"]`, tc.merges, 1)
+		data = strings.Replace(data, `"he":256`, `"he":256,"el":259`, 1)
+		if strings.Count(data, "259") != 1 || !strings.Contains(data, tc.merges) {
+			t.Fatalf("the mini tokenizer.json changed: %s", data)
+		}
+		tok, err := Parse([]byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tok.Encode("hel"); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Encode(hel) = %v, want %v", tc.merges, got, tc.want)
+		}
+	}
+}
