@@ -2,9 +2,9 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -84,103 +84,61 @@ func (r *jsonReader) endList(c byte) (more bool, err error) {
 	return false, fmt.Errorf("want ',' or '%c' at offset %d", c, r.i)
 }
 
-// appendString reads a JSON string and appends its value to dst, decoded exactly as
-// encoding/json decodes it: each byte of invalid UTF-8, and each \u escape of a lone
-// surrogate, becomes U+FFFD.
+// appendString reads a JSON string and appends its value to dst. It decodes the one-letter
+// escapes itself; a string with a \u escape or invalid UTF-8 (a few in a tokenizer.json) is
+// decoded by encoding/json, so that surrogates and bad bytes come out exactly as it decodes them.
 func (r *jsonReader) appendString(dst []byte) ([]byte, error) {
 	if !r.accept('"') {
 		return dst, fmt.Errorf("not a string at offset %d", r.i)
 	}
+	quote, mark := r.i-1, len(dst)
 	for r.i < len(r.b) {
 		c := r.b[r.i]
 		switch {
 		case c == '"':
 			r.i++
+			if !utf8.Valid(dst[mark:]) {
+				return r.decodeString(dst[:mark], quote)
+			}
 			return dst, nil
 		case c == '\\':
-			var err error
-			if dst, err = r.appendEscape(dst); err != nil {
-				return dst, err
+			if r.i+1 >= len(r.b) || oneLetterEscape[r.b[r.i+1]] == 0 {
+				return r.decodeString(dst[:mark], quote)
 			}
+			dst = append(dst, oneLetterEscape[r.b[r.i+1]])
+			r.i += 2
 		case c < ' ':
 			return dst, fmt.Errorf("control character in a string at offset %d", r.i)
-		case c < utf8.RuneSelf:
-			r.i++
-			dst = append(dst, c)
 		default:
-			rn, size := utf8.DecodeRune(r.b[r.i:])
-			r.i += size
-			dst = utf8.AppendRune(dst, rn)
+			dst = append(dst, c)
+			r.i++
 		}
 	}
 	return dst, errors.New("unterminated string")
 }
 
-// appendEscape decodes the escape at r.i (a backslash) into dst.
-func (r *jsonReader) appendEscape(dst []byte) ([]byte, error) {
-	if r.i+1 >= len(r.b) {
-		return dst, fmt.Errorf("unterminated escape at offset %d", r.i)
-	}
-	c := r.b[r.i+1]
-	if c != 'u' {
-		r.i += 2
-		switch c {
-		case '"', '\\', '/':
-			return append(dst, c), nil
-		case 'b':
-			return append(dst, '\b'), nil
-		case 'f':
-			return append(dst, '\f'), nil
-		case 'n':
-			return append(dst, '\n'), nil
-		case 'r':
-			return append(dst, '\r'), nil
-		case 't':
-			return append(dst, '\t'), nil
-		}
-		return dst, fmt.Errorf("unknown escape \\%c at offset %d", c, r.i-2)
-	}
-	rn, ok := hex4(r.b, r.i+2)
-	if !ok {
-		return dst, fmt.Errorf("bad \\u escape at offset %d", r.i)
-	}
-	r.i += 6
-	if utf16.IsSurrogate(rn) {
-		// A pair only when the next escape completes it; otherwise U+FFFD, and the next
-		// escape is decoded on its own.
-		if r.i+1 < len(r.b) && r.b[r.i] == '\\' && r.b[r.i+1] == 'u' {
-			if lo, ok := hex4(r.b, r.i+2); ok {
-				if pair := utf16.DecodeRune(rn, lo); pair != utf8.RuneError {
-					r.i += 6
-					return utf8.AppendRune(dst, pair), nil
-				}
-			}
-		}
-		rn = utf8.RuneError
-	}
-	return utf8.AppendRune(dst, rn), nil
-}
+// oneLetterEscape is the byte each one-letter escape stands for (0: not one).
+var oneLetterEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
-// hex4 reads the four hex digits at b[i:].
-func hex4(b []byte, i int) (rune, bool) {
-	if i+4 > len(b) {
-		return 0, false
-	}
-	var rn rune
-	for _, c := range b[i : i+4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
+// decodeString decodes the string that starts at quote with encoding/json, appends it to dst
+// and moves past it.
+func (r *jsonReader) decodeString(dst []byte, quote int) ([]byte, error) {
+	end := quote + 1
+	for end < len(r.b) && r.b[end] != '"' {
+		if r.b[end] == '\\' {
+			end++
 		}
-		rn = rn<<4 | rune(c)
+		end++
 	}
-	return rn, true
+	if end >= len(r.b) {
+		return dst, errors.New("unterminated string")
+	}
+	var v string
+	if err := json.Unmarshal(r.b[quote:end+1], &v); err != nil {
+		return dst, fmt.Errorf("bad string at offset %d: %w", quote, err)
+	}
+	r.i = end + 1
+	return append(dst, v...), nil
 }
 
 // id reads a token id: a JSON integer from 0 to maxTokenID, which is what encoding/json

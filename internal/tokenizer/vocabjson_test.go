@@ -193,7 +193,7 @@ func TestReadMergesTakesPairsAndNamesAMergeThatIsNotOne(t *testing.T) {
 func FuzzJSONString(f *testing.F) {
 	for _, s := range []string{`"ab"`, `"\u0120hello"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ud83d\u0041"`,
 		`"\udc00\ud800\udc00"`, "\"\xff\xfe\"", "\"\xed\xa0\x80\"", `"\/\b\f\n\r\t\\\""`, `"é ĠĊ"`, ` "x" `,
-		`"\u00"`, `"\x"`, "\"\x01\"", `"unterminated`, `"\ud800\u`} {
+		`"\u00"`, `"\x"`, "\"\x01\"", `"unterminated`, `"\ud800\u`, `"a\"\u00e9\"b"`, `"\\\u0041"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
