@@ -163,14 +163,18 @@ func TestParseNamesWhatIsWrongInTheVocabAndMerges(t *testing.T) {
 }
 
 func TestReadMergesTakesPairsAndNamesAMergeThatIsNotOne(t *testing.T) {
-	for _, tc := range []struct{ merges, want string }{
-		{`[["a","b"], ["ab", "c"]]`, ""},
-		{` null `, ""},
-		{`[]`, ""},
-		{`[["a","b"], ["ab"]]`, `merge 1 is not a pair of strings: want ',' at offset 17`},
-		{`[["a","b"], ["a","b","c"]]`, `merge 1 is not a pair of strings: want ']' at offset 20`},
-		{`[["a","b"], "a b"]`, `merge 1 is not a pair of strings, as the first merge is`},
-		{`[["a","b"], [1, "b"]]`, `merge 1 is not a pair of strings: not a string at offset 13`},
+	for _, tc := range []struct {
+		merges string
+		read   [][2]string // when it is read
+		err    string      // when it is not
+	}{
+		{merges: `[["a","b"], ["ab", "c"]]`, read: [][2]string{{"a", "b"}, {"ab", "c"}}},
+		{merges: ` null `},
+		{merges: `[]`},
+		{merges: `[["a","b"], ["ab"]]`, err: `merge 1 is not a pair of strings: want ',' at offset 17`},
+		{merges: `[["a","b"], ["a","b","c"]]`, err: `merge 1 is not a pair of strings: want ']' at offset 20`},
+		{merges: `[["a","b"], "a b"]`, err: `merge 1 is not a pair of strings, as the first merge is`},
+		{merges: `[["a","b"], [1, "b"]]`, err: `merge 1 is not a pair of strings: not a string at offset 13`},
 	} {
 		var got [][2]string
 		err := readMerges([]byte(tc.merges), func(_ int, a, b []byte) error {
@@ -178,12 +182,12 @@ func TestReadMergesTakesPairsAndNamesAMergeThatIsNotOne(t *testing.T) {
 			return nil
 		})
 		switch {
-		case tc.want == "" && err != nil:
+		case tc.err == "" && err != nil:
 			t.Errorf("%s: %v", tc.merges, err)
-		case tc.want == "" && tc.merges == `[["a","b"], ["ab", "c"]]` && !slices.Equal(got, [][2]string{{"a", "b"}, {"ab", "c"}}):
-			t.Errorf("%s: read %q", tc.merges, got)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: %v, want an error with %q", tc.merges, err, tc.want)
+		case tc.err == "" && !slices.Equal(got, tc.read):
+			t.Errorf("%s: read %q, want %q", tc.merges, got, tc.read)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want an error with %q", tc.merges, err, tc.err)
 		}
 	}
 }
