@@ -9,8 +9,7 @@
 // (AsampleBackoff, §5.1, §5.3); a 402 inside the billing window does the same
 // (§2.3). A paused_rate_limit or paused_capacity queue state seen while
 // polling may signal PausedBackoff (5 s); the SDK only logs those (§4.3), so
-// this is a fleet policy. QueueStateObserver counts the samplers in each
-// queue state (the Tinker client logs the paused ones).
+// this is a fleet policy.
 //
 // # The record and the clocks
 //

@@ -8,9 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 func TestAccountKey(t *testing.T) {
@@ -107,55 +104,4 @@ func TestLocalConcurrentSignals(t *testing.T) {
 	if got := l.Until().Sub(start); got < 49*time.Second || got > 50*time.Second {
 		t.Fatalf("until - start = %v", got)
 	}
-}
-
-// The observer counts the samplers in each queue state, moving a sampler's count as its
-// state changes, and the gauge and callback follow.
-func TestQueueStateObserver(t *testing.T) {
-	gauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "samplers_by_queue_state"}, []string{"state"})
-	var cb []string
-	o := NewQueueStateObserver(ObserverConfig{
-		Gauge:   gauge,
-		OnGauge: func(state string, n int) { cb = append(cb, state) },
-	})
-	if o.Observe("s1", "", "") || o.Count(QueueUnknown) != 0 {
-		t.Fatal("empty observation counted or reported paused")
-	}
-	if o.Observe("s1", QueueActive, "") || o.Count(QueueActive) != 1 {
-		t.Fatal("active not counted, or reported paused")
-	}
-	if !o.Observe("s1", QueuePausedRateLimit, "") {
-		t.Fatal("paused not reported")
-	}
-	o.Observe("s1", QueuePausedCapacity, "")
-	o.Observe("s1", QueuePausedCapacity, "")
-	o.Observe("s2", QueuePausedCapacity, "server says hold on")
-	o.Observe("s3", "weird_state", "")
-	if o.Count(QueueActive) != 0 || o.Count(QueuePausedRateLimit) != 0 || o.Count(QueuePausedCapacity) != 2 || o.Count(QueueUnknown) != 1 {
-		t.Fatalf("counts: active %d, paused_rate_limit %d, paused_capacity %d, unknown %d; want 0 0 2 1",
-			o.Count(QueueActive), o.Count(QueuePausedRateLimit), o.Count(QueuePausedCapacity), o.Count(QueueUnknown))
-	}
-	if v := gaugeValue(t, gauge.WithLabelValues(QueuePausedCapacity)); v != 2 {
-		t.Fatalf("gauge paused_capacity = %v", v)
-	}
-	if v := gaugeValue(t, gauge.WithLabelValues(QueueActive)); v != 0 {
-		t.Fatalf("gauge active = %v", v)
-	}
-	o.Forget("s2")
-	o.Forget("s9")
-	if v := gaugeValue(t, gauge.WithLabelValues(QueuePausedCapacity)); v != 1 {
-		t.Fatalf("gauge after Forget = %v", v)
-	}
-	if len(cb) == 0 {
-		t.Fatal("OnGauge never called")
-	}
-}
-
-func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
 }

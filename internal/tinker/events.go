@@ -67,8 +67,9 @@ const (
 	QueueUnknown         QueueState = "unknown"
 )
 
-// Paused reports whether the state is one of the paused states.
-func (q QueueState) Paused() bool { return q == QueuePausedCapacity || q == QueuePausedRateLimit }
+// Paused reports whether the state is other than active: the SDK logs a sampler in any such
+// state, QueueUnknown included, as paused (§4.3).
+func (q QueueState) Paused() bool { return q != QueueActive }
 
 func parseQueueState(s string) QueueState {
 	switch QueueState(s) {

@@ -459,11 +459,11 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 // queueState reports a queue state (§4.3): an EventQueueState every time, and a
 // warning for paused states at most once per Timing.QueueLogEvery per sampler.
 func (s *Sampler) queueState(q QueueState, reason string) {
-	if reason == "" && q != QueueActive {
+	if reason == "" && q.Paused() {
 		reason = defaultQueueReason(q)
 	}
 	s.c.emit(Event{Kind: EventQueueState, Endpoint: "retrieve_future", QueueState: q, Reason: reason, SamplerID: s.id})
-	if q == QueueActive {
+	if !q.Paused() {
 		return
 	}
 	now := s.c.clock.Now()

@@ -424,12 +424,16 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		// session): the job is not at fault. Once more, in a new one; the client makes a new
 		// session too if it must.
 		w.samplers.drop(spec, sampler)
+		w.samplerStates.forget(sampler.ID())
 		if sampler, _, err = w.samplers.get(sctx, spec); err == nil {
 			res, err = sampler.Sample(sctx, req)
 		}
 	}
-	if err == nil && w.sampled != nil {
-		w.sampled(job)
+	if err == nil {
+		w.samplerStates.sampled(sampler.ID())
+		if w.sampled != nil {
+			w.sampled(job)
+		}
 	}
 	w.gate.capacity.done(&st.phase)
 	if errors.Is(err, tinker.ErrFutureTimeout) {

@@ -140,7 +140,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tinkerfleet_tinker_retries_total", Help: "Retries by layer (http, submit, sample, poll).",
 		}, []string{"layer"}),
 		queueState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tinkerfleet_sampler_queue_state", Help: "Samplers whose last reported queue state is the label's.",
+			Name: "tinkerfleet_sampler_queue_state", Help: "Samplers by queue state: the one a poll last reported, or active once the sampler completed a sample since.",
 		}, []string{"state"}),
 		backoffSignals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tinkerfleet_backoff_signals_total", Help: "Backoff signals sent by this worker, by reason (429, 402, paused queue states).",

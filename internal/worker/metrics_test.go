@@ -112,7 +112,7 @@ func TestMetricsFollowTheNATSConnection(t *testing.T) {
 // A paused queue window the service reports while samples are polled (§4.3): the worker
 // logs each paused sampler once (the Tinker client's §4.3 line, with the sampler and the
 // state as attributes), signals the fleet backoff for it, counts its samplers in the state
-// gauge, and every job still ends ok once the window is over.
+// gauge until they sample again, and every job still ends ok once the window is over.
 func TestAPausedQueueIsLoggedOnceAndPausesTheFleet(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
@@ -142,6 +142,13 @@ func TestAPausedQueueIsLoggedOnceAndPausesTheFleet(t *testing.T) {
 	}
 	if got := counterValue(t, reg, "tinkerfleet_backoff_signals_total", backoff.ReasonPausedCapacity); got == 0 {
 		t.Error("no backoff signal counted for the paused queue")
+	}
+	// The pause ended, and the sampler's samples completed: it counts as active again,
+	// although no poll expired to report its state.
+	if got := gathered(t, reg); got["tinkerfleet_sampler_queue_state{state=paused_capacity}"] != 0 ||
+		got["tinkerfleet_sampler_queue_state{state=active}"] != 1 {
+		t.Errorf("after the pause, samplers by state: paused_capacity %v, active %v; want 0 and 1",
+			got["tinkerfleet_sampler_queue_state{state=paused_capacity}"], got["tinkerfleet_sampler_queue_state{state=active}"])
 	}
 	if got := strings.Count(logs.String(), "Sampling is paused for sampler"); got != 1 ||
 		!strings.Contains(logs.String(), "Reason: hold on") || !strings.Contains(logs.String(), "queue_state=paused_capacity") {

@@ -221,12 +221,10 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		}
 	}
 
-	var samplersByState *prometheus.GaugeVec // with metrics only
 	if cfg.Registerer != nil {
 		w.metrics = NewMetrics(cfg.Registerer)
-		samplersByState = w.metrics.queueState
+		w.samplerStates.gauge = w.metrics.queueState
 	}
-	observer := backoff.NewQueueStateObserver(backoff.ObserverConfig{Gauge: samplersByState})
 
 	// The limiter's byte budget comes from the server's flags, which Dial fetches; the gate
 	// is handed to Dial first and given its limiter before any sample can pass it.
@@ -241,7 +239,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		RootCAs:       cfg.TinkerRootCAs,
 		Logger:        cfg.Logger,
 		Dispatcher:    gate,
-		OnEvent:       w.onEvent(observer),
+		OnEvent:       w.onEvent,
 		Timing:        cfg.TinkerTiming,
 		FutureTimeout: max(cfg.SampleTimeout, 0),
 	})
@@ -271,24 +269,22 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// onEvent turns client events into metrics, queue-state logs and, for paused queues, a fleet
-// backoff signal.
-func (w *Worker) onEvent(observer *backoff.QueueStateObserver) func(tinker.Event) {
-	return func(e tinker.Event) {
-		w.metrics.event(e)
-		w.health.observe(e)
-		w.noteServiceRetry(e)
-		if e.Kind != tinker.EventQueueState {
-			return
-		}
-		paused := observer.Observe(e.SamplerID, string(e.QueueState), e.Reason)
-		if paused && w.cfg.PausedBackoff > 0 {
-			w.metrics.signal(string(e.QueueState))
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := w.backoff.Signal(ctx, string(e.QueueState), w.cfg.PausedBackoff); err != nil {
-				w.log.Warn("signal backoff for a paused queue", "err", err)
-			}
+// onEvent turns client events into metrics, the samplers' queue states and, for a paused
+// queue, a fleet backoff signal.
+func (w *Worker) onEvent(e tinker.Event) {
+	w.metrics.event(e)
+	w.health.observe(e)
+	w.noteServiceRetry(e)
+	if e.Kind != tinker.EventQueueState {
+		return
+	}
+	w.samplerStates.observe(e.SamplerID, e.QueueState)
+	if e.QueueState.Paused() && w.cfg.PausedBackoff > 0 {
+		w.metrics.signal(string(e.QueueState))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.backoff.Signal(ctx, string(e.QueueState), w.cfg.PausedBackoff); err != nil {
+			w.log.Warn("signal backoff for a paused queue", "err", err)
 		}
 	}
 }

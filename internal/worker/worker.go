@@ -54,10 +54,11 @@ type Worker struct {
 	// reply arrives: where a bug decoding the reply would panic.
 	sampled func(jobs.Job)
 
-	samplers   samplerCache
-	models     modelCache
-	cancelled  cancelSet
-	retryNotes retryNotes
+	samplers      samplerCache
+	samplerStates samplerStates // their queue states, for the gauge
+	models        modelCache
+	cancelled     cancelSet
+	retryNotes    retryNotes
 	// serviceNoted is when this worker last noted a retry of its Tinker client (unix
 	// nanoseconds; noteServiceRetry).
 	serviceNoted atomic.Int64
