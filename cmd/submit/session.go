@@ -88,6 +88,9 @@ type session struct {
 	host *queue.DataDirInUseError
 	// own says the NATS server runs in this process, where no other process can reach it.
 	own bool
+	// reclaimedThrough is the last stream sequence of the jobs a run that stopped without
+	// settling them left delivered, which this session made deliverable again (0: none).
+	reclaimedThrough uint64
 }
 
 // alone says that no worker can take a job here: the NATS server is this process's own, and
@@ -187,13 +190,14 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 	if s.own {
 		// No worker but ours can reach this server (a random loopback port): a job delivered
 		// and not settled is one a run killed before it could hand it back.
-		n, err := s.q.Reclaim(ctx)
+		r, err := s.q.Reclaim(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if n > 0 {
-			s.log.Info("jobs of a run that stopped without handing them back are ready again", "jobs", n)
+		if r.Jobs > 0 {
+			s.log.Info("jobs of a run that stopped without handing them back are ready again", "jobs", r.Jobs)
 		}
+		s.reclaimedThrough = r.Through
 	}
 	ok = true
 	return s, nil
@@ -215,6 +219,8 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		Concurrency:   o.concurrency,
 		ShutdownGrace: 5 * time.Second,
 		Logger:        s.log,
+		// Their results may be stored already, though they come back as first deliveries.
+		ReclaimedThrough: s.reclaimedThrough,
 	}
 	tokOpts := o.tokenizerOptions(env)
 	if o.simulate {

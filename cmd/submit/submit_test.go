@@ -1042,12 +1042,13 @@ func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
 
 // TestRunAgainAfterAKilledLocalRunGoesOnAtOnce: a local run killed with jobs delivered to
 // its worker (kill -9, a crash: nothing hands them back) leaves them pending on its store.
-// Run again, submit gives them out at once rather than after AckWait.
+// Run again, submit gives them out at once rather than after AckWait, and those whose results
+// the killed run had stored are not sampled again.
 func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
-	const n = 30
+	const n, stored = 30, 10
 	in := writeLines(t, jobLines(n))
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	args := []string{"--data-dir", data, "--batch-id", "b-killed", "--ack-wait", "10m", "--progress", "none", in}
@@ -1069,9 +1070,28 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	held := 0
-	for range batch.Messages() {
-		held++
+	for msg := range batch.Messages() {
+		// It stored the results of the last few, and died before it acked them.
+		if held++; held > n-stored {
+			res := jobs.Result{CustomID: msg.Headers().Get(queue.HeaderCustomID), BatchID: "b-killed", Status: jobs.StatusOK,
+				Model: "Qwen/Qwen3-8B", Samples: []jobs.Sample{{Text: "sampled by the killed run"}}}
+			data, err := res.AppendJSON(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := q.ResultMsg(nil, codec, "b-killed", res.CustomID, string(res.Status), queue.Tokens{}, data, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := q.PublishResult(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if held != n {
 		t.Fatalf("the killed worker holds %d jobs, want %d", held, n)
@@ -1082,12 +1102,23 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	// Run again: the jobs wait out ten minutes of AckWait unless submit takes them back.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := run(ctx, append([]string{"--local", "--simulate", "-o", out}, args...), env); err != nil {
+	var stderr bytes.Buffer
+	env.stderr = &stderr
+	if err := run(ctx, append([]string{"--local", "--simulate", "-v", "-o", out}, args...), env); err != nil {
 		t.Fatalf("run again: %v", err)
 	}
 	results := readResults(t, out)
 	if len(results) != n {
 		t.Fatalf("%d results, want %d", len(results), n)
+	}
+	// The jobs whose results were stored come back as first deliveries, and are not sampled
+	// again.
+	m := regexp.MustCompile(`msg="simulated Tinker service" samples=(\d+) `).FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("no line on the simulated service in:\n%s", stderr.String())
+	}
+	if samples, _ := strconv.Atoi(m[1]); samples != n-stored {
+		t.Fatalf("the rerun sampled %d jobs; want %d, the %d whose results were not stored", samples, n-stored, n-stored)
 	}
 }
 

@@ -271,29 +271,39 @@ func retry[T any](ctx context.Context, f func(context.Context) (T, error)) (T, e
 // setupAttemptTimeout bounds one JetStream API request of Setup or Bind.
 const setupAttemptTimeout = 10 * time.Second
 
-// Reclaim makes every job delivered and not settled deliverable again at once, and returns
-// how many there were. Call it only where no worker can hold a job: on the embedded server
-// of submit --local, just started on the store of a run that stopped without handing its
-// jobs back (kill -9, a crash, a power cut). There they would wait out AckWait, 30 s at the
-// end of the rerun. Anywhere else a delivered job is a live worker's, and AckWait is what
-// gives it to another.
+// Reclaimed says which jobs Reclaim made deliverable again.
+type Reclaimed struct {
+	// Jobs is how many there were.
+	Jobs int
+	// Through is the highest stream sequence among them. A job at or below it comes back as
+	// a first delivery, but its result may be stored already: its run may have stopped
+	// between storing the result and acking the job.
+	Through uint64
+}
+
+// Reclaim makes every job delivered and not settled deliverable again at once. Call it only
+// where no worker can hold a job: on the embedded server of submit --local, just started on
+// the store of a run that stopped without handing its jobs back (kill -9, a crash, a power
+// cut). There they would wait out AckWait, 30 s at the end of the rerun. Anywhere else a
+// delivered job is a live worker's, and AckWait is what gives it to another.
 //
 // The server resets the consumer to its ack floor: the work queue holds only jobs not yet
-// acked, and they go out again, their delivery counts back at zero.
-func (q *Queue) Reclaim(ctx context.Context) (int, error) {
+// acked, and they go out again, their delivery counts back at zero. The consumer delivers in
+// stream order, so they are the jobs at or below the last sequence it delivered.
+func (q *Queue) Reclaim(ctx context.Context) (Reclaimed, error) {
 	c, err := q.JS.Consumer(ctx, q.Names.JobsStream(), ConsumerName)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, nil
+		return Reclaimed{}, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("queue: reclaim: %w", err)
+		return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
 	}
-	held := c.CachedInfo().NumAckPending
-	if held == 0 {
-		return 0, nil
+	info := c.CachedInfo()
+	if info.NumAckPending == 0 {
+		return Reclaimed{}, nil
 	}
 	if _, err := q.JS.ResetConsumer(ctx, q.Names.JobsStream(), ConsumerName); err != nil {
-		return 0, fmt.Errorf("queue: reclaim %d jobs: reset consumer %s: %w", held, ConsumerName, err)
+		return Reclaimed{}, fmt.Errorf("queue: reclaim %d jobs: reset consumer %s: %w", info.NumAckPending, ConsumerName, err)
 	}
-	return held, nil
+	return Reclaimed{Jobs: info.NumAckPending, Through: info.Delivered.Stream}, nil
 }

@@ -263,6 +263,16 @@ func (w *Worker) keep(s *settlement) {
 	}
 }
 
+// reclaimed says msg is a job that queue.Reclaim made deliverable again
+// (Config.ReclaimedThrough): a first delivery again, whose result may be stored already.
+func (w *Worker) reclaimed(msg jetstream.Msg) bool {
+	if w.cfg.ReclaimedThrough == 0 {
+		return false
+	}
+	seq, ok := queue.StreamSeq(msg)
+	return !ok || seq <= w.cfg.ReclaimedThrough
+}
+
 // work decides the outcome of one delivery. A panic while working it (a tinkerfleet bug, met
 // perhaps on this job's input only) ends the job with an internal error result instead of the
 // worker: a crash would drop every job the worker holds, and the job, delivered again, would
@@ -295,10 +305,11 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		return outcome{result: &res, settle: settleTerm}
 	}
 
-	// A job delivered again, or published again by a resumed submit, may have a result
-	// already (its worker died between publishing it and the ack): never sample it twice.
-	// A first delivery of a first publish cannot, and skips the lookup.
-	if delivered > 1 || msg.Headers().Get(queue.HeaderRepublished) != "" {
+	// A job delivered again, published again by a resumed submit, or reclaimed from a run
+	// that stopped, may have a result already (its worker died between storing it and the
+	// ack): never sample it twice. A first delivery of a first publish cannot, and skips the
+	// lookup.
+	if delivered > 1 || msg.Headers().Get(queue.HeaderRepublished) != "" || w.reclaimed(msg) {
 		done, err := w.cfg.Queue.HasResult(ctx, batch, job.CustomID)
 		if err != nil {
 			return transient(err)

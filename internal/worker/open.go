@@ -98,6 +98,11 @@ type Config struct {
 	// dead letter after MaxDeliver deliveries. It is checked as each long poll returns (no
 	// timer per sample), so up to one poll late. Default 30 min; negative means no bound.
 	SampleTimeout time.Duration
+	// ReclaimedThrough is Reclaimed.Through of the queue.Reclaim that made this worker's jobs
+	// of a stopped run deliverable again (submit --local), or 0. Such a job comes back as a
+	// first delivery, but its result may be stored already, so the worker looks for it
+	// before sampling, as it does for every job delivered again.
+	ReclaimedThrough uint64
 	// Registerer receives the worker's Prometheus metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives the worker's logs; nil discards them.
