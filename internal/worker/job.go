@@ -254,6 +254,11 @@ func (w *Worker) freeSettlement() *settlement {
 // at most; a rare huge result's buffer is not.
 func (w *Worker) keep(s *settlement) {
 	s.msg, s.job = nil, finishedJob{}
+	if s.result != nil {
+		// A compressed result's data is a buffer of its own, which its memory charge, ended
+		// now, counted: kept with up to Concurrency settlements, it would be held uncharged.
+		s.result.Data = nil
+	}
 	if cap(s.buf) > maxKeptBuffer {
 		s.buf = nil
 	}

@@ -3,8 +3,14 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 // reserveAsync reserves n in a goroutine; the returned channel gets the charge once reserved.
@@ -156,5 +162,43 @@ func TestResultMemoryWithoutALimitChargesNothing(t *testing.T) {
 	}
 	if got := m.charged(); got != 0 {
 		t.Fatalf("charged %d without a limit", got)
+	}
+}
+
+// The settlements a worker keeps for its next jobs hold none of the results they stored: a
+// result's memory is charged until it is stored, and nothing of it stays after, compressed
+// results (a buffer of their own) included.
+func TestKeptSettlementsHoldNoResultOnceItIsStored(t *testing.T) {
+	t.Parallel()
+	const slots, limit = 8, 1 << 20
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 50 * time.Millisecond})
+	w := b.open(t, b.connect(t), Config{Concurrency: slots, ResultMemory: limit})
+	stop := run(t, w)
+	prompt := make([]int, 2000)
+	for i := range prompt {
+		prompt[i] = 1000 + i
+	}
+	js := make([]jobs.Job, 2*slots)
+	for i := range js { // top-20 prompt logprobs of 2,000 tokens: about 170 KB compressed a result
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("lp%d", i), Model: "Qwen/Qwen3-8B", PromptTokens: prompt, NumSamples: 1,
+			Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true, TopKPromptLogprobs: 20}
+	}
+	publishJobs(t, b.results, "lp", js)
+	for id, r := range waitResults(t, b.results, "lp", len(js), time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Fatalf("%s: %+v", id, r.Error)
+		}
+	}
+	fleettest.Eventually(t, 5*time.Second, "every charge to end", func() bool { return w.memory.charged() == 0 })
+	stop()
+	kept := 0
+	for len(w.settlements) > 0 {
+		s := <-w.settlements
+		if kept++; s.result != nil && len(s.result.Data) > 0 {
+			t.Fatalf("a kept settlement holds %d bytes of the result it stored, uncharged", len(s.result.Data))
+		}
+	}
+	if kept == 0 {
+		t.Fatal("the worker kept no settlement")
 	}
 }
