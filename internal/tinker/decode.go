@@ -205,8 +205,8 @@ func decodeTopK(b []byte) ([][]TokenLogprob, error) {
 	if k == 0 || n == 0 {
 		return nil, nil // present but empty: treated as not requested (§T4)
 	}
-	cells := n * k
-	if uint64(len(ids)) != 4*cells || uint64(len(lps)) != 4*cells {
+	cells := n * k // both below 2^32: no overflow, but 4*cells may, so the lengths are divided
+	if len(ids)%4 != 0 || uint64(len(ids)/4) != cells || len(lps) != len(ids) {
 		return nil, fmt.Errorf("dense %dx%d matrix needs %d cells, got %d ids and %d logprobs", n, k, cells, len(ids)/4, len(lps)/4)
 	}
 	rows := make([][]TokenLogprob, n)

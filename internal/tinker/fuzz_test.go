@@ -31,6 +31,7 @@ func FuzzDecodeSampleResponse(f *testing.F) {
 	short = protowire.AppendBytes(protowire.AppendTag(short, fieldSeqTokens, protowire.BytesType), []byte{9, 0, 0, 0, 7, 0, 0, 0})
 	short = protowire.AppendBytes(protowire.AppendTag(short, fieldSeqLogprobs, protowire.BytesType), []byte{0, 0, 0x80, 0xbf})
 	f.Add(protowire.AppendBytes(protowire.AppendTag(nil, fieldRespSequences, protowire.BytesType), short))
+	f.Add(hugeTopK())
 	f.Add([]byte(`{"type":"sample","sequences":[{"stop_reason":"stop","tokens":[1,2],"logprobs":[-0.1]}]}`))
 	f.Add([]byte(`{"type":"sample","sequences":[{"stop_reason":"stop","tokens":[1,2],"logprobs":[-0.1,-0.2]}],` +
 		`"prompt_logprobs":[null,-1.5],"topk_prompt_logprobs":[null,[[7,-0.5],[8,-1]]]}`))

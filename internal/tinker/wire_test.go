@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -163,6 +165,11 @@ func TestProtoDecodeErrors(t *testing.T) {
 		if _, err := decodeSampleResponseProto(b); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}
+	}
+	// 2^31 x 2^31 cells and none given: 4 bytes a cell overflow 64 bits to 0, which must not
+	// pass for the empty lists' length (a 48 GiB allocation ended the process).
+	if _, err := decodeSampleResponseProto(hugeTopK()); err == nil {
+		t.Error("a top-k matrix of 2^62 cells with none given decoded without error")
 	}
 	// Empty logprobs mean none; unknown fields are skipped.
 	b, _ := hex.DecodeString("0a0b12040100000018fa011a00" + "2805")
@@ -334,4 +341,12 @@ func TestAPIKeyFrom(t *testing.T) {
 	if k, cmd, err := CredentialsFrom(os.Getenv); err != nil || k != "eyJhbGciOi.x.y" || cmd != "" {
 		t.Fatalf("CredentialsFrom(os.Getenv): %q %v", cmd, err)
 	}
+}
+
+// hugeTopK is a response whose top-k prompt logprobs say 2^31 rows of 2^31 and give no cell.
+func hugeTopK() []byte {
+	var topk []byte
+	topk = protowire.AppendVarint(protowire.AppendTag(topk, fieldTopKK, protowire.VarintType), 1<<31)
+	topk = protowire.AppendVarint(protowire.AppendTag(topk, fieldTopKPromptLength, protowire.VarintType), 1<<31)
+	return protowire.AppendBytes(protowire.AppendTag(nil, fieldRespTopK, protowire.BytesType), topk)
 }
