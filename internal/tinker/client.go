@@ -122,6 +122,7 @@ func newClient(cfg Config) (*Client, error) {
 	if c.hc == nil {
 		c.hc, c.ownHC = defaultHTTPClient(cfg.RootCAs), true
 	}
+	c.hc = keepCredentialHome(c.hc)
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -152,6 +153,37 @@ func defaultHTTPClient(roots *x509.CertPool) *http.Client {
 	// then fail as connection errors, which are tried again on a new connection (§6.2).
 	tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: h2PingAfter, PingTimeout: h2PingAfter}
 	return &http.Client{Transport: tr}
+}
+
+// keepCredentialHome returns a copy of hc that follows a redirect (§1.4: the SDK does) only
+// to the host it was sent to, and never from https to http. A redirect carries every header
+// of the request on, and Go leaves out only Authorization and cookies on one to another
+// domain: X-API-Key would reach the other host. A redirect it does not follow ends the
+// request with a *redirectedAwayError. hc's own redirect policy, if any, applies after.
+func keepCredentialHome(hc *http.Client) *http.Client {
+	kept := *hc
+	next := hc.CheckRedirect
+	kept.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		from, to := via[0].URL, req.URL
+		if !strings.EqualFold(to.Host, from.Host) || (from.Scheme == "https" && to.Scheme != "https") {
+			return &redirectedAwayError{to: to.Scheme + "://" + to.Host}
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &kept
+}
+
+// redirectedAwayError is the error of a redirect keepCredentialHome does not follow.
+type redirectedAwayError struct{ to string } // scheme and host only: a URL may hold secrets
+
+func (e *redirectedAwayError) Error() string {
+	return fmt.Sprintf("redirected to %s, not followed: the credential goes to the Tinker service's host only (is the base URL right?)", e.to)
 }
 
 // h2PingAfter is how long an HTTP/2 connection of the default client may be silent before

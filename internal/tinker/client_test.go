@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -430,5 +433,90 @@ func TestARotatedKeyStaysRedacted(t *testing.T) {
 	}
 	if msg := err.Error(); strings.Contains(msg, "TESTSECRET") || strings.Contains(msg, "ROTATEDSECRET") || strings.Count(msg, redactedText) != 2 {
 		t.Fatalf("a key echoed after the rotation: %v; want both redacted", err)
+	}
+}
+
+// A redirect is followed on the service's host, and not to another host, which would get
+// the API key with it: the request ends with an error that names where it was sent.
+func TestARedirectTakesTheKeyNowhereElse(t *testing.T) {
+	f := newFake(t)
+	var elsewhere []string // the X-API-Key values another host received
+	var mu sync.Mutex
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		elsewhere = append(elsewhere, r.Header.Get("X-Api-Key"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer other.Close()
+	redirect := func(to string) reply {
+		return func(w http.ResponseWriter, r *http.Request, _ []byte) { http.Redirect(w, r, to, http.StatusFound) }
+	}
+	const caps = `{"supported_models":[{"model_name":"Qwen/Qwen3-8B","max_context_length":32768}]}`
+	f.set("get_server_capabilities", jsonReply(200, caps))
+	c, _, _ := dial(t, f, nil)
+	ctx := testCtx(t)
+
+	f.push("get_server_capabilities", redirect(f.url()+"/api/v1/get_server_capabilities"))
+	if _, err := c.Capabilities(ctx); err != nil {
+		t.Fatalf("a redirect on the service's host: %v", err)
+	}
+	if n := len(f.requests("get_server_capabilities")); n != 2 {
+		t.Fatalf("the service saw %d requests, want the redirected one and the one it redirected to", n)
+	}
+
+	// The same server under another name is another host.
+	away := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+	f.push("get_server_capabilities", redirect(away+"/steal"))
+	_, err := c.Capabilities(ctx)
+	var pe *ProtocolError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "redirected to "+away+", not followed") {
+		t.Fatalf("a redirect to another host: %v; want a ProtocolError naming it", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(elsewhere) != 0 {
+		t.Fatalf("another host received %d requests (keys %q)", len(elsewhere), elsewhere)
+	}
+}
+
+// keepCredentialHome follows redirects on the host a request went to, upgrades to https
+// included, and no others; a redirect policy of the caller's still applies.
+func TestKeepCredentialHomeFollowsOnlyTheSameHost(t *testing.T) {
+	req := func(raw string) *http.Request {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &http.Request{URL: u}
+	}
+	check := keepCredentialHome(&http.Client{}).CheckRedirect
+	for _, tc := range []struct {
+		from, to string
+		follow   bool
+	}{
+		{"https://tinker.example/api/v1/asample", "https://tinker.example/v2/asample", true},
+		{"https://tinker.example/a", "https://TINKER.example/b", true},
+		{"http://tinker.example/a", "https://tinker.example/a", true},
+		{"https://tinker.example/a", "http://tinker.example/a", false},
+		{"https://tinker.example/a", "https://evil.example/a", false},
+		{"https://tinker.example/a", "https://tinker.example:8443/a", false},
+	} {
+		err := check(req(tc.to), []*http.Request{req(tc.from)})
+		if follow := err == nil; follow != tc.follow {
+			t.Errorf("%s -> %s: followed %v, want %v (%v)", tc.from, tc.to, follow, tc.follow, err)
+		}
+	}
+	var ten []*http.Request
+	for range 10 {
+		ten = append(ten, req("https://tinker.example/a"))
+	}
+	if check(req("https://tinker.example/a"), ten) == nil {
+		t.Error("an eleventh redirect followed")
+	}
+	refuse := errors.New("the caller's policy")
+	own := keepCredentialHome(&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return refuse }})
+	if err := own.CheckRedirect(req("https://tinker.example/b"), []*http.Request{req("https://tinker.example/a")}); err != refuse {
+		t.Errorf("the caller's policy was not applied: %v", err)
 	}
 }

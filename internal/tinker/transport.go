@@ -125,6 +125,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	}
 	c.emit(Event{Kind: EventRequest, Endpoint: cl.name, Method: cl.method, StatusCode: status,
 		Duration: dur, Attempt: retryCount, SamplerID: cl.samplerID})
+	if away := (*redirectedAwayError)(nil); errors.As(err, &away) {
+		return nil, &ProtocolError{Endpoint: cl.name, Msg: away.Error()} // not a connection error: no retry helps
+	}
 	if errors.Is(err, errReplyTooLarge) {
 		return nil, &ProtocolError{Endpoint: cl.name, Msg: fmt.Sprintf("reply of status %d is larger than %d bytes (Timing.MaxReplyBytes)", status, c.t.MaxReplyBytes)}
 	}
