@@ -1,9 +1,12 @@
 package tinker
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -263,6 +266,28 @@ func TestPoll400Budget(t *testing.T) {
 	res, _, _, _, err = runSample(t, nil, bad, bad, jsonReply(408, `{"type":"try_again"}`), bad, bad, bad)
 	if err != nil || res.Response == nil {
 		t.Fatalf("budget not reset by 408: %v", err)
+	}
+	// A compressed body is a body, although Go's transport drops the Content-Length of a
+	// reply it decompresses: not a bare 400 (§1.4), which would sleep as a connection error.
+	gz := gzipReply(400, `{"detail":"bad"}`)
+	res, _, fc, _, err = runSample(t, nil, gz, gz, gz)
+	if err != nil || res.Response == nil || len(fc.Sleeps()) != 0 {
+		t.Fatalf("3 compressed bad requests: %v, sleeps %v", err, fc.Sleeps())
+	}
+}
+
+// gzipReply answers status with body compressed, and its Content-Length.
+func gzipReply(status int, body string) reply {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	_, _ = io.WriteString(zw, body)
+	_ = zw.Close()
+	return func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Length", fmt.Sprint(b.Len()))
+		w.WriteHeader(status)
+		_, _ = w.Write(b.Bytes())
 	}
 }
 

@@ -100,9 +100,10 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if err == nil {
 		r = &response{status: resp.StatusCode, header: resp.Header}
 		r.body, err = readBody(resp, c.t.MaxReplyBytes)
-		contentLen := resp.ContentLength
+		// A reply the transport decompressed lost its Content-Length, and had a body.
+		bare := resp.ContentLength <= 0 && !resp.Uncompressed
 		_ = resp.Body.Close()
-		if err == nil && r.status == http.StatusBadRequest && contentLen <= 0 {
+		if err == nil && r.status == http.StatusBadRequest && bare {
 			// §1.4: a 400 without Content-Length (or "0") is a connection-level
 			// rejection, retried as a connection error while the budget lasts.
 			if c.bare400.Add(-1) >= 0 {
