@@ -28,6 +28,7 @@ type Client struct {
 	cmd       *credentialCmd         // TINKER_CREDENTIAL_CMD (§2.1); nil when not set
 	viaCmd    bool                   // the JWT exchange sends the command's credential, not the key (§2.2)
 	jwt       *jwtAuth               // the JWT that replaces key in X-API-Key (§2.2); nil when not exchanged
+	cf        CloudflareAccess       // sent on every request; zero: none
 	hc        *http.Client
 	ownHC     bool
 	log       *slog.Logger
@@ -105,6 +106,7 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		base:          base,
+		cf:            cloudflareAccessFrom(cfg.CloudflareAccess, os.Getenv),
 		hc:            cfg.HTTPClient,
 		log:           cfg.Logger,
 		disp:          cfg.Dispatcher,

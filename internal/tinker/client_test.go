@@ -520,3 +520,32 @@ func TestKeepCredentialHomeFollowsOnlyTheSameHost(t *testing.T) {
 		t.Errorf("the caller's policy was not applied: %v", err)
 	}
 }
+
+// A Cloudflare Access service token from the environment goes in its two headers on every
+// request (§1.1, §1.2), and its secret is scrubbed from an error that echoes it, as a key is.
+func TestCloudflareAccessHeadersGoOnEveryRequest(t *testing.T) {
+	t.Setenv("CLOUDFLARE_ACCESS_CLIENT_ID", "cf-id.access")
+	t.Setenv("CLOUDFLARE_ACCESS_CLIENT_SECRET", "CFSECRET0123456789")
+	f := newFake(t)
+	c, _, _ := dial(t, f, nil)
+	if _, err := sampler(t, c).Sample(testCtx(t), SampleRequest{Prompt: EncodedText([]int{1, 2}), NumSamples: 1}); err != nil {
+		t.Fatal(err)
+	}
+	all := f.requests("")
+	if len(all) < 5 {
+		t.Fatalf("only %d requests seen", len(all))
+	}
+	for _, r := range all {
+		if r.Header.Get("CF-Access-Client-Id") != "cf-id.access" || r.Header.Get("CF-Access-Client-Secret") != "CFSECRET0123456789" {
+			t.Fatalf("%s %s without the Cloudflare Access headers: %v", r.Method, r.Endpoint, r.Header)
+		}
+	}
+	f.set("get_server_capabilities", jsonReply(403, `{"detail":"token CFSECRET0123456789 may not"}`))
+	_, err := c.Capabilities(testCtx(t))
+	if err == nil || strings.Contains(err.Error(), "CFSECRET") || !strings.Contains(err.Error(), redactedText) {
+		t.Fatalf("the secret echoed in an error: %v", err)
+	}
+	if s := fmt.Sprintf("%v %+v", c.cf, c.cf); strings.Contains(s, "CFSECRET") {
+		t.Fatalf("the secret printed: %s", s)
+	}
+}

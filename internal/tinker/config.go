@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -31,6 +32,10 @@ type Config struct {
 	// server that exchanges credentials for JWTs. Neither the command nor what it prints
 	// appears in a log line or an error.
 	CredentialCmd string
+	// CloudflareAccess is the service token of a Cloudflare Access application in front of
+	// the service, sent on every request (§1.1, §1.2). Zero means the environment's
+	// CLOUDFLARE_ACCESS_CLIENT_ID and CLOUDFLARE_ACCESS_CLIENT_SECRET, as in the SDK.
+	CloudflareAccess CloudflareAccess
 	// HTTPClient is used for every request; nil means a client with a pooled
 	// transport (HTTP/2 when offered) and a 5 s connect timeout (§1.3). Its
 	// Timeout should be 0: per-request timeouts come from Timing.
@@ -66,6 +71,25 @@ type Config struct {
 	FutureTimeout time.Duration
 	// Timing holds every delay and limit; zero fields take the protocol defaults.
 	Timing Timing
+}
+
+// CloudflareAccess is a Cloudflare Access service token: each part set is sent in its header,
+// CF-Access-Client-Id and CF-Access-Client-Secret.
+type CloudflareAccess struct {
+	ClientID string
+	// ClientSecret is printed redacted, as a key is, and scrubbed from errors.
+	ClientSecret APIKey
+}
+
+// cloudflareAccessFrom returns a, or, when a is zero, the token getenv gives.
+func cloudflareAccessFrom(a CloudflareAccess, getenv func(string) string) CloudflareAccess {
+	if a != (CloudflareAccess{}) {
+		return a
+	}
+	return CloudflareAccess{
+		ClientID:     strings.TrimSpace(getenv("CLOUDFLARE_ACCESS_CLIENT_ID")),
+		ClientSecret: APIKey(strings.TrimSpace(getenv("CLOUDFLARE_ACCESS_CLIENT_SECRET"))),
+	}
 }
 
 // Clock is the time source of the retry layers, back-off waits, billing window

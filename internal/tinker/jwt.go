@@ -283,7 +283,7 @@ func (a *jwtAuth) stop() {
 // redact removes every credential from s (an error body): the API key and those it replaced,
 // the JWTs in use (§2.2) and anything shaped like a JWT.
 func (c *Client) redact(s string) string {
-	secrets := append([]APIKey{c.apiKey()}, c.retiredKeys()...)
+	secrets := append([]APIKey{c.apiKey(), c.cf.ClientSecret}, c.retiredKeys()...)
 	if c.cmd != nil {
 		printed := c.cmd.secrets()
 		secrets = append(secrets, printed[:]...)

@@ -77,6 +77,12 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	}
 	h := req.Header
 	h["X-Api-Key"] = []string{string(cred)}
+	if c.cf.ClientID != "" {
+		h["Cf-Access-Client-Id"] = []string{c.cf.ClientID}
+	}
+	if c.cf.ClientSecret != "" {
+		h["Cf-Access-Client-Secret"] = []string{string(c.cf.ClientSecret)}
+	}
 	accept := cl.accept
 	if accept == "" {
 		accept = "application/json"
