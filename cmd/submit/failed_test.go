@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,7 +21,7 @@ import (
 // TestFailedWritesTheLinesOfErrorsAsTheyWere: `submit failed` writes exactly the input lines
 // (native and OpenAI ones, byte for byte) of the jobs whose results are errors, none with
 // --retryable when no error is retryable, adds those whose results were lost, and refuses
-// input files that changed since.
+// input files that changed since, and -o one of them.
 func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -92,6 +94,18 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	}
 	if got, said, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != byID[okID]+"\n" || !strings.Contains(said, "1 line of batch "+batch+" whose results will never come") {
 		t.Errorf("failed --retryable after a result was lost: %q, %v, said %q; want %s's line", got, err, said, okID)
+	}
+
+	// Written over the batch's own input, the lines would be gone before they were read.
+	before, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.submit(ctx, "failed", batch, "-o", in); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "is the input file") {
+		t.Errorf("failed -o its input: %v; want a refusal", err)
+	}
+	if after, _ := os.ReadFile(in); !bytes.Equal(after, before) {
+		t.Fatalf("failed -o its input left %d of its %d bytes", len(after), len(before))
 	}
 
 	if err := os.WriteFile(in, []byte(strings.Join(lines[1:], "\n")+"\n"), 0o644); err != nil {

@@ -90,7 +90,7 @@ func checkDistinct(files []string, output string) error {
 	}
 	for _, j := range bySize[out.Size()] {
 		if os.SameFile(infos[j], out) {
-			return fmt.Errorf("-o %s is the input file %s: give the results a file of their own: %w", output, files[j], errUsage)
+			return fmt.Errorf("-o %s is the input file %s: give the output a file of its own: %w", output, files[j], errUsage)
 		}
 	}
 	return nil

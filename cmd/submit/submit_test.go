@@ -459,7 +459,7 @@ func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 		want   string
 		is     error
 	}{
-		{in, "-o " + in + " is the input file " + in + ": give the results a file of their own", errUsage},
+		{in, "-o " + in + " is the input file " + in + ": give the output a file of its own", errUsage},
 		{link, "-o " + link + " is the input file " + in, errUsage},
 		{notes, notes + " holds a line that is not a result (line 1); give another -o file", errNotResults},
 	} {
