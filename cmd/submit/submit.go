@@ -655,8 +655,10 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	}
 	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
 	if _, err := waiter.writeManifest(ctx, m, rev); err != nil {
-		// Someone cancelled it meanwhile: keep their status.
-		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil {
+		// Someone cancelled it meanwhile (or deleted it): keep their status. Any other failure
+		// (a store that cannot take the write) is the run's, or the batch would stay
+		// publishing for ever with the run taken for a success.
+		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil && cur.Status != queue.BatchPublishing {
 			return cur, false, nil
 		}
 		return m, false, err

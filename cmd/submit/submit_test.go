@@ -1912,3 +1912,47 @@ func TestRenderableNamesTheModelField(t *testing.T) {
 		}
 	}
 }
+
+// TestAManifestThatCannotBeWrittenAtTheEndFailsTheRun: when the batch's last manifest write
+// (publishing → submitted) fails, submit says so and fails, rather than reporting the batch
+// submitted while it stays "publishing" for status, list and delete.
+func TestAManifestThatCannotBeWrittenAtTheEndFailsTheRun(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	q := bind(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := writeLines(t, jobLines(20000))
+	w, err := q.Batches.Watch(ctx, "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	sealed := make(chan error, 1)
+	go func() { // the first manifest written (publishing): no write is taken after it
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			s, err := q.JS.Stream(ctx, "KV_"+q.Names.BatchesBucket())
+			if err == nil {
+				cfg := s.CachedInfo().Config
+				cfg.Sealed = true
+				_, err = q.JS.UpdateStream(ctx, cfg)
+			}
+			sealed <- err
+			return
+		}
+	}()
+	_, stderr, err := f.submit(ctx, in, "--batch-id", "mine", "--store-wait", "1s")
+	if serr := <-sealed; serr != nil {
+		t.Fatal(serr)
+	}
+	m, _, gerr := q.GetManifest(ctx, "mine")
+	if gerr != nil || m.Status != queue.BatchPublishing {
+		t.Fatalf("the manifest: %+v, %v; want it left publishing by the sealed bucket", m, gerr)
+	}
+	if err == nil || !strings.Contains(err.Error(), "manifest") {
+		t.Fatalf("submit: %v (said %q) with the batch left %q; want an error about its manifest", err, stderr, m.Status)
+	}
+}
