@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -139,10 +138,16 @@ func tokensNote(t queue.Tokens) string {
 func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
 	seen := map[queue.JobKey]bool{}
 	var sum summary
-	out, err := openOutput(path, m.BatchID, seen, &sum)
+	out, _, err := openOutput(path, m.BatchID, seen, &sum)
 	if err != nil {
 		return sum, err
 	}
+	return followInto(ctx, q, m, path, out, f, seen, sum, wait, po, env)
+}
+
+// followInto is followToFile on the file at path that openOutput opened as out, finding the
+// results in seen, counted in sum. It closes out.
+func followInto(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, out *outputFile, f resultFormat, seen map[queue.JobKey]bool, sum summary, wait bool, po progressOptions, env *environment) (summary, error) {
 	got, err := followFrom(ctx, q, m, out, f, seen, sum, wait, po, env)
 	if cerr := out.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%w: %s: %w", errWrite, path, cerr)
@@ -365,51 +370,6 @@ func removeIfEmpty(path string) {
 
 // errOtherBatch is the error of an output file that holds another batch's results.
 var errOtherBatch = errors.New("the output file belongs to another batch")
-
-// checkOutput returns an error when the output file at path cannot be written, or starts with
-// a result of another batch (errOtherBatch): submit checks it before publishing, so that no
-// job is sent for results that could not be written. It creates a missing file, and says so
-// (created), for the caller to remove it again should the run end before writing to it.
-// openOutput checks every line later.
-func checkOutput(path, batch string) (created bool, err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-	if err == nil {
-		return true, f.Close() // new, so empty: nothing to check
-	}
-	if errors.Is(err, fs.ErrExist) {
-		f, err = os.OpenFile(path, os.O_RDWR, 0)
-	}
-	if err != nil {
-		return false, fmt.Errorf("output: %w", err)
-	}
-	defer f.Close()
-	return false, checkOutputStart(f, path, batch)
-}
-
-// checkOutputStart checks the first line of the output file f, if it has one, for
-// checkOutput.
-func checkOutputStart(f *os.File, path, batch string) error {
-	var in io.Reader = f
-	if kind := outputCompression(path); kind != "" {
-		if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
-			r, release, err := decompressedAs(path, kind, bufio.NewReaderSize(f, 64<<10))
-			if err != nil {
-				return err
-			}
-			defer release()
-			in = r
-		}
-	}
-	line, err := bufio.NewReaderSize(in, 64<<10).ReadBytes('\n')
-	if err != nil {
-		return nil // empty, or one line cut short: openOutput drops it
-	}
-	r, _, ok := parseOutputLine(line)
-	if !ok {
-		return fmt.Errorf("%s holds a line that is not a result (line 1); give another -o file: %w", path, errNotResults)
-	}
-	return r.ofBatch(path, batch)
-}
 
 // parseOutputLine reads a line of an output file and its result status; ok is false when the
 // line is not a result.

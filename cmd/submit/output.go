@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,20 +19,36 @@ import (
 // outputFile is the results file of -o: JSONL, compressed with zstd or gzip when its name ends
 // in .zst or .gz.
 type outputFile struct {
-	file  *os.File
-	w     io.Writer    // file, or the compressor writing to it
-	flush func() error // makes what the compressor holds readable in the file
-	end   func() error // ends the compressed stream
+	file    *os.File
+	w       io.Writer    // file, or the compressor writing to it
+	flush   func() error // makes what the compressor holds readable in the file
+	end     func() error // ends the compressed stream
+	discard func() error // lets the compressor go without writing to the file
+	written bool         // something was written
 }
 
-func (o *outputFile) Write(p []byte) (int, error) { return o.w.Write(p) }
+func (o *outputFile) Write(p []byte) (int, error) {
+	o.written = o.written || len(p) > 0
+	return o.w.Write(p)
+}
 
 // Flush makes what was written readable in the file: a compressor ends its block.
-func (o *outputFile) Flush() error { return o.flush() }
+func (o *outputFile) Flush() error {
+	if !o.written {
+		return nil
+	}
+	return o.flush()
+}
 
-// Close ends the compressed stream, then syncs and closes the file.
+// Close ends the compressed stream, then syncs and closes the file. A stream nothing was
+// written to is not ended either, so that it adds nothing to the file: a file the run created
+// stays empty, for the caller to remove (removeIfEmpty).
 func (o *outputFile) Close() error {
-	err := o.end()
+	end := o.end
+	if !o.written {
+		end = o.discard
+	}
+	err := end()
 	if serr := o.file.Sync(); err == nil {
 		err = serr
 	}
@@ -65,7 +82,8 @@ func decompressedAs(path, kind string, br *bufio.Reader) (io.Reader, func(), err
 
 // newOutputFile writes to f through a compressor of kind ("" for none).
 func newOutputFile(f *os.File, kind string) (*outputFile, error) {
-	o := &outputFile{file: f, w: f, flush: func() error { return nil }, end: func() error { return nil }}
+	none := func() error { return nil }
+	o := &outputFile{file: f, w: f, flush: none, end: none, discard: none}
 	switch kind {
 	case "zstd":
 		zw, err := zstd.NewWriter(f)
@@ -73,6 +91,7 @@ func newOutputFile(f *os.File, kind string) (*outputFile, error) {
 			return nil, err
 		}
 		o.w, o.flush, o.end = zw, zw.Flush, zw.Close
+		o.discard = func() error { zw.Reset(io.Discard); return zw.Close() }
 	case "gzip":
 		zw := gzip.NewWriter(f)
 		o.w, o.flush, o.end = zw, zw.Flush, zw.Close
@@ -90,11 +109,42 @@ func newOutputFile(f *os.File, kind string) (*outputFile, error) {
 // A compressed file resumes with a stream of its own appended (concatenated zstd frames and
 // gzip members read as one). One that a crash cut short (its stream does not end, or ends in
 // a line cut short) is written again with its whole lines first.
-func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (*outputFile, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("output: %w", err)
+//
+// The file must be a regular one (or a new one: created says the call made it): a pipe or a
+// device cannot be read back, and reading a pipe this process holds open would never end.
+func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (out *outputFile, created bool, err error) {
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, false, fmt.Errorf("output %s is %s, not a regular file: results are appended to a file and read back to resume; name a file (-o), or print them with: submit results %s: %w",
+			path, fileKind(fi.Mode()), batch, errUsage)
 	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if created = err == nil; errors.Is(err, fs.ErrExist) {
+		f, err = os.OpenFile(path, os.O_RDWR, 0)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("output: %w", err)
+	}
+	out, err = readAndAppend(f, path, batch, seen, sum)
+	return out, created, err
+}
+
+// fileKind names the kind of file of a mode that is not a regular file's.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a pipe"
+	case m&fs.ModeDevice != 0, m&fs.ModeCharDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "not a file"
+}
+
+// readAndAppend is openOutput on the file f it opened.
+func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, sum *summary) (*outputFile, error) {
 	kind := outputCompression(path)
 	var in io.Reader = f
 	release := func() {}
@@ -128,7 +178,8 @@ func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (*
 	if readErr != nil || lines.cut {
 		return rewriteOutput(path, kind, lines.whole)
 	}
-	if f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
 		return nil, fmt.Errorf("output: %w", err)
 	}
 	return newOutputFile(f, kind)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -86,4 +87,41 @@ func runWithWriteLimit(args []string) {
 		os.Exit(exitCode(err))
 	}
 	os.Exit(0)
+}
+
+// TestAPipeAsTheOutputIsRefused: an -o that is a pipe (a FIFO, or /dev/stdout piped into
+// another command) is refused before a job is published. submit reads an -o file back to
+// resume; reading a pipe it held open itself never ended, and no signal stopped it.
+func TestAPipeAsTheOutputIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	in := writeLines(t, jobLines(3))
+	fifo := filepath.Join(t.TempDir(), "out.fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { _, _, err := f.submit(ctx, args...); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "is a pipe, not a regular file") {
+				t.Errorf("submit %s: %v; want a refusal of the pipe", strings.Join(args, " "), err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("submit %s still runs 10 s after it was interrupted", strings.Join(args, " "))
+		}
+	}
+	refused(in, "-o", fifo)
+	if n := jobsIn(t, bind(t, f)); n != 0 {
+		t.Fatalf("%d jobs published for results that could not be written", n)
+	}
+	batch, _, err := f.submit(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("results", strings.TrimSpace(batch), "-o", fifo)
 }

@@ -170,18 +170,23 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if o.dryRun {
 		return nil
 	}
+	// The output file is opened, and every line it holds checked, before a job is published:
+	// no job is sent for results that could not be written.
+	var out *outputFile // until following the results takes it
+	seen, held := map[queue.JobKey]bool{}, summary{}
 	if o.output != "" {
-		created, err := checkOutput(o.output, o.batchID)
-		if err != nil {
+		var created bool
+		if out, created, err = openOutput(o.output, o.batchID, seen, &held); err != nil {
 			return err
 		}
-		if created { // made to prove it can be written: a run that ends first leaves no empty file
-			defer func() {
-				if runErr != nil {
-					removeIfEmpty(o.output)
-				}
-			}()
-		}
+		defer func() {
+			if out != nil {
+				_ = out.Close()
+			}
+			if created && runErr != nil { // a run that ended before its first result leaves no empty file
+				removeIfEmpty(o.output)
+			}
+		}()
 	}
 
 	sess, err := openSession(ctx, o.conn, env, false)
@@ -243,8 +248,10 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 
 	// 3. Follow the results.
 	var sum summary
-	if o.output != "" {
-		sum, err = followToFile(followCtx, sess.q, m, o.output, format, true, o.progress, env)
+	if out != nil {
+		following := out
+		out = nil
+		sum, err = followInto(followCtx, sess.q, m, o.output, following, format, seen, held, true, o.progress, env)
 	} else {
 		sum, err = follow(followCtx, sess.q, m, nil, format, true, o.progress, env)
 	}

@@ -440,8 +440,9 @@ func TestAFileGivenTwiceIsRefused(t *testing.T) {
 }
 
 // TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing: an -o file that is an input file, or
-// starts with a line that is no result, is refused before a job is published, and is left as
-// it was. Such a file was found out only once the batch was published, and was being sampled.
+// holds a line that is no result or a result of another batch, on its first line or further
+// on, is refused before a job is published, and is left as it was. Such a file was found out
+// only once the batch was published, and was being sampled.
 func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -454,6 +455,18 @@ func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 	if err := os.WriteFile(notes, []byte("{\"note\": \"keep me\"}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Files that start with a result of the batch, and go on with what is not one of its.
+	mine := `{"custom_id":"job-00000","batch_id":"mine","status":"ok"}` + "\n"
+	laterNote := filepath.Join(t.TempDir(), "later-note.jsonl")
+	laterOther := filepath.Join(t.TempDir(), "later-other.jsonl")
+	for path, text := range map[string]string{
+		laterNote:  mine + "not a result\n",
+		laterOther: mine + `{"custom_id":"job-00001","batch_id":"other","status":"ok"}` + "\n",
+	} {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, c := range []struct {
 		output string
 		want   string
@@ -462,12 +475,14 @@ func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 		{in, "-o " + in + " is the input file " + in + ": give the output a file of its own", errUsage},
 		{link, "-o " + link + " is the input file " + in, errUsage},
 		{notes, notes + " holds a line that is not a result (line 1); give another -o file", errNotResults},
+		{laterNote, laterNote + " holds a line that is not a result (line 2); give another -o file", errNotResults},
+		{laterOther, "job-00001", errOtherBatch},
 	} {
 		before, err := os.ReadFile(c.output)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, err = f.submit(context.Background(), in, "-o", c.output)
+		_, _, err = f.submit(context.Background(), in, "--batch-id", "mine", "-o", c.output)
 		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("submit -o %s: %v; want %q", c.output, err, c.want)
 		}
@@ -746,7 +761,9 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 
 // TestARefusedRunLeavesNoEmptyOutputFile: submit creates the -o file before publishing, to
 // know it can write it; a run refused after that (here: a local run without a Tinker key)
-// removes it again, and leaves alone an empty file that was there before.
+// removes it again, a compressed one included (no empty stream is written to it), and leaves
+// alone an empty file that was there before. So does a run interrupted before its first
+// result.
 func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -758,10 +775,12 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 			t.Fatalf("a local run without a key: %v", err)
 		}
 	}
-	out := filepath.Join(dir, "results.jsonl")
-	refused(out)
-	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("the refused run left its output file behind: %v", err)
+	for _, name := range []string{"results.jsonl", "results.jsonl.zst", "results.jsonl.gz"} {
+		out := filepath.Join(dir, name)
+		refused(out)
+		if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("the refused run left its output file %s behind: %v", name, err)
+		}
 	}
 	mine := filepath.Join(dir, "mine.jsonl")
 	if err := os.WriteFile(mine, nil, 0o644); err != nil {
@@ -770,6 +789,21 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 	refused(mine)
 	if _, err := os.Stat(mine); err != nil {
 		t.Fatalf("the refused run removed an output file it did not create: %v", err)
+	}
+
+	f := newFleet(t, queue.Config{}, tinkersim.Config{}) // and no worker
+	in := writeLines(t, jobLines(3))
+	for _, name := range []string{"waited.jsonl", "waited.jsonl.zst", "waited.jsonl.gz"} {
+		out := filepath.Join(dir, name)
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // past an idle flush
+		_, _, err := f.submit(ctx, in, "-o", out)
+		cancel()
+		if !errors.Is(err, errInterrupted) {
+			t.Fatalf("a run with no worker, interrupted: %v", err)
+		}
+		if fi, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("the interrupted run left its output file %s behind (%v, %v)", name, fi, err)
+		}
 	}
 }
 
@@ -1781,7 +1815,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another batch's file is refused, whatever format its lines are in, and left alone.
-	if _, err := openOutput(path, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) || !strings.Contains(err.Error(), "batch b ") {
+	if _, _, err := openOutput(path, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) || !strings.Contains(err.Error(), "batch b ") {
 		t.Fatalf("a file of batch b opened for batch other: %v", err)
 	}
 	openAIOnly := filepath.Join(t.TempDir(), "openai.jsonl")
@@ -1789,18 +1823,15 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 	if err := os.WriteFile(openAIOnly, firstOpenAI, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openOutput(openAIOnly, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
+	if _, _, err := openOutput(openAIOnly, "other", map[queue.JobKey]bool{}, &summary{}); !errors.Is(err, errOtherBatch) {
 		t.Fatalf("OpenAI lines of batch b opened for batch other: %v", err)
-	}
-	if _, err := checkOutput(openAIOnly, "other"); !errors.Is(err, errOtherBatch) {
-		t.Fatalf("checkOutput of OpenAI lines of batch b for batch other: %v", err)
-	}
-	if created, err := checkOutput(openAIOnly, "b"); err != nil || created {
-		t.Fatalf("checkOutput for its own batch: created %v, %v", created, err)
 	}
 	seen := map[queue.JobKey]bool{}
 	var sum summary
-	out, err := openOutput(path, "b", seen, &sum)
+	out, created, err := openOutput(path, "b", seen, &sum)
+	if created {
+		t.Error("openOutput says it created a file that was there")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1822,7 +1853,7 @@ func TestOpenOutputReadsBothFormats(t *testing.T) {
 		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := openOutput(path, "b", map[queue.JobKey]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
+		if _, _, err := openOutput(path, "b", map[queue.JobKey]bool{}, &summary{}); err == nil || !strings.Contains(err.Error(), "not a result") {
 			t.Errorf("%s: err = %v", line, err)
 		}
 		if data, _ := os.ReadFile(path); string(data) != line+"\n" {
