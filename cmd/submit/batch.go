@@ -358,8 +358,15 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	fs, s := newFlagSet("list", env)
 	o.register(s)
 	fs.BoolVar(&asJSON, "json", false, "print JSON lines")
-	if err := fs.Parse(args); err != nil {
+	if err := s.Err(); err != nil {
 		return err
+	}
+	rest, err := envflag.Parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("list takes no arguments, not %q (submit status BATCH tells of one batch): %w", rest, errUsage)
 	}
 	sess, err := open(ctx, o, env)
 	if err != nil {

@@ -374,7 +374,7 @@ func TestEmptyFileIsAnError(t *testing.T) {
 
 // TestABatchCommandWithoutABatchIdSaysWhereToFindOne: a batch command without its batch id
 // says where the ids are, in a line, rather than print every flag; with two ids it shows the
-// usage.
+// usage. list takes no batch id.
 func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
 	t.Parallel()
 	for _, name := range []string{"status", "results", "failed", "cancel", "delete"} {
@@ -389,6 +389,15 @@ func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), name+` takes one batch id, not ["b-1" "b-2"]`) || !strings.Contains(stderr.String(), "usage: submit "+name) {
 			t.Errorf("submit %s with two batch ids: %v, and printed %q", name, err, stderr.String())
 		}
+	}
+	// list takes none, and reads its flags' environment as the others do.
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	if err := run(context.Background(), []string{"list", "--data-dir", t.TempDir(), "b-1", "--json"}, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `list takes no arguments, not ["b-1"]`) {
+		t.Errorf("submit list b-1: %v", err)
+	}
+	env.getenv = func(k string) string { return map[string]string{"TINKERFLEET_MAX_DELIVER": "ten"}[k] }
+	if err := run(context.Background(), []string{"list", "--data-dir", t.TempDir()}, env); err == nil || !strings.Contains(err.Error(), "TINKERFLEET_MAX_DELIVER") {
+		t.Errorf("submit list with a malformed environment: %v", err)
 	}
 }
 
