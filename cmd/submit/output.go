@@ -226,6 +226,19 @@ func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum
 	}
 }
 
+// createTemp is os.CreateTemp for a file that is renamed into place as one the user named:
+// it is made as os.Create makes files (0666 less the umask: 0644 as a rule), not 0600.
+func createTemp(dir, pattern string) (*os.File, error) {
+	for range 100 {
+		name := filepath.Join(dir, strings.Replace(pattern, "*", randomHex(8), 1))
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
+		if !errors.Is(err, fs.ErrExist) {
+			return f, err
+		}
+	}
+	return nil, fmt.Errorf("create a file like %s in %s: every name tried exists", pattern, dir)
+}
+
 // errNotResults is the error of an output file that holds a line that is no result.
 var errNotResults = errors.New("the output file holds other lines than results")
 
@@ -243,8 +256,17 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 		return nil, err
 	}
 	defer release()
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	tmp, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err == nil {
+		if fi, serr := src.Stat(); serr == nil {
+			err = tmp.Chmod(fi.Mode().Perm()) // it takes the place of the user's file
+		}
+	}
 	if err != nil {
+		if tmp != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
 		return nil, fmt.Errorf("output: %w", err)
 	}
 	out, err := newOutputFile(tmp, kind)

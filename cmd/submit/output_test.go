@@ -67,7 +67,8 @@ func decompress(t *testing.T, path string) []byte {
 // TestCompressedOutputIsWrittenAndResumed: -o FILE.zst and FILE.gz write the results
 // compressed; a file interrupted cleanly resumes with a stream appended, and one a crash cut
 // short (its stream never ended, its last line half written) is written again with its whole
-// lines first. Either way the file ends with exactly one line per job, and decompresses whole.
+// lines first, keeping its mode. Either way the file ends with exactly one line per job, and
+// decompresses whole.
 func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
@@ -116,11 +117,17 @@ func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, path := range []string{clean, crashed} {
+			if err := os.Chmod(path, 0o640); err != nil { // the user's choice, which stays
+				t.Fatal(err)
+			}
 			if _, stderr, err := f.submit(ctx, "results", batch, "-o", path); err != nil {
 				t.Fatalf("%s: resume %s: %v: %s", kind, filepath.Base(path), err, stderr)
 			}
 			if got := outputLines(t, decompress(t, path)); len(got) != 60 {
 				t.Errorf("%s: resumed %s: %d results, want 60", kind, filepath.Base(path), len(got))
+			}
+			if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o640 {
+				t.Errorf("%s: resumed %s: mode %v, %v; want it left 0640", kind, filepath.Base(path), fi.Mode().Perm(), err)
 			}
 		}
 	}

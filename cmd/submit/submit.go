@@ -118,7 +118,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		if o.rejects != "" {
 			dir = filepath.Dir(o.rejects)
 		}
-		if rejectsTmp, err = os.CreateTemp(dir, ".rejects-*.jsonl"); err != nil {
+		if rejectsTmp, err = createTemp(dir, ".rejects-*.jsonl"); err != nil {
 			return fmt.Errorf("rejects file: %w", err)
 		}
 		defer os.Remove(rejectsTmp.Name()) // a no-op once renamed

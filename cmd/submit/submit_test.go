@@ -361,6 +361,16 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 	if got := strings.Count(string(data), "\n"); got != 7 || !strings.Contains(string(data), `"field":"colour"`) {
 		t.Fatalf("rejects file (%d lines):\n%s", got, data)
 	}
+	// Made as os.Create makes a file (the umask decides), as the results are: not 0600.
+	made, err := os.Create(filepath.Join(dir, "made.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	made.Close()
+	want, _ := os.Stat(made.Name())
+	if got, err := os.Stat(rejects); err != nil || got.Mode().Perm() != want.Mode().Perm() {
+		t.Fatalf("rejects file mode %v (%v), want %v as os.Create makes", got.Mode().Perm(), err, want.Mode().Perm())
+	}
 }
 
 func TestEmptyFileIsAnError(t *testing.T) {
