@@ -53,6 +53,22 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("parseFlags(%q, %v): %v, want an error naming %s", tc.args, tc.env, err, tc.want)
 		}
 	}
+	// A mistyped flag prints the usage, with the flags' defaults, into the worker's log: the
+	// NATS password, token and URL (which may hold a password) taken from the environment
+	// are not among them.
+	var usage strings.Builder
+	secrets := map[string]string{"NATS_PASSWORD": "hunter2-password", "NATS_TOKEN": "s3cr3t-token", "NATS_URL": "nats://u:pw-in-url@h:4222"}
+	if _, err := parseFlags([]string{"--concurency", "5"}, env(secrets), &usage); err == nil {
+		t.Fatal("a mistyped flag was accepted")
+	}
+	for _, secret := range []string{"hunter2-password", "s3cr3t-token", "pw-in-url"} {
+		if strings.Contains(usage.String(), secret) {
+			t.Errorf("the usage printed %q:\n%s", secret, usage.String())
+		}
+	}
+	if o, err := parseFlags(nil, env(secrets), io.Discard); err != nil || o.conn.Password != "hunter2-password" || o.conn.Token != "s3cr3t-token" || o.conn.URL != secrets["NATS_URL"] {
+		t.Errorf("the environment's NATS credentials were not taken: %v", err)
+	}
 }
 
 func TestRunNeedsAPIKey(t *testing.T) {

@@ -42,6 +42,26 @@ func (s *Set) String(p *string, name, env, def, text string) {
 	s.fs.StringVar(p, name, def, usage(text, env))
 }
 
+// Secret defines a string flag defaulting to env, like String, for a value that must not be
+// printed: a password, a token, a URL that may hold either. The flag package prints every
+// default in its usage text, on -h or a mistyped flag, where it reaches logs; a Secret's is
+// never shown.
+func (s *Set) Secret(p *string, name, env, text string) {
+	*p = s.getenv(env)
+	s.fs.Var(secretValue{p}, name, usage(text, env))
+}
+
+// secretValue is a Secret's flag.Value: its String is always empty, so that the flag
+// package records no default to print.
+type secretValue struct{ p *string }
+
+func (v secretValue) String() string { return "" }
+
+func (v secretValue) Set(s string) error {
+	*v.p = s
+	return nil
+}
+
 // Int defines an int flag defaulting to env, or def.
 func (s *Set) Int(p *int, name, env string, def int, text string) {
 	if v := s.getenv(env); v != "" {

@@ -1,8 +1,10 @@
 package envflag
 
 import (
+	"bytes"
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -57,5 +59,27 @@ func TestParseAcceptsFlagsAfterArguments(t *testing.T) {
 	}
 	if *out != "r.jsonl" || !*wait || len(args) != 3 || args[0] != "a.jsonl" || args[1] != "b.jsonl" || args[2] != "-c.jsonl" {
 		t.Fatalf("o=%q wait=%v args=%q", *out, *wait, args)
+	}
+}
+
+// A Secret takes its environment's value, a flag wins over it, and neither is ever printed
+// in the usage text (the flag package prints it on -h and on a mistyped flag).
+func TestSecretsAreNotPrinted(t *testing.T) {
+	t.Parallel()
+	var usage bytes.Buffer
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(&usage)
+	s := New(fs, func(k string) string { return map[string]string{"P": "hunter2"}[k] })
+	var p, q string
+	s.Secret(&p, "p", "P", "a `password`")
+	s.Secret(&q, "q", "Q", "another")
+	if p != "hunter2" || q != "" {
+		t.Fatalf("p=%q q=%q, want the environment's value and none", p, q)
+	}
+	if err := fs.Parse([]string{"-q", "s3cret", "--mistyped"}); err == nil {
+		t.Fatal("a mistyped flag was accepted")
+	}
+	if q != "s3cret" || strings.Contains(usage.String(), "hunter2") || !strings.Contains(usage.String(), "-p password") {
+		t.Fatalf("q=%q; usage:\n%s", q, usage.String())
 	}
 }

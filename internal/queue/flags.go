@@ -9,12 +9,12 @@ import (
 // RegisterFlags defines the NATS connection flags, each defaulting to its environment variable
 // (see the configuration table in README.md).
 func (c *ConnectConfig) RegisterFlags(s *envflag.Set) {
-	s.String(&c.URL, "nats-url", "NATS_URL", "", "NATS server URLs, comma-separated")
+	s.Secret(&c.URL, "nats-url", "NATS_URL", "NATS server `URLs`, comma-separated")
 	s.String(&c.CredsFile, "nats-creds", "NATS_CREDS", "", "NATS user credentials file")
 	s.String(&c.NKeyFile, "nats-nkey", "NATS_NKEY", "", "NATS NKey seed file")
 	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
-	s.String(&c.Password, "nats-password", "NATS_PASSWORD", "", "NATS password; prefer the environment")
-	s.String(&c.Token, "nats-token", "NATS_TOKEN", "", "NATS token; prefer the environment")
+	s.Secret(&c.Password, "nats-password", "NATS_PASSWORD", "NATS `password`; prefer the environment")
+	s.Secret(&c.Token, "nats-token", "NATS_TOKEN", "NATS `token`; prefer the environment")
 	s.String(&c.TLSCA, "nats-tls-ca", "NATS_TLS_CA", "", "PEM file of CAs for the NATS servers' certificates")
 	s.String(&c.TLSCert, "nats-tls-cert", "NATS_TLS_CERT", "", "client certificate for NATS mutual TLS")
 	s.String(&c.TLSKey, "nats-tls-key", "NATS_TLS_KEY", "", "client key for NATS mutual TLS")
