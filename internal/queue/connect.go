@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -123,6 +124,10 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	}
 	opts = append(opts, extra...)
 	nc, err := nats.Connect(cfg.URL, opts...)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		// Its text quotes the URL, with any password in it: say only what is wrong.
+		return nil, fmt.Errorf("connect to NATS at %s: bad URL: %w", redactURLs(cfg.URL), ue.Err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(cfg.URL), err)
 	}
@@ -132,7 +137,9 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 // ConnectWait is Connect for a process that starts beside its NATS servers, as a worker does
 // under compose or Kubernetes: while no server answers, it tries again (after 250 ms, doubling
 // to 5 s) until ctx is done, warning at once and then at most every 30 s. Any other failure
-// (credentials, TLS, a bad URL) is returned at once: waiting would not mend it.
+// (credentials, TLS, a bad URL) is returned at once: waiting would not mend it. A server not
+// reached is one that refused the connection, or whose name does not resolve yet (a pod's
+// name before its pod is scheduled), or that a dial could not reach (unreachable).
 func ConnectWait(ctx context.Context, cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	const (
 		firstWait = 250 * time.Millisecond
@@ -143,7 +150,7 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, extra ...nats.Option) (
 	var warned time.Time
 	for {
 		nc, err := Connect(cfg, extra...)
-		if err == nil || !errors.Is(err, nats.ErrNoServers) {
+		if err == nil || !unreachable(err) {
 			return nc, err
 		}
 		if now := time.Now(); now.Sub(warned) >= warnEvery {
@@ -159,6 +166,15 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, extra ...nats.Option) (
 		}
 		wait = min(2*wait, maxWait)
 	}
+}
+
+// unreachable says err is ConnectWait's "no server reached": nats.go says ErrNoServers only of
+// refused connections, and returns other dial errors (a name that does not resolve, a dial
+// that timed out or found no route) as they are.
+func unreachable(err error) bool {
+	var dial *net.OpError
+	var dns *net.DNSError
+	return errors.Is(err, nats.ErrNoServers) || errors.As(err, &dns) || (errors.As(err, &dial) && dial.Op == "dial")
 }
 
 // redactURLs returns a comma-separated list of server URLs for a log line, with any user

@@ -246,6 +246,32 @@ func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
 	}
 }
 
+// TestConnectWaitWaitsForANameThatDoesNotResolveYet: a server named by a name that does not
+// resolve (a Kubernetes pod's, before its pod runs) is waited for like one that refuses the
+// connection; nats.go reports only the refusal as ErrNoServers.
+func TestConnectWaitWaitsForANameThatDoesNotResolveYet(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	_, err := ConnectWait(ctx, ConnectConfig{URL: "nats://nats-0.nats-headless.tinkerfleet-test.invalid:4222"})
+	if took := time.Since(begin); took < time.Second || err == nil || !strings.Contains(err.Error(), "gave up waiting") {
+		t.Fatalf("ConnectWait returned after %v: %v; want it to wait until its context ended", took, err)
+	}
+}
+
+// TestABadURLsErrorHoldsNoPassword: nats.go's error for a URL it cannot parse quotes the
+// URL, with the password in it; Connect says only what is wrong.
+func TestABadURLsErrorHoldsNoPassword(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{"nats://fleet:s3cret@127.0.0.1:42x22", "nats://n1:4222,nats://fleet:s3cret@n2:42x22"} {
+		_, err := Connect(ConnectConfig{URL: u})
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "bad URL") {
+			t.Errorf("Connect(%q): %v; want a bad URL named without its password", u, err)
+		}
+	}
+}
+
 // TestConnectWarnsOfAReconnect: a reader shown only warnings (submit) learns that a
 // disconnect ended, and after how long.
 func TestConnectWarnsOfAReconnect(t *testing.T) {
