@@ -365,8 +365,10 @@ func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
 	again.Header.Set(HeaderCustomID, customID)
 	again.Header.Set(HeaderRepublished, "1")
 	again.Data = msg.Data()
-	// A Nats-Msg-Id of its own: the job's first one may still be in the duplicate window.
-	id := fmt.Sprintf("%s/again/%d", MsgID(batch, customID), seq)
+	// A Nats-Msg-Id of its own: the job's first one may still be in the duplicate window. It
+	// starts with what no batch id can hold, so that it is no other job's first one: a custom
+	// id may hold anything after the batch's "/" ("x/again/7" would be the copy of "x").
+	id := fmt.Sprintf("again:%d:%s", seq, MsgID(batch, customID))
 	pubCtx, cancel := context.WithTimeout(ctx, handBackWait)
 	defer cancel()
 	if _, err := q.JS.PublishMsg(pubCtx, again, jetstream.WithMsgID(id)); err != nil {

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,6 +235,36 @@ func TestJobMsgSettlesAsJetStreamsMessagesDo(t *testing.T) {
 	waitFor(t, "the settled jobs to leave", func() bool { return jobsInStream(t, b) == 1 })
 	if got, err := p.Pull(ctx, 1, 300*time.Millisecond, func(jetstream.Msg) {}); err != nil || got != 0 {
 		t.Fatalf("pull while the only job waits out its nak delay: %d, %v", got, err)
+	}
+}
+
+// TestPublishAgainTakesNoOtherJobsID: the copy's message id is no first publish's, whatever
+// the custom ids: with "<id>/again/<seq>" it was that of the job named so, and the server
+// dropped the copy as its duplicate while the original was ended: the job was lost.
+func TestPublishAgainTakesNoOtherJobsID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond})
+	p := newPuller(t, b)
+	ctx := context.Background()
+	publishJob(t, b.q, "b1", "x")
+	var msg jetstream.Msg
+	if got, err := p.Pull(ctx, 1, time.Second, func(m jetstream.Msg) { msg = m }); err != nil || got != 1 {
+		t.Fatalf("pull: %d, %v", got, err)
+	}
+	seq, _ := StreamSeq(msg)
+	for _, other := range []string{fmt.Sprintf("x/again/%d", seq), fmt.Sprintf("again:%d:b1/x", seq)} {
+		publishJob(t, b.q, "b1", other)
+	}
+	if err := b.q.PublishAgain(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // past the original's ack wait
+	seen := map[string]bool{}
+	if _, err := p.Pull(ctx, 5, 300*time.Millisecond, func(m jetstream.Msg) { seen[m.Headers().Get(HeaderCustomID)] = true }); err != nil {
+		t.Fatal(err)
+	}
+	if !seen["x"] || len(seen) != 3 {
+		t.Fatalf("jobs left in the stream: %v; want x's copy and the two others", seen)
 	}
 }
 
