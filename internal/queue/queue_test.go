@@ -116,6 +116,17 @@ func TestSetupIsIdempotentAndNamesFollowPrefix(t *testing.T) {
 	if _, err := NewNames("Bad.Prefix"); err == nil {
 		t.Fatal("a prefix with a dot and capitals was accepted")
 	}
+	// fleet_a names the same streams: it is refused, by Setup and by Bind, and fleet-a's
+	// streams keep their subjects.
+	for name, ensure := range map[string]func(context.Context, jetstream.JetStream, Config) (*Queue, error){"Setup": Setup, "Bind": Bind} {
+		_, err := ensure(ctx, b.q.JS, Config{Prefix: "fleet_a"})
+		if err == nil || !strings.Contains(err.Error(), "stream FLEET_A_JOBS holds subject fleet-a.jobs.*, of another prefix than fleet_a") {
+			t.Errorf("%s of prefix fleet_a beside fleet-a: %v", name, err)
+		}
+	}
+	if info, err := b.q.Jobs.Info(ctx); err != nil || info.Config.Subjects[0] != "fleet-a.jobs.*" {
+		t.Fatalf("fleet-a's jobs stream after fleet_a's setup: %v, %v", info.Config.Subjects, err)
+	}
 }
 
 // TestTheDeliveryForTheDeadLetterIsReadBack: MaxDeliver counts the deliveries a job is worked

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -103,7 +104,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		return nil, err
 	}
 	q := &Queue{Names: names, JS: js, Config: cfg}
-	q.Jobs, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
+	q.Jobs, err = ensureStream(ctx, js, update, names, jetstream.StreamConfig{
 		Name:        names.JobsStream(),
 		Description: "tinkerfleet jobs waiting for a worker",
 		Subjects:    []string{names.Prefix + ".jobs.*"},
@@ -115,7 +116,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 	if err != nil {
 		return nil, err
 	}
-	q.Results, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
+	q.Results, err = ensureStream(ctx, js, update, names, jetstream.StreamConfig{
 		Name:        names.ResultsStream(),
 		Description: "tinkerfleet results, one per job",
 		Subjects:    []string{names.Prefix + ".results.*.*"},
@@ -136,7 +137,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 	if err != nil {
 		return nil, err
 	}
-	q.Dead, err = ensureStream(ctx, js, update, jetstream.StreamConfig{
+	q.Dead, err = ensureStream(ctx, js, update, names, jetstream.StreamConfig{
 		Name:        names.DeadStream(),
 		Description: "tinkerfleet payloads of jobs that ran out of deliveries",
 		Subjects:    []string{names.Prefix + ".dead.*"},
@@ -221,8 +222,11 @@ func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 	return c, nil
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, names Names, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	s, err := retry(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		if err := ownStream(ctx, js, names, cfg.Name); err != nil {
+			return nil, err
+		}
 		if update {
 			return js.CreateOrUpdateStream(ctx, cfg)
 		}
@@ -236,6 +240,34 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, cfg 
 		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
 	}
 	return s, nil
+}
+
+// ownStream refuses a stream named name that exists with subjects of another prefix. Stream
+// and bucket names turn a prefix's '-' into '_', so two prefixes that differ only there (team-a,
+// team_a) name the same streams: updating one's streams with the other's subjects would take
+// them over, its jobs included, and its own publishing would find no stream.
+func ownStream(ctx context.Context, js jetstream.JetStream, names Names, name string) error {
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, subject := range s.CachedInfo().Config.Subjects {
+		if !strings.HasPrefix(subject, names.Prefix+".") {
+			return &otherPrefixError{stream: name, subject: subject, prefix: names.Prefix}
+		}
+	}
+	return nil
+}
+
+// otherPrefixError is ownStream's refusal, which no retry mends.
+type otherPrefixError struct{ stream, subject, prefix string }
+
+func (e *otherPrefixError) Error() string {
+	return fmt.Sprintf("stream %s holds subject %s, of another prefix than %s: prefixes that differ only in '-' and '_' share stream names; give this deployment another --prefix",
+		e.stream, e.subject, e.prefix)
 }
 
 // retry repeats a create-or-update a few times: two processes setting up the same stream at
@@ -252,8 +284,8 @@ func retry[T any](ctx context.Context, f func(context.Context) (T, error)) (T, e
 		actx, cancel := context.WithTimeout(ctx, setupAttemptTimeout)
 		v, err = f(actx)
 		cancel()
-		if err == nil {
-			return v, nil
+		if other := (*otherPrefixError)(nil); err == nil || errors.As(err, &other) {
+			return v, err
 		}
 		if ctx.Err() != nil {
 			return v, err
