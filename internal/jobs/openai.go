@@ -214,6 +214,9 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			}
 			fe = defaultOnly(v, k, isTextFormat, `{"type": "text"} (structured output is not supported)`)
 		default:
+			if isNull(v) {
+				continue // null asks for nothing: what clients write for a field they leave unset
+			}
 			return j, fieldErr("body."+string(k), openaiUnsupported)
 		}
 		if fe != nil {
@@ -281,6 +284,9 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 	}
 	if j.Params.TopK, fe = intPtr(topK, "body.top_k"); fe != nil {
 		return j, fe
+	}
+	if j.Params.TopK != nil && *j.Params.TopK == 0 {
+		*j.Params.TopK = -1 // vLLM's "no limit", as -1 is (Tinker's, and vLLM's older one)
 	}
 	if j.Params.Seed, fe = int64Ptr(seed, "body.seed"); fe != nil {
 		return j, fe

@@ -63,6 +63,21 @@ func TestOpenAIMapping(t *testing.T) {
 			},
 		},
 		{
+			name: "an answer written back as OpenAI writes it, and fields a client left unset as null",
+			line: `{"custom_id":"c9","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi","name":null},{"role":"assistant","content":"Hello!","refusal":null},{"role":"user","content":"Again"}],"tools":null,"tool_choice":null,"stream_options":null}}`,
+			want: Job{
+				CustomID: "c9", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages:   []Message{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Hello!"}, {Role: "user", Content: "Again"}},
+				NumSamples: 1,
+			},
+		},
+		{
+			name: "completions top_k 0, vLLM's no limit",
+			line: `{"custom_id":"p0","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","top_k":0}}`,
+			want: Job{CustomID: "p0", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1,
+				Params: SamplingParams{TopK: intp(-1)}},
+		},
+		{
 			name: "completions list of one string",
 			line: `{"custom_id":"p2","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":["Only one"]}}`,
 			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Only one", NumSamples: 1},

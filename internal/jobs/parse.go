@@ -450,6 +450,9 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 				}
 				content = val
 			default:
+				if openai && isNull(val) {
+					continue // as OpenAI writes an answer's "refusal": null, which asks for nothing
+				}
 				return nil, fieldErr(mp("."+string(k)), "unknown field (a message has only role and content)")
 			}
 		}
@@ -508,8 +511,14 @@ func parseContent(v []byte, msgsPath string, msg int, openai bool) (string, *Fie
 		for k, val, ok := pit.next(); ok; k, val, ok = pit.next() {
 			switch string(k) {
 			case "type":
+				if typ != nil {
+					return "", dupKey(pp + ".type")
+				}
 				typ = val
 			case "text":
+				if text != nil {
+					return "", dupKey(pp + ".text")
+				}
 				text = val
 			default:
 				if unknown == nil {
