@@ -293,12 +293,15 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		return w.outOfDeliveries(ctx, msg, batch, customID)
 	}
 	job, err := jobs.DecodeJob(msg.Data())
+	invalid := jobs.Job{CustomID: customID, Format: job.Format}
 	if err == nil {
+		// A job that decoded but is invalid (for this worker's limits) keeps its format (OpenAI
+		// lines get OpenAI results) and its metadata, which decoding checked is JSON.
+		invalid.Metadata = job.Metadata
 		err = job.Validate(w.cfg.Limits)
 	}
 	if err != nil {
-		// A job that decoded but is invalid keeps its format (OpenAI lines get OpenAI results).
-		res := errorResult(jobs.Job{CustomID: customID, Format: job.Format}, batch, jobs.ResultError{
+		res := errorResult(invalid, batch, jobs.ResultError{
 			Code: jobs.CodeInvalidJob, Message: err.Error(), Category: jobs.CategoryUser,
 		})
 		return outcome{result: &res, settle: settleTerm}
@@ -684,6 +687,9 @@ func okResult(job jobs.Job, batch string, res *tinker.SampleResult, promptLen in
 	}
 	for _, seq := range res.Response.Sequences {
 		s := jobs.Sample{Tokens: seq.Tokens, Logprobs: seq.Logprobs, StopReason: string(seq.StopReason)}
+		if s.Tokens == nil {
+			s.Tokens = []int{} // a sample of no tokens: [] as the result schema says, not null
+		}
 		if tok != nil {
 			s.Text = completionText(tok, seq, stop)
 		}

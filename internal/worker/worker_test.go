@@ -193,7 +193,7 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 		{CustomID: "openai", Format: jobs.FormatOpenAIChat, Model: "Qwen/Qwen3-8B", NumSamples: 1,
 			Messages: []jobs.Message{{Role: "user", Content: "Hi"}}, Params: jobs.SamplingParams{MaxTokens: intp(4)}},
 		{CustomID: "openai-invalid", Format: jobs.FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "x",
-			NumSamples: 99}, // over the limit: rejected by the worker's own validation
+			NumSamples: 99, Metadata: json.RawMessage(`{"run": 3}`)}, // over the limit: rejected by the worker's own validation
 	})
 	res := waitResults(t, b.results, "b1", 7, 30*time.Second)
 	// Results of OpenAI lines say so (submit writes them in OpenAI's output format), even when
@@ -201,8 +201,9 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	if r := res["openai"]; r.Status != jobs.StatusOK || r.Format != jobs.FormatOpenAIChat {
 		t.Fatalf("OpenAI chat job result = %+v", r)
 	}
-	if r := res["openai-invalid"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInvalidJob || r.Format != jobs.FormatOpenAICompletions {
-		t.Fatalf("invalid OpenAI job result = %+v", r)
+	if r := res["openai-invalid"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeInvalidJob || r.Format != jobs.FormatOpenAICompletions ||
+		string(r.Metadata) != `{"run": 3}` {
+		t.Fatalf("invalid OpenAI job result = %+v; want its format and metadata kept", r)
 	}
 	if r := res["text"]; r.Format != "" {
 		t.Fatalf("native job result has format %q", r.Format)
