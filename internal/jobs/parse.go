@@ -88,10 +88,13 @@ func getInt(v []byte, path string) (int64, *FieldError) {
 // getFloat decodes a present value that must be a number.
 func getFloat(v []byte, path string) (float64, *FieldError) {
 	f, ok := decFloat(v)
-	if !ok {
-		return 0, typeErr(path, "a number", v)
+	switch {
+	case ok:
+		return f, nil
+	case isNumber(v): // 1e999: a number, past float64's range
+		return 0, fieldErr(path, "is out of range")
 	}
-	return f, nil
+	return 0, typeErr(path, "a number", v)
 }
 
 // getBool decodes a present value that must be a boolean.

@@ -121,6 +121,7 @@ func TestReaderBadLines(t *testing.T) {
 		{"oai n zero", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","n":0}}`, Limits{}, "body.n", "from 1 to 16"},
 		{"oai temperature type", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","temperature":"1"}}`, Limits{}, "body.temperature", "must be a number"},
 		{"oai top_p range", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","top_p":2}}`, Limits{}, "body.top_p", "(0, 1]"},
+		{"temperature past float64", `{"custom_id":"x","model":"m","prompt":"p","sampling_params":{"temperature":1e999}}`, Limits{}, "sampling_params.temperature", "is out of range"},
 		{"oai tools", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"tools":[]}}`, Limits{}, "body.tools", "is not supported"},
 		{"oai logit_bias", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"logit_bias":{"1":5}}}`, Limits{}, "body.logit_bias", "only accepted at its default {}"},
 		{"oai penalty", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","presence_penalty":0.5}}`, Limits{}, "body.presence_penalty", "only accepted at its default 0"},
