@@ -549,7 +549,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	if err != nil {
 		return perSample{}, err
 	}
-	defer func() { _ = puller.Close() }()
+	defer func() { _ = puller.Close(nil) }()
 	codec, err := queue.NewCodec(0)
 	if err != nil {
 		return perSample{}, err

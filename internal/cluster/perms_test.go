@@ -210,7 +210,7 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 	if err := wq.PublishAgain(ctx, taken[0]); err != nil {
 		t.Errorf("worker: publish a job again, on its last delivery: %v", err)
 	}
-	_ = puller.Close()
+	_ = puller.Close(nil)
 	if info, err := sub.Jobs.Info(ctx); err != nil || info.State.Msgs != total {
 		t.Fatalf("jobs stream after a job was published again: %v, err %v; want %d jobs waiting", info, err, total)
 	}

@@ -36,7 +36,7 @@ func ClosePullersAsJobsCome(t testing.TB, q, admin *queue.Queue, rounds int) {
 			t.Fatalf("round %d: a request given up on: %v", round, err)
 		}
 		Publish(t, admin, "closing", []jobs.Job{{CustomID: "job-" + strconv.Itoa(round), Model: "Qwen/Qwen3-8B", Prompt: "a", NumSamples: 1}})
-		if err := p.Close(); err != nil {
+		if err := p.Close(nil); err != nil {
 			t.Fatal(err)
 		}
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))

@@ -191,7 +191,12 @@ func requestEnd(code string, m *nats.Msg) error {
 // unsubscribe reached it, can still go to nobody. The jobs are handed back last, once the
 // server knows of no request here: one handed back into an open request would come back,
 // each time one delivery closer to MaxDeliver.
-func (p *JobPuller) Close() error {
+//
+// held, if not nil, says whether the caller still works on an earlier delivery of the job at
+// a stream sequence (its ack wait passed while its link was down, say): such a late job is
+// left alone, as the caller will settle that delivery. Handed back, it would go at once to
+// another worker, which would sample it a second time.
+func (p *JobPuller) Close(held func(streamSeq uint64) bool) error {
 	var late []*nats.Msg
 	if a := p.abandoned; a.owed > 0 && time.Now().Before(a.expires) {
 		late = awaitEnd(p.msgs, a, time.Now().Add(closeLinger))
@@ -209,6 +214,11 @@ read:
 		}
 	}
 	for _, m := range late {
+		if held != nil {
+			if seq, ok := numberFromAckSubject(m.Reply, ackStreamSeq); ok && held(seq) {
+				continue
+			}
+		}
 		p.handBack(m)
 	}
 	return err

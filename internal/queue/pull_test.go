@@ -19,7 +19,7 @@ func newPuller(t *testing.T, b *testBundle) *JobPuller {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Close() })
+	t.Cleanup(func() { _ = p.Close(nil) })
 	return p
 }
 
@@ -158,7 +158,7 @@ func TestJobPullerCloseHandsBackLateJobs(t *testing.T) {
 	pullInto(t, b, p, 1, 5*time.Second)
 	publishJob(t, b.q, "b1", "late")
 	waitFor(t, "the late job in the inbox", func() bool { return len(p.msgs) == 1 })
-	if err := p.Close(); err != nil {
+	if err := p.Close(nil); err != nil {
 		t.Fatal(err)
 	}
 	cons, err := b.q.Consumer(context.Background())
@@ -177,6 +177,51 @@ func TestJobPullerCloseHandsBackLateJobs(t *testing.T) {
 	}
 	if len(delivered) != 1 || delivered[0] != 2 {
 		t.Fatalf("deliveries after Close: %v, want one, the job's second", delivered)
+	}
+}
+
+// TestJobPullerCloseLeavesALateDeliveryOfAHeldJob: a job delivered again into a request Close
+// finds, while the caller still works on its earlier delivery (its ack wait passed while its
+// link was down), is left to that delivery: handed back, it went at once to another worker,
+// which sampled it a second time.
+func TestJobPullerCloseLeavesALateDeliveryOfAHeldJob(t *testing.T) {
+	t.Parallel()
+	for _, held := range []bool{true, false} {
+		b := setup(t, Config{AckWait: 2 * time.Second})
+		p, err := b.q.NewJobPuller(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishJob(t, b.q, "b1", "held")
+		var first jetstream.Msg
+		if got, err := p.Pull(context.Background(), 1, time.Second, func(m jetstream.Msg) { first = m }); err != nil || got != 1 {
+			t.Fatalf("pull: %d, %v", got, err)
+		}
+		seq, _ := StreamSeq(first)
+		pullInto(t, b, p, 1, 10*time.Second) // answered by the job's second delivery, once its ack wait passed
+		waitFor(t, "the second delivery in the inbox", func() bool { return len(p.msgs) == 1 })
+		if err := p.Close(func(s uint64) bool { return held && s == seq }); err != nil {
+			t.Fatal(err)
+		}
+		cons, err := b.q.Consumer(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Within the ack wait: only a job handed back is delivered.
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for range batch.Messages() {
+			n++
+		}
+		if held && n != 0 {
+			t.Fatalf("a late delivery of a job still held was handed back: delivered to another at once")
+		}
+		if !held && n != 1 {
+			t.Fatalf("a late job nobody holds was not handed back (%d delivered)", n)
+		}
 	}
 }
 
@@ -372,7 +417,7 @@ func TestJobPullerClosesAtOnceWithoutAConnection(t *testing.T) {
 	b.emb.Shutdown()
 	waitFor(t, "the connection to drop", func() bool { return !b.nc.IsConnected() })
 	began := time.Now()
-	if err := p.Close(); err != nil {
+	if err := p.Close(nil); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(began); took > time.Second {

@@ -71,6 +71,21 @@ func (a *aliveSet) addAgain(m jetstream.Msg) bool {
 	return true
 }
 
+// holds reports whether the set holds a delivery of the job at stream sequence seq; that
+// delivery is the server's news of the job too, as in addAgain.
+func (a *aliveSet) holds(seq uint64) bool {
+	now := time.Now().UnixNano()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for held := range a.msgs {
+		if s, ok := queue.StreamSeq(held); ok && s == seq {
+			a.msgs[held] = now
+			return true
+		}
+	}
+	return false
+}
+
 func (a *aliveSet) remove(m jetstream.Msg) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -129,3 +129,23 @@ func TestALinkInDoubtIsHeardAgain(t *testing.T) {
 		t.Fatal("no round of InProgress asked for when the link came back")
 	}
 }
+
+// holds finds a held job by its stream sequence, and renews its news: the server has just
+// delivered it again, to this worker.
+func TestHoldsFindsAHeldJobBySequenceAndRenewsIt(t *testing.T) {
+	t.Parallel()
+	msgs := heldMsgs(t, 2)
+	a := aliveSet{staleAfter: staleAfter(6 * time.Second)}
+	a.add(msgs[0])
+	a.mu.Lock()
+	a.msgs[msgs[0]] = time.Now().Add(-time.Hour).UnixNano()
+	a.mu.Unlock()
+	held, _ := queue.StreamSeq(msgs[0])
+	other, _ := queue.StreamSeq(msgs[1])
+	if !a.holds(held) || a.holds(other) {
+		t.Fatalf("holds(%d) = %v, holds(%d) = %v; want the held job alone", held, a.holds(held), other, a.holds(other))
+	}
+	if a.stale(msgs[0], time.Now()) {
+		t.Fatal("a held job delivered again is still stale")
+	}
+}

@@ -86,7 +86,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Results are stored and their jobs acked in groups, until every handler has returned.
 	if w.settler, err = newSettler(w.cfg.Queue, cap(w.slots), settleLinger, w.settled); err != nil {
-		_ = puller.Close()
+		_ = puller.Close(nil)
 		return err
 	}
 	w.settler.hold, w.settler.log = w.holding, w.log
@@ -166,7 +166,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	graceOver := time.Now().Add(w.cfg.ShutdownGrace)
 	w.gate.capacity.close()
 	// Close hands back what the last pull request still brings: the server may answer it now.
-	if cerr := puller.Close(); cerr != nil {
+	if cerr := puller.Close(w.alive.holds); cerr != nil {
 		w.log.Debug("close job puller", "err", cerr)
 	}
 	close(deliveries)
