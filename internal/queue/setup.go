@@ -224,17 +224,23 @@ func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, names Names, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	s, err := retry(ctx, func(ctx context.Context) (jetstream.Stream, error) {
-		if err := ownStream(ctx, js, names, cfg.Name); err != nil {
+		s, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			if update {
+				return js.CreateOrUpdateStream(ctx, cfg)
+			}
+			return js.CreateStream(ctx, cfg)
+		case err != nil:
+			return nil, err
+		}
+		if err := ownStream(s, names); err != nil {
 			return nil, err
 		}
 		if update {
 			return js.CreateOrUpdateStream(ctx, cfg)
 		}
-		s, err := js.Stream(ctx, cfg.Name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return js.CreateStream(ctx, cfg)
-		}
-		return s, err
+		return s, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
@@ -242,21 +248,15 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, name
 	return s, nil
 }
 
-// ownStream refuses a stream named name that exists with subjects of another prefix. Stream
-// and bucket names turn a prefix's '-' into '_', so two prefixes that differ only there (team-a,
-// team_a) name the same streams: updating one's streams with the other's subjects would take
-// them over, its jobs included, and its own publishing would find no stream.
-func ownStream(ctx context.Context, js jetstream.JetStream, names Names, name string) error {
-	s, err := js.Stream(ctx, name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, subject := range s.CachedInfo().Config.Subjects {
+// ownStream refuses a stream s that holds subjects of another prefix. Stream and bucket names
+// turn a prefix's '-' into '_', so two prefixes that differ only there (team-a, team_a) name
+// the same streams: updating one's streams with the other's subjects would take them over,
+// its jobs included, and its own publishing would find no stream.
+func ownStream(s jetstream.Stream, names Names) error {
+	info := s.CachedInfo()
+	for _, subject := range info.Config.Subjects {
 		if !strings.HasPrefix(subject, names.Prefix+".") {
-			return &otherPrefixError{stream: name, subject: subject, prefix: names.Prefix}
+			return &otherPrefixError{stream: info.Config.Name, subject: subject, prefix: names.Prefix}
 		}
 	}
 	return nil
