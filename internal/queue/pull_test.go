@@ -33,6 +33,19 @@ func pullInto(t *testing.T, b *testBundle, p *JobPuller, batch int, expires time
 	}
 }
 
+// publishAndPull publishes the job customID of batch b1 and pulls it with p: its first
+// delivery, and its stream sequence.
+func publishAndPull(t *testing.T, b *testBundle, p *JobPuller, customID string) (jetstream.Msg, uint64) {
+	t.Helper()
+	publishJob(t, b.q, "b1", customID)
+	var msg jetstream.Msg
+	if got, err := p.Pull(context.Background(), 1, time.Second, func(m jetstream.Msg) { msg = m }); err != nil || got != 1 {
+		t.Fatalf("pull %s: %d, %v", customID, got, err)
+	}
+	seq, _ := StreamSeq(msg)
+	return msg, seq
+}
+
 // waitFor polls cond for up to 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -192,12 +205,7 @@ func TestJobPullerCloseLeavesALateDeliveryOfAHeldJob(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		publishJob(t, b.q, "b1", "held")
-		var first jetstream.Msg
-		if got, err := p.Pull(context.Background(), 1, time.Second, func(m jetstream.Msg) { first = m }); err != nil || got != 1 {
-			t.Fatalf("pull: %d, %v", got, err)
-		}
-		seq, _ := StreamSeq(first)
+		_, seq := publishAndPull(t, b, p, "held")
 		pullInto(t, b, p, 1, 10*time.Second) // answered by the job's second delivery, once its ack wait passed
 		waitFor(t, "the second delivery in the inbox", func() bool { return len(p.msgs) == 1 })
 		if err := p.Close(func(s uint64) bool { return held && s == seq }); err != nil {
@@ -291,12 +299,7 @@ func TestPublishAgainTakesNoOtherJobsID(t *testing.T) {
 	b := setup(t, Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond})
 	p := newPuller(t, b)
 	ctx := context.Background()
-	publishJob(t, b.q, "b1", "x")
-	var msg jetstream.Msg
-	if got, err := p.Pull(ctx, 1, time.Second, func(m jetstream.Msg) { msg = m }); err != nil || got != 1 {
-		t.Fatalf("pull: %d, %v", got, err)
-	}
-	seq, _ := StreamSeq(msg)
+	msg, seq := publishAndPull(t, b, p, "x")
 	for _, other := range []string{fmt.Sprintf("x/again/%d", seq), fmt.Sprintf("again:%d:b1/x", seq)} {
 		publishJob(t, b.q, "b1", other)
 	}
@@ -326,12 +329,7 @@ func TestPublishAgainEndsTheOriginal(t *testing.T) {
 			b := setup(t, Config{MaxDeliver: 1, AckWait: 500 * time.Millisecond})
 			p := newPuller(t, b)
 			ctx := context.Background()
-			publishJob(t, b.q, "b1", "last")
-			var msg jetstream.Msg
-			if got, err := p.Pull(ctx, 1, time.Second, func(m jetstream.Msg) { msg = m }); err != nil || got != 1 {
-				t.Fatalf("pull: %d, %v", got, err)
-			}
-			seq, _ := StreamSeq(msg)
+			msg, seq := publishAndPull(t, b, p, "last")
 			j := msg.(*jobMsg)
 			if term == "answer lost" {
 				if _, err := b.nc.Request(j.msg.Reply, []byte(ackTerm), 5*time.Second); err != nil {
