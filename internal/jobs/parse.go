@@ -68,9 +68,18 @@ func typeErr(path, want string, v []byte) *FieldError {
 func getString(v []byte, path string) (string, *FieldError) {
 	s, ok := decString(v)
 	if !ok {
-		return "", typeErr(path, "a string", v)
+		return "", stringErr(path, "a string", v)
 	}
 	return s, nil
+}
+
+// stringErr is the error for a value at path that decString refused: a string that escapes a
+// lone surrogate, or a value that is not a string (want says what it should have been).
+func stringErr(path, want string, v []byte) *FieldError {
+	if isString(v) {
+		return fieldErr(path, `escapes a lone surrogate (\ud800-\udfff without its pair), which is no character`)
+	}
+	return typeErr(path, want, v)
 }
 
 // getInt decodes a present value that must be an integer.
@@ -371,7 +380,7 @@ func parseStop(v []byte, path string) (Stop, *FieldError) {
 			if len(s.TokenIDs) > 0 {
 				return s, fieldErr(ep(), "must not mix stop strings and stop token ids")
 			}
-			str, fe := getString(e, "")
+			str, fe := getString(e, ep())
 			if fe != nil {
 				return s, fe
 			}
@@ -466,7 +475,7 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 		}
 		var ok bool
 		if m.Role, ok = decString(role); !ok {
-			return nil, typeErr(mp(".role"), "a string", role)
+			return nil, stringErr(mp(".role"), "a string", role)
 		}
 		if openai && m.Role == "developer" {
 			m.Role = RoleSystem
@@ -496,8 +505,8 @@ func parseContent(v []byte, msgsPath string, msg int, openai bool) (string, *Fie
 		return s, nil
 	}
 	path := elemPath(msgsPath, msg, ".content")
-	if !openai {
-		return "", typeErr(path, "a string", v)
+	if !openai || isString(v) {
+		return "", stringErr(path, "a string", v)
 	}
 	if !isArray(v) {
 		return "", typeErr(path, "a string or a list of text parts", v)

@@ -121,6 +121,14 @@ func TestReaderBadLines(t *testing.T) {
 		{"oai n zero", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","n":0}}`, Limits{}, "body.n", "from 1 to 16"},
 		{"oai temperature type", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","temperature":"1"}}`, Limits{}, "body.temperature", "must be a number"},
 		{"oai top_p range", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","top_p":2}}`, Limits{}, "body.top_p", "(0, 1]"},
+		{"lone high surrogate in custom_id", `{"custom_id":"x\ud800","model":"m","prompt":"p"}`, Limits{}, "custom_id", "lone surrogate"},
+		{"lone low surrogate in prompt", `{"custom_id":"x","model":"m","prompt":"\udc00\ud83d\ude00"}`, Limits{}, "prompt", "lone surrogate"},
+		{"high surrogate before another escape", `{"custom_id":"x","model":"m","prompt":"\ud83d\n"}`, Limits{}, "prompt", "lone surrogate"},
+		{"two high surrogates", `{"custom_id":"x","model":"m","prompt":"\ud83d\ud83d\ude00"}`, Limits{}, "prompt", "lone surrogate"},
+		{"lone surrogate in a stop string", `{"custom_id":"x","model":"m","prompt":"p","sampling_params":{"stop":["a","\udfff"]}}`, Limits{}, "sampling_params.stop[1]", "lone surrogate"},
+		{"lone surrogate in a role", `{"custom_id":"x","model":"m","messages":[{"role":"user\ud800","content":"a"}]}`, Limits{}, "messages[0].role", "lone surrogate"},
+		{"lone surrogate in content", `{"custom_id":"x","model":"m","messages":[{"role":"user","content":"a\ud800"}]}`, Limits{}, "messages[0].content", "lone surrogate"},
+		{"oai lone surrogate in content", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"a\ud800"}]}}`, Limits{}, "body.messages[0].content", "lone surrogate"},
 		{"temperature past float64", `{"custom_id":"x","model":"m","prompt":"p","sampling_params":{"temperature":1e999}}`, Limits{}, "sampling_params.temperature", "is out of range"},
 		{"oai tools", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"tools":[]}}`, Limits{}, "body.tools", "is not supported"},
 		{"oai logit_bias", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"logit_bias":{"1":5}}}`, Limits{}, "body.logit_bias", "only accepted at its default {}"},
@@ -230,6 +238,33 @@ func TestReaderDuplicateCustomID(t *testing.T) {
 			t.Errorf("line %d: got %+v, want job %q", i+1, items[i], w.id)
 		case w.err != "" && (items[i].lerr == nil || !strings.HasPrefix(items[i].lerr.Error(), w.err)):
 			t.Errorf("line %d: got %+v, want error %q", i+1, items[i], w.err)
+		}
+	}
+}
+
+// TestReaderKeepsEscapedCharacters: surrogate pairs and U+FFFD, escaped or written, are
+// characters, and strings that differ stay different (the lone surrogate check must not take
+// them for one).
+func TestReaderKeepsEscapedCharacters(t *testing.T) {
+	t.Parallel()
+	in := strings.Join([]string{
+		`{"custom_id":"a\ud83d\ude00","model":"m","prompt":"\ud83d\ude00\ufffd\n"}`,
+		`{"custom_id":"a\ufffd","model":"m","prompt":"\uD83D\uDE00x"}`,
+		`{"custom_id":"a�\u00e9","model":"m","prompt":"\u00e9\ud800\udc00"}`,
+	}, "\n")
+	items, err := readString(t, in, Limits{})
+	mustEOF(t, err)
+	want := []struct{ id, prompt string }{
+		{"a😀", "😀\uFFFD\n"},
+		{"a\uFFFD", "😀x"},
+		{"a\uFFFDé", "é\U00010000"},
+	}
+	if len(items) != len(want) {
+		t.Fatalf("got %d outcomes, want %d", len(items), len(want))
+	}
+	for i, w := range want {
+		if items[i].lerr != nil || items[i].job.CustomID != w.id || items[i].job.Prompt != w.prompt {
+			t.Errorf("line %d: got %+v, want id %q prompt %q", i+1, items[i], w.id, w.prompt)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 )
 
 // This file walks JSON that validJSON (json.Valid) has already accepted. Walking the bytes ourselves (rather
@@ -190,7 +192,8 @@ func jsonType(v []byte) string {
 	}
 }
 
-// decString decodes a JSON string value; ok is false if v is not a string.
+// decString decodes a JSON string value; ok is false if v is not a string, or if it escapes
+// a lone surrogate (see loneSurrogate).
 func decString(v []byte) (s string, ok bool) {
 	if !isString(v) {
 		return "", false
@@ -202,7 +205,53 @@ func decString(v []byte) (s string, ok bool) {
 	if err := json.Unmarshal(v, &s); err != nil {
 		return "", false
 	}
+	// Lines are valid UTF-8 (checkSyntax), so U+FFFD in s was written, or was a lone surrogate.
+	if strings.ContainsRune(s, utf8.RuneError) && loneSurrogate(inner) {
+		return "", false
+	}
 	return s, true
+}
+
+// loneSurrogate reports whether the inside of a valid JSON string escapes half of a UTF-16
+// surrogate pair without the other half ("\ud800", "\udc00x"). That is no character:
+// encoding/json decodes it as U+FFFD, so two different strings would become one, and Python
+// keeps it as a code point that no UTF-8 encoder, and so no tokenizer, accepts.
+func loneSurrogate(inner []byte) bool {
+	high := false // the previous escape was a high surrogate, waiting for its low half
+	for i := 0; i < len(inner); i++ {
+		if inner[i] != '\\' {
+			if high {
+				return true
+			}
+			continue
+		}
+		i++
+		if inner[i] != 'u' {
+			if high {
+				return true
+			}
+			continue
+		}
+		r, _ := strconv.ParseUint(string(inner[i+1:i+5]), 16, 16) // valid JSON: four hex digits
+		i += 4
+		switch {
+		case r >= 0xd800 && r < 0xdc00:
+			if high {
+				return true
+			}
+			high = true
+		case r >= 0xdc00 && r < 0xe000:
+			if !high {
+				return true
+			}
+			high = false
+		default:
+			if high {
+				return true
+			}
+		}
+	}
+	return high
 }
 
 // errNotInt and errIntRange are the two ways decInt fails.
