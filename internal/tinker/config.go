@@ -302,8 +302,10 @@ func (w *flagsWire) apply(f *Flags) {
 // per-client gate that only keeps the backoff deadline.
 type Dispatcher interface {
 	// Acquire blocks until a submission whose prompt is estimated at estimatedBytes
-	// (§5.2) may be sent; release is called once asample was accepted or failed.
-	Acquire(ctx context.Context, estimatedBytes int64) (release func(), err error)
+	// (§5.2) may be sent. release is called once asample is over: with accepted true
+	// when the service took the sample (a future came back), false when the
+	// submission failed, was refused, or was never sent.
+	Acquire(ctx context.Context, estimatedBytes int64) (release func(accepted bool), err error)
 	// Wait blocks while a backoff is active.
 	Wait(ctx context.Context) error
 	// Backoff records that asample answered 429 (or 402 inside the billing

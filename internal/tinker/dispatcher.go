@@ -16,8 +16,8 @@ type localDispatcher struct {
 	until time.Time
 }
 
-func (d *localDispatcher) Acquire(ctx context.Context, _ int64) (func(), error) {
-	return func() {}, ctx.Err()
+func (d *localDispatcher) Acquire(ctx context.Context, _ int64) (func(bool), error) {
+	return func(bool) {}, ctx.Err()
 }
 
 func (d *localDispatcher) Wait(ctx context.Context) error {

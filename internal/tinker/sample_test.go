@@ -357,9 +357,11 @@ func (d *recDispatcher) note(s string) {
 	d.mu.Unlock()
 }
 
-func (d *recDispatcher) Acquire(ctx context.Context, est int64) (func(), error) {
+func (d *recDispatcher) Acquire(ctx context.Context, est int64) (func(bool), error) {
 	d.note(fmt.Sprintf("acquire %d", est))
-	return func() { d.note(fmt.Sprintf("release polls=%d", len(d.f.requests("retrieve_future")))) }, nil
+	return func(accepted bool) {
+		d.note(fmt.Sprintf("release accepted=%v polls=%d", accepted, len(d.f.requests("retrieve_future"))))
+	}, nil
 }
 
 func (d *recDispatcher) Wait(ctx context.Context) error { d.note("wait"); return d.inner.Wait(ctx) }
@@ -367,6 +369,23 @@ func (d *recDispatcher) Wait(ctx context.Context) error { d.note("wait"); return
 func (d *recDispatcher) Backoff(ctx context.Context, reason string, dur time.Duration) {
 	d.note(fmt.Sprintf("backoff %s %v", reason, dur))
 	d.inner.Backoff(ctx, reason, dur)
+}
+
+// A submission the service did not take is released as not accepted: the worker's gate must
+// not count it as a sample the service holds (its capacity learning).
+func TestAsampleFailureIsReleasedAsNotAccepted(t *testing.T) {
+	f := newFake(t)
+	fc := newFakeClock()
+	d := &recDispatcher{inner: localDispatcher{clock: fc}, f: f}
+	f.push("asample", jsonReply(400, `{"detail":"bad prompt"}`))
+	c, _, _ := dial(t, f, func(cfg *Config) { cfg.Dispatcher = d; cfg.Timing.Clock = fc })
+	if _, err := sampler(t, c).Sample(testCtx(t), basicRequest()); err == nil {
+		t.Fatal("a 400 from asample ended in no error")
+	}
+	want := []string{"acquire 30", "wait", "release accepted=false polls=0"}
+	if !reflect.DeepEqual(d.log, want) {
+		t.Fatalf("dispatcher log %v, want %v", d.log, want)
+	}
 }
 
 // §5.1/§5.3: asample 429 → dispatcher backoff (1 s; 5 s over 128 KiB), same
@@ -386,7 +405,7 @@ func TestAsample429Backoff(t *testing.T) {
 	if len(ids) != 2 || ids[0] != ids[1] || res.Attempts != 1 || res.Submissions != 2 {
 		t.Fatalf("seq ids %v result %+v", ids, res)
 	}
-	want := []string{"acquire 30", "wait", "backoff rate_limited 1s", "wait", "release polls=0"}
+	want := []string{"acquire 30", "wait", "backoff rate_limited 1s", "wait", "release accepted=true polls=0"}
 	if !reflect.DeepEqual(d.log, want) {
 		t.Fatalf("dispatcher log %v", d.log)
 	}
@@ -547,8 +566,8 @@ func TestSampleNoRetriesFlag(t *testing.T) {
 
 type blockingDispatcher struct{}
 
-func (blockingDispatcher) Acquire(ctx context.Context, _ int64) (func(), error) {
-	return func() {}, nil
+func (blockingDispatcher) Acquire(ctx context.Context, _ int64) (func(bool), error) {
+	return func(bool) {}, nil
 }
 func (blockingDispatcher) Wait(ctx context.Context) error                 { <-ctx.Done(); return ctx.Err() }
 func (blockingDispatcher) Backoff(context.Context, string, time.Duration) {}

@@ -226,7 +226,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 	var requestID string
 	for {
 		if err := c.disp.Wait(ctx); err != nil {
-			release()
+			release(false)
 			return fmt.Errorf("tinker: sample: dispatch wait: %w", err)
 		}
 		backpressure := ""
@@ -258,7 +258,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 			return c.statusError(cl, r)
 		})
 		if err != nil {
-			release()
+			release(false)
 			return fmt.Errorf("tinker: sample: submit: %w", err)
 		}
 		if backpressure == "" {
@@ -275,11 +275,11 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 		}
 		c.disp.Backoff(ctx, backpressure, d)
 		if err := check(); err != nil {
-			release()
+			release(false)
 			return err
 		}
 	}
-	release() // permits are not held while polling (§5.1)
+	release(true) // permits are not held while polling (§5.1)
 	resp, err := s.poll(ctx, requestID, time.Now(), check)
 	if err != nil {
 		return err

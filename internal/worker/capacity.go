@@ -277,7 +277,7 @@ func (c *capacity) send(phase *samplePhase) {
 	}
 }
 
-// answered records that asample accepted a sample (or failed: then done follows at once).
+// answered records that asample accepted a sample.
 func (c *capacity) answered(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -298,8 +298,9 @@ func (c *capacity) answered(phase *samplePhase) {
 	}
 }
 
-// requeue takes a sample that the service refused (429) out of the count, so that it waits
-// for room again like a new one rather than holding a place it does not have.
+// requeue takes a sample that the service did not take (a 429, a failed submission, or one
+// never sent) out of the count, so that it waits for room again like a new one rather than
+// holding a place it does not have.
 func (c *capacity) requeue(phase *samplePhase) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

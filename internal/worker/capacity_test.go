@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
@@ -713,5 +715,42 @@ func TestLimitsOverTheCapacityAreDividedAgain(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestGateCountsOnlyAcceptedSubmissions: a submission that failed (a 5xx after its retries, a
+// dropped connection) or was never sent is not a sample the service holds. Counted as one, it
+// grew the slow-start window and raised the measure racing a 429 above what the service held.
+func TestGateCountsOnlyAcceptedSubmissions(t *testing.T) {
+	t.Parallel()
+	g := NewGate(dispatch.New(dispatch.Config{}), backoff.NewLocal(nil), nil)
+	g.capacity = newCapacity(time.Minute)
+	ctx := context.Background()
+	release := make([]func(bool), 4)
+	for i := range release {
+		sctx := withSampleState(ctx, &sampleState{})
+		r, err := g.Acquire(sctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Wait(sctx); err != nil {
+			t.Fatal(err)
+		}
+		release[i] = r
+	}
+	release[0](true)
+	g.capacity.learn() // a 429 elsewhere in the fleet, with three submissions on the wire
+	release[1](false)
+	release[2](true)
+	release[3](false)
+	if got := g.capacity.current(); got != 2 {
+		t.Fatalf("limit = %d, want the 2 samples the service accepted", got)
+	}
+	c := g.capacity
+	c.mu.Lock()
+	held, window := c.held(), c.window
+	c.mu.Unlock()
+	if held != 2 || window != 2 {
+		t.Fatalf("%d held, window %d; want the 2 accepted, and the window at the limit", held, window)
 	}
 }

@@ -92,9 +92,10 @@ func sampleStateOf(ctx context.Context) *sampleState {
 // permit the first time), then waits for room under the learned capacity. Permits come
 // first: a sample holding room must never wait for a permit that a sample waiting for room
 // holds. So a sample submitted again (its future expired, §4.2 410) first gives back the
-// room it held, and waits for room like a new one. The returned release also records that
-// asample was answered.
-func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error) {
+// room it held, and waits for room like a new one. The returned release also records how
+// asample was answered: a sample the service accepted counts as held by it; one that failed
+// or was never sent gives its room back, and teaches the capacity nothing.
+func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(accepted bool), error) {
 	st := sampleStateOf(ctx)
 	if st != nil {
 		g.capacity.done(&st.phase)
@@ -113,15 +114,19 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(), error
 		return nil, err
 	}
 	if st == nil {
-		return p.Release, nil
+		return func(bool) { p.Release() }, nil
 	}
 	if err := g.capacity.submit(ctx, &st.phase); err != nil {
 		p.Release()
 		return nil, err
 	}
-	return func() {
+	return func(accepted bool) {
 		p.Release()
-		g.capacity.answered(&st.phase)
+		if accepted {
+			g.capacity.answered(&st.phase)
+		} else {
+			g.capacity.requeue(&st.phase)
+		}
 	}, nil
 }
 
