@@ -51,7 +51,7 @@ type localOptions struct {
 
 func (o *localOptions) register(s *envflag.Set) {
 	s.Bool(&o.simulate, "simulate", "TINKERFLEET_SIMULATE", false, "with --local, sample on an in-process Tinker simulator instead of the real service")
-	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs the local worker works on at once")
+	s.PositiveInt(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs the local worker works on at once")
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL of the local worker (default the production service)")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model")
 }

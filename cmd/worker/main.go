@@ -85,16 +85,16 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.String(&o.embeddedHost, "embedded-host", "TINKERFLEET_EMBEDDED_HOST", "127.0.0.1", "address the embedded server listens on")
 	s.Int(&o.embeddedPort, "embedded-port", "TINKERFLEET_EMBEDDED_PORT", 4222, "port of the embedded server")
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL (default the production service)")
-	s.Int(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
+	s.PositiveInt(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
 	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; empty disables")
-	s.Duration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
+	s.PositiveDuration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
 	s.String(&o.account, "account", "TINKERFLEET_ACCOUNT", "", "name of the Tinker account whose backoff the fleet shares (default: a hash of the base URL and key); name it to keep one fleet across key rotations")
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
-	s.Duration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
+	s.NonZeroDuration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
-	s.Duration(&o.sampleTimeout, "sample-timeout", "TINKERFLEET_SAMPLE_TIMEOUT", worker.DefaultSampleTimeout, "how long the service may leave a sample it accepted unanswered before its job is tried again (a future it lost); negative: no bound")
-	s.Int(&o.resultMemory, "result-memory", "TINKERFLEET_RESULT_MEMORY", worker.DefaultResultMemory>>20, "MiB that results may take between their arrival and their storage; while they take it all, no new sample is sent (only results of many numbers come near it: long samples, prompt logprobs of long prompts); negative: no bound")
-	s.Duration(&o.capacityTTL, "capacity-ttl", "TINKERFLEET_CAPACITY_TTL", time.Minute, "how long the capacity learned from a 429 limits samples in flight once a second measure confirms it (a quarter of it before); negative: refill after every pause, as the Python SDK does")
+	s.NonZeroDuration(&o.sampleTimeout, "sample-timeout", "TINKERFLEET_SAMPLE_TIMEOUT", worker.DefaultSampleTimeout, "how long the service may leave a sample it accepted unanswered before its job is tried again (a future it lost); negative: no bound")
+	s.NonZeroInt(&o.resultMemory, "result-memory", "TINKERFLEET_RESULT_MEMORY", worker.DefaultResultMemory>>20, "MiB that results may take between their arrival and their storage; while they take it all, no new sample is sent (only results of many numbers come near it: long samples, prompt logprobs of long prompts); negative: no bound")
+	s.NonZeroDuration(&o.capacityTTL, "capacity-ttl", "TINKERFLEET_CAPACITY_TTL", time.Minute, "how long the capacity learned from a 429 limits samples in flight once a second measure confirms it (a quarter of it before); negative: refill after every pause, as the Python SDK does")
 	s.Bool(&o.setupStreams, "setup-streams", "TINKERFLEET_SETUP_STREAMS", true, "create or update the streams, consumer and buckets; false binds what an operator set up, so the worker's NATS user needs no right to change streams")
 	s.String(&o.logLevel, "log-level", "TINKERFLEET_LOG_LEVEL", "info", "debug, info, warn or error")
 	s.Bool(&o.logJSON, "log-json", "TINKERFLEET_LOG_JSON", false, "log JSON lines instead of text")
@@ -109,9 +109,6 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	}
 	if o.conn.URL == "" && !o.embedded {
 		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")
-	}
-	if o.resultMemory == 0 {
-		return o, errors.New("--result-memory 0: give the MiB results may take, or a negative number for no bound")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

@@ -46,7 +46,13 @@ func TestParseFlags(t *testing.T) {
 		{nil, nil, "--nats-url"},
 		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level "loud"`},
 		{[]string{"--embedded-nats", "extra"}, nil, "unexpected arguments"},
-		{[]string{"--embedded-nats", "--result-memory", "0"}, nil, "--result-memory 0"},
+		{[]string{"--embedded-nats", "--result-memory", "0"}, nil, "-result-memory: must not be 0"},
+		{[]string{"--embedded-nats", "--shutdown-grace", "0"}, nil, "-shutdown-grace: must be a positive duration"},
+		{[]string{"--embedded-nats", "--concurrency", "0"}, nil, "-concurrency: must be a positive integer"},
+		{[]string{"--embedded-nats", "--capacity-ttl", "0s"}, nil, "-capacity-ttl: must not be 0"},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_RESULTS_MAX_AGE": "0"}, "TINKERFLEET_RESULTS_MAX_AGE"},
+		{[]string{"--embedded-nats", "--results-max-age", "0s"}, nil, "-results-max-age: must be a positive duration"},
+		{[]string{"--embedded-nats", "--max-deliver", "0"}, nil, "-max-deliver: must not be 0"},
 		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_CONCURRENCY": "many"}, "TINKERFLEET_CONCURRENCY"},
 	} {
 		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -1,9 +1,11 @@
 package envflag
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -65,9 +67,9 @@ func (v secretValue) Set(s string) error {
 // Int defines an int flag defaulting to env, or def.
 func (s *Set) Int(p *int, name, env string, def int, text string) {
 	if v := s.getenv(env); v != "" {
-		n, err := strconv.Atoi(v)
+		n, err := parseInt(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: not an integer", env, v))
+			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
 		} else {
 			def = n
 		}
@@ -91,14 +93,124 @@ func (s *Set) Bool(p *bool, name, env string, def bool, text string) {
 // Duration defines a duration flag defaulting to env, or def.
 func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, text string) {
 	if v := s.getenv(env); v != "" {
-		d, err := time.ParseDuration(v)
+		d, err := parseDuration(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: not a duration such as 30s", env, v))
+			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
 		} else {
 			def = d
 		}
 	}
 	s.fs.DurationVar(p, name, def, usage(text, env))
+}
+
+// PositiveInt defines an int flag like Int whose value, from the environment or the command
+// line, must be above zero. The programs' configurations read 0 as "the default", so a 0
+// given on purpose would quietly mean 400 or 1000; it is refused instead.
+func (s *Set) PositiveInt(p *int, name, env string, def int, text string) {
+	checkedVar(s, p, name, env, def, text, "a positive `int`", parseInt, func(n int) error {
+		if n <= 0 {
+			return errors.New("must be a positive integer")
+		}
+		return nil
+	})
+}
+
+// NonZeroInt defines an int flag like Int that may be negative (the flag says what that
+// means, no limit for example), but not 0, for the reason PositiveInt gives.
+func (s *Set) NonZeroInt(p *int, name, env string, def int, text string) {
+	checkedVar(s, p, name, env, def, text, "an `int`, not 0", parseInt, func(n int) error {
+		if n == 0 {
+			return errors.New("must not be 0")
+		}
+		return nil
+	})
+}
+
+// PositiveDuration defines a duration flag like Duration whose value must be above zero, for
+// the reason PositiveInt gives (a NATS user would also read a max age of 0 as for ever).
+func (s *Set) PositiveDuration(p *time.Duration, name, env string, def time.Duration, text string) {
+	checkedVar(s, p, name, env, def, text, "a positive `duration`", parseDuration, func(d time.Duration) error {
+		if d <= 0 {
+			return errors.New("must be a positive duration")
+		}
+		return nil
+	})
+}
+
+// NonZeroDuration defines a duration flag like Duration that may be negative (the flag says
+// what that means), but not 0, for the reason PositiveInt gives.
+func (s *Set) NonZeroDuration(p *time.Duration, name, env string, def time.Duration, text string) {
+	checkedVar(s, p, name, env, def, text, "a `duration`, not 0", parseDuration, func(d time.Duration) error {
+		if d == 0 {
+			return errors.New("must not be 0")
+		}
+		return nil
+	})
+}
+
+func parseInt(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	return n, nil
+}
+
+func parseDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, errors.New("not a duration such as 30s")
+	}
+	return d, nil
+}
+
+// checkedVar defines a flag of type T that parse reads and check accepts, defaulting to env,
+// or def. rule, which says what check accepts, is appended to the usage text; its back-quoted
+// word names the flag's argument in -h, as the flag package names those of its own types.
+func checkedVar[T any](s *Set, p *T, name, env string, def T, text, rule string, parse func(string) (T, error), check func(T) error) {
+	if v := s.getenv(env); v != "" {
+		x, err := parse(v)
+		if err == nil {
+			err = check(x)
+		}
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
+		} else {
+			def = x
+		}
+	}
+	*p = def
+	if strings.Contains(text, "`") { // the text names the argument itself
+		rule = strings.ReplaceAll(rule, "`", "")
+	}
+	text += " (" + rule + ")"
+	s.fs.Var(checkedValue[T]{p, parse, check}, name, usage(text, env))
+}
+
+// checkedValue is the flag.Value of checkedVar.
+type checkedValue[T any] struct {
+	p     *T
+	parse func(string) (T, error)
+	check func(T) error
+}
+
+func (v checkedValue[T]) String() string {
+	if v.p == nil { // the flag package's zero value, to tell whether a default is worth printing
+		return fmt.Sprint(*new(T))
+	}
+	return fmt.Sprint(*v.p)
+}
+
+func (v checkedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
+	if err == nil {
+		err = v.check(x)
+	}
+	if err != nil {
+		return err
+	}
+	*v.p = x
+	return nil
 }
 
 // Parse parses args like fs.Parse but lets flags follow the positional arguments, as in

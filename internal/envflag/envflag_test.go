@@ -83,3 +83,80 @@ func TestSecretsAreNotPrinted(t *testing.T) {
 		t.Fatalf("q=%q; usage:\n%s", q, usage.String())
 	}
 }
+
+// TestCheckedFlagsRefuseZero: the programs read 0 as "the default", so a 0 given on purpose,
+// on the command line or in the environment, is refused rather than quietly replaced.
+func TestCheckedFlagsRefuseZero(t *testing.T) {
+	t.Parallel()
+	define := func(env map[string]string) (*flag.FlagSet, *Set, *int, *int, *time.Duration) {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		s := New(fs, func(k string) string { return env[k] })
+		var (
+			n, m int
+			d    time.Duration
+		)
+		s.PositiveInt(&n, "n", "N", 400, "jobs at once")
+		s.NonZeroInt(&m, "m", "M", 10, "deliveries; negative: no limit")
+		s.PositiveDuration(&d, "d", "D", time.Minute, "how long")
+		return fs, s, &n, &m, &d
+	}
+	fs, s, n, m, d := define(nil)
+	if err := fs.Parse(nil); err != nil || s.Err() != nil || *n != 400 || *m != 10 || *d != time.Minute {
+		t.Fatalf("defaults: %v %v n=%d m=%d d=%v", err, s.Err(), *n, *m, *d)
+	}
+	if err := fs.Parse([]string{"-n", "3", "-m", "-1", "-d", "2s"}); err != nil || *n != 3 || *m != -1 || *d != 2*time.Second {
+		t.Fatalf("valid values: %v n=%d m=%d d=%v", err, *n, *m, *d)
+	}
+	for _, c := range []struct{ args []string }{
+		{[]string{"-n", "0"}}, {[]string{"-n", "-2"}}, {[]string{"-n", "x"}},
+		{[]string{"-m", "0"}}, {[]string{"-d", "0"}}, {[]string{"-d", "-1s"}}, {[]string{"-d", "5"}},
+	} {
+		fs, _, n, m, d := define(nil)
+		err := fs.Parse(c.args)
+		if err == nil || !strings.Contains(err.Error(), "-"+c.args[0][1:]) {
+			t.Errorf("%v: err %v (n=%d m=%d d=%v), want the flag refused", c.args, err, *n, *m, *d)
+		}
+	}
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var e time.Duration
+	New(fs, func(string) string { return "" }).NonZeroDuration(&e, "e", "E", time.Second, "timeout; negative: none")
+	if err := fs.Parse([]string{"-e", "0s"}); err == nil {
+		t.Errorf("-e 0s accepted (%v)", e)
+	}
+	if err := fs.Parse([]string{"-e", "-1s"}); err != nil || e != -time.Second {
+		t.Errorf("-e -1s: %v, %v", err, e)
+	}
+	for _, env := range []map[string]string{{"N": "0"}, {"M": "0"}, {"D": "0s"}, {"D": "-3m"}} {
+		_, s, _, _, _ := define(env)
+		if err := s.Err(); err == nil {
+			t.Errorf("environment %v accepted", env)
+		}
+	}
+	_, s, n, m, d = define(map[string]string{"N": "7", "M": "-1", "D": "90s"})
+	if s.Err() != nil || *n != 7 || *m != -1 || *d != 90*time.Second {
+		t.Fatalf("valid environment: %v n=%d m=%d d=%v", s.Err(), *n, *m, *d)
+	}
+}
+
+func TestCheckedFlagsNameTheirArgument(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	s := New(fs, func(string) string { return "" })
+	var d time.Duration
+	var n int
+	s.PositiveDuration(&d, "grace", "G", 30*time.Second, "time samples get to finish")
+	s.PositiveInt(&n, "jobs", "J", 400, "how many `jobs` at once")
+	fs.PrintDefaults()
+	for _, want := range []string{
+		"-grace duration\n", "time samples get to finish (a positive duration) (env G) (default 30s)",
+		"-jobs jobs\n", "how many jobs at once (a positive int) (env J) (default 400)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -24,11 +24,11 @@ func (c *ConnectConfig) RegisterFlags(s *envflag.Set) {
 // variable.
 func (c *Config) RegisterFlags(s *envflag.Set) {
 	s.String(&c.Prefix, "prefix", "TINKERFLEET_PREFIX", DefaultPrefix, "subject prefix and name stem of streams and buckets")
-	s.Int(&c.Replicas, "replicas", "TINKERFLEET_REPLICAS", 1, "replicas of streams and buckets: 1, or 3 on a cluster")
-	s.Int(&c.MaxAckPending, "max-ack-pending", "TINKERFLEET_MAX_ACK_PENDING", 1000, "fleet-wide cap on jobs in flight")
-	s.Int(&c.MaxDeliver, "max-deliver", "TINKERFLEET_MAX_DELIVER", 10, "deliveries a job is worked on before it is dead-lettered (the consumer keeps one more, for the dead letter); negative: no limit")
-	s.Duration(&c.AckWait, "ack-wait", "TINKERFLEET_ACK_WAIT", 30*time.Second, "redelivery timeout of a job not heard from")
-	s.Duration(&c.DuplicateWindow, "duplicate-window", "TINKERFLEET_DUPLICATE_WINDOW", 2*time.Hour,
+	s.PositiveInt(&c.Replicas, "replicas", "TINKERFLEET_REPLICAS", 1, "replicas of streams and buckets: 1, or 3 on a cluster")
+	s.PositiveInt(&c.MaxAckPending, "max-ack-pending", "TINKERFLEET_MAX_ACK_PENDING", 1000, "fleet-wide cap on jobs in flight")
+	s.NonZeroInt(&c.MaxDeliver, "max-deliver", "TINKERFLEET_MAX_DELIVER", 10, "deliveries a job is worked on before it is dead-lettered (the consumer keeps one more, for the dead letter); negative: no limit")
+	s.PositiveDuration(&c.AckWait, "ack-wait", "TINKERFLEET_ACK_WAIT", 30*time.Second, "redelivery timeout of a job not heard from")
+	s.PositiveDuration(&c.DuplicateWindow, "duplicate-window", "TINKERFLEET_DUPLICATE_WINDOW", 2*time.Hour,
 		"how long job ids are remembered, so that a re-run submit publishes nothing twice (about 135 bytes of server memory per id)")
-	s.Duration(&c.ResultsMaxAge, "results-max-age", "TINKERFLEET_RESULTS_MAX_AGE", 7*24*time.Hour, "how long results are kept")
+	s.PositiveDuration(&c.ResultsMaxAge, "results-max-age", "TINKERFLEET_RESULTS_MAX_AGE", 7*24*time.Hour, "how long results are kept")
 }
