@@ -363,6 +363,9 @@ func parseStop(v []byte, path string) (Stop, *FieldError) {
 		if fe != nil {
 			return s, fe
 		}
+		if str == "" { // named here: validation would name it stop[0], which is not in the line
+			return s, fieldErr(path, "must not be an empty string")
+		}
 		s.Strings = []string{str}
 		return s, nil
 	case isArray(v):
