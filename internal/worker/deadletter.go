@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,19 +34,30 @@ type maxDeliveriesAdvisory struct {
 // done. So every worker hears every announcement, not one of a queue group: the server
 // would give some to a worker whose link died without a word, which it counts until its own
 // pings give up (minutes). Each worker acts on it; the first to get there dead-letters the
-// job, and the others find it done (deadLetter). And one whose dead-lettering fails (a full
-// store, a stream leader election) is tried again here, every deadLetterRetry at first and
-// then less often, until it succeeds or the worker stops.
+// job, and the others find it done (deadLetter). Announcements wait here in a list of their
+// own, unbounded (a few dozen bytes each), for their turn: a bounded channel dropped those
+// of a burst beyond its size, a fleet's jobs dying together, as a slow consumer. And one
+// whose dead-lettering fails (a full store, a stream leader election) is tried again here,
+// every deadLetterRetry at first and then less often, until it succeeds or the worker stops.
 func (w *Worker) deadLetters(ctx context.Context) {
 	q := w.cfg.Queue
-	nc := q.JS.Conn()
-	ch := make(chan *nats.Msg, 1024) // every worker's: a burst is not spread over the fleet
-	sub, err := nc.ChanSubscribe(maxDeliveriesSubject(q.Names), ch)
+	heard := announcements{wake: make(chan struct{}, 1)}
+	sub, err := q.JS.Conn().Subscribe(maxDeliveriesSubject(q.Names), func(m *nats.Msg) {
+		var adv maxDeliveriesAdvisory
+		if err := json.Unmarshal(m.Data, &adv); err != nil {
+			w.log.Warn("undecodable max-deliveries advisory", "err", err)
+			return
+		}
+		heard.add(adv)
+	})
 	if err != nil {
 		w.log.Error("subscribe to max-deliveries advisories", "err", err)
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	if err := sub.SetPendingLimits(-1, -1); err != nil { // the handler only lists them
+		w.log.Error("lift the pending limits of the max-deliveries advisories", "err", err)
+	}
 	var failed []maxDeliveriesAdvisory // to try again
 	retry := time.NewTimer(maxDeadLetterRetry)
 	retry.Stop()
@@ -62,20 +74,20 @@ func (w *Worker) deadLetters(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-ch:
-			var adv maxDeliveriesAdvisory
-			if err := json.Unmarshal(m.Data, &adv); err != nil {
-				w.log.Warn("undecodable max-deliveries advisory", "err", err)
-				continue
+		case <-heard.wake:
+			for _, adv := range heard.take() {
+				if ctx.Err() != nil {
+					return
+				}
+				if try(adv) {
+					continue
+				}
+				if len(failed) == 0 {
+					delay = w.deadLetterRetry
+					retry.Reset(delay)
+				}
+				failed = append(failed, adv)
 			}
-			if try(adv) {
-				continue
-			}
-			if len(failed) == 0 {
-				delay = w.deadLetterRetry
-				retry.Reset(delay)
-			}
-			failed = append(failed, adv)
 		case <-retry.C:
 			// In order, and no further than the first that fails again: the rest would most
 			// likely fail alike, each after its wait, while advisories queue up meanwhile.
@@ -88,6 +100,34 @@ func (w *Worker) deadLetters(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// announcements are the max-deliveries advisories heard and not yet taken, in order; wake
+// (of capacity 1) has a value while there are any.
+type announcements struct {
+	mu   sync.Mutex
+	list []maxDeliveriesAdvisory
+	wake chan struct{}
+}
+
+// add lists adv and wakes the taker.
+func (a *announcements) add(adv maxDeliveriesAdvisory) {
+	a.mu.Lock()
+	a.list = append(a.list, adv)
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default: // already awake
+	}
+}
+
+// take returns the advisories listed so far and forgets them.
+func (a *announcements) take() []maxDeliveriesAdvisory {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	list := a.list
+	a.list = nil
+	return list
 }
 
 // maxDeliveriesSubject is the subject of the server's max-deliveries advisories for the

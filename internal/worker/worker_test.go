@@ -973,6 +973,31 @@ func TestAWorkerCutOffTakesNoDeadLetterFromTheOthers(t *testing.T) {
 	}
 }
 
+// TestABurstOfAnnouncementsIsNotDropped: the server announces a fleet's jobs out of
+// deliveries together, when their last ack wait runs out (here 1,500 taken at once by workers
+// that died with them). Each worker hears every announcement and dead-letters one after the
+// other, a few round trips each; the announcements waiting their turn must all be kept (a
+// channel of 1,024 dropped the rest as a slow consumer, and those jobs stayed in the work
+// queue for ever).
+func TestABurstOfAnnouncementsIsNotDropped(t *testing.T) {
+	t.Parallel()
+	const n = 1500
+	b := setup(t, queue.Config{MaxDeliver: 1, AckWait: 3 * time.Second, MaxAckPending: 2 * n}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "burst", tokenJobs("orphan-", n))
+	taken := exhaust(t, b, n)
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+	listening(t, b, 1, taken)
+	rs := waitResults(t, b.results, "burst", n, time.Minute)
+	for id, r := range rs {
+		if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter {
+			t.Fatalf("%s: %+v, want a dead letter", id, r)
+		}
+	}
+	if s := b.sim.Stats().SamplesAccepted; s != 0 {
+		t.Fatalf("%d jobs out of deliveries were sampled", s)
+	}
+}
+
 // TestADeadLetterThatFailsIsTriedAgain: the server announces a job out of deliveries once. A
 // worker that cannot dead-letter it then (here the dead stream is gone; a full store refuses it
 // alike) tries again until it can: dropped, the job would stay in the work queue, never
