@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -226,5 +227,119 @@ func TestMedianOf(t *testing.T) {
 	}
 	if got := medianOf(nil); !math.IsNaN(got) {
 		t.Errorf("medianOf(nil) = %v, want NaN", got)
+	}
+}
+
+// TestAComparisonThatDidNotRunFailsTheProgram: a missed aim is a result, but a comparison that
+// could not run (here: no temporary directory) is none, and CI must not read it as a pass.
+func TestAComparisonThatDidNotRunFailsTheProgram(t *testing.T) {
+	t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "missing"))
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"-only=4"}, &out, io.Discard)
+	if err == nil {
+		t.Fatalf("run returned nil after comparison 4 failed:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "4. did not run to the end") || strings.Contains(out.String(), "every aim met") {
+		t.Fatalf("summary:\n%s", out.String())
+	}
+}
+
+// TestAnInterruptedRunSaysWhatItSkipped: comparisons skipped after an interrupt are named, and
+// the summary does not call their aims met.
+func TestAnInterruptedRunSaysWhatItSkipped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out bytes.Buffer
+	if err := run(ctx, []string{"-only=1,4"}, &out, io.Discard); err == nil {
+		t.Fatal("an interrupted run returned nil")
+	}
+	for _, want := range []string{"1. did not run to the end: not run: context canceled", "4. did not run to the end"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "every aim met") {
+		t.Errorf("the summary calls the skipped aims met:\n%s", out.String())
+	}
+}
+
+func TestQuantileIsTheNearestRank(t *testing.T) {
+	t.Parallel()
+	upTo := func(n int) []time.Duration {
+		ds := make([]time.Duration, n)
+		for i := range ds {
+			ds[n-1-i] = time.Duration(i+1) * time.Millisecond // unsorted
+		}
+		return ds
+	}
+	for _, c := range []struct {
+		n    int
+		q    float64
+		want time.Duration
+	}{
+		{100, 0.99, 99 * time.Millisecond}, {100, 0.50, 50 * time.Millisecond},
+		{200, 0.99, 198 * time.Millisecond}, {1, 0.99, time.Millisecond}, {3, 0.5, 2 * time.Millisecond},
+		{100, 1, 100 * time.Millisecond}, {100, 0, time.Millisecond},
+	} {
+		if got := quantile(upTo(c.n), c.q); got != c.want {
+			t.Errorf("quantile of 1..%d ms at %v = %v, want %v", c.n, c.q, got, c.want)
+		}
+	}
+	if got := quantile(nil, 0.5); got != 0 {
+		t.Errorf("quantile of nothing = %v", got)
+	}
+}
+
+// TestPropagationTimesAreOfTheirOwnSignal: each time runs from a signal to the moment every
+// other fleet learned that signal, never an earlier one's (which read as zero or negative).
+func TestPropagationTimesAreOfTheirOwnSignal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a few seconds of signals")
+	}
+	fleet, raw, err := propagation(context.Background(), 2, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fleet) != 10000 || len(raw) != 10000 {
+		t.Fatalf("%d fleet and %d raw times, want 10000 each", len(fleet), len(raw))
+	}
+	for k, d := range fleet {
+		if d <= 0 {
+			t.Fatalf("trial %d: propagation %v", k, d)
+		}
+	}
+}
+
+// TestMain lets the test binary serve as the bench's helper processes, as the program does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		if err := runChild(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestAnInterruptedChildCleansUp: an interrupted run (its context cancelled) stops the NATS
+// helper as a finished one does, so the server's store leaves the temporary directory with
+// it; killed at once, it stayed there.
+func TestAnInterruptedChildCleansUp(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := startChild(ctx, "", "-role", "nats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, _ := filepath.Glob(filepath.Join(tmp, "tinkerfleet-bench-nats-*"))
+	if len(left) != 1 {
+		t.Fatalf("the NATS child's store is %v, want one directory", left)
+	}
+	cancel()
+	_ = c.cmd.Wait()
+	if left, _ := filepath.Glob(filepath.Join(tmp, "tinkerfleet-bench-nats-*")); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
 	}
 }

@@ -12,9 +12,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,9 +59,13 @@ func runChild(args []string) error {
 		}
 		defer stop()
 	}
+	// The parent closing stdin (or dying) ends the child, and nothing else does: an interrupt
+	// (Ctrl-C reaches the whole process group) would kill it before it cleans up, the NATS
+	// child's store left in the temporary directory. The parent closes stdin when it is
+	// interrupted (startChild).
+	signal.Ignore(os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// The parent closing stdin (or dying) ends the child.
 	stdinDone := make(chan struct{})
 	go func() { // ends with stdin: owned by the parent's pipe.
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -160,6 +166,10 @@ func startChild(ctx context.Context, profile string, args ...string) (*child, er
 	if err != nil {
 		return nil, fmt.Errorf("child: %w", err)
 	}
+	// Cancelled, the child is stopped as stop does, so that it cleans up; killed only if it
+	// has not exited 10 s later.
+	cmd.Cancel = stdin.Close
+	cmd.WaitDelay = 10 * time.Second
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, fmt.Errorf("child: %w", err)

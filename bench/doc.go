@@ -23,7 +23,8 @@
 //	go run ./bench -full         # 1M-line submit and backlog, longer windows
 //	go run ./bench -only=1,3 -v  # some comparisons, with progress on stderr
 //
-// A missed aim is printed as MISS and the program still exits 0: the output is a report.
+// A missed aim is printed as MISS and the program still exits 0: the output is a report. A
+// comparison that did not run to the end (an error, an interrupt) makes it exit 2.
 // The program re-executes itself (first argument -bench-child) for its helper processes: a
 // simulator, a NATS server and a lone worker.
 package main

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -124,7 +125,7 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+	return s[max(0, int(math.Ceil(q*float64(len(s))))-1)] // nearest rank
 }
 
 // propagation signals on one of n fleets trials times and times how long until all the others
@@ -143,8 +144,13 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 		return q.JS.Conn(), q.JS, nil
 	}
 
-	// The fleets: 0 signals, the others record when they learn a new deadline.
-	seen := make([]atomic.Int64, n)
+	// The fleets: 0 signals, the others record when they learn a new deadline, and which. (The
+	// deadline a fleet holds moves before its OnChange runs: waiting on it, and then reading
+	// the time recorded, read the previous signal's now and then.)
+	type learned struct {
+		at, until time.Time
+	}
+	seen := make([]atomic.Pointer[learned], n)
 	wake := make([]chan struct{}, n)
 	fs := make([]*backoff.Fleet, n)
 	defer func() {
@@ -162,8 +168,8 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 		}
 		cfg := backoff.Config{Bucket: "bench_backoff", Account: fmt.Sprintf("bench-%d", n), Logger: slog.New(slog.DiscardHandler)}
 		if i > 0 {
-			cfg.OnChange = func(backoff.State) {
-				seen[i].Store(time.Now().UnixNano())
+			cfg.OnChange = func(st backoff.State) {
+				seen[i].Store(&learned{at: time.Now(), until: st.Until})
 				select {
 				case wake[i] <- struct{}{}:
 				default:
@@ -183,9 +189,16 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 			return nil, nil, err
 		}
 		target := fs[0].Until().Add(-500 * time.Millisecond)
-		var last int64
+		var last time.Time
 		for i := 1; i < n; i++ {
-			for fs[i].Until().Before(target) {
+			for {
+				l := seen[i].Load()
+				if l != nil && !l.until.Before(target) {
+					if l.at.After(last) {
+						last = l.at
+					}
+					break
+				}
 				select {
 				case <-wake[i]:
 				case <-time.After(10 * time.Second):
@@ -194,9 +207,8 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 					return nil, nil, ctx.Err()
 				}
 			}
-			last = max(last, seen[i].Load())
 		}
-		fleet = append(fleet, time.Duration(last-t0.UnixNano()))
+		fleet = append(fleet, last.Sub(t0))
 	}
 
 	// Raw fan-out on core NATS.

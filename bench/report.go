@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -121,8 +123,8 @@ func printSummary(w io.Writer, tables []*table, failed map[int]error) {
 		}
 		fmt.Fprintf(w, "%d. %-44s pass %d, MISS %d, info %d\n", t.ID, t.Title, pass, miss, info)
 	}
-	for id, err := range failed {
-		fmt.Fprintf(w, "%d. did not run to the end: %v\n", id, err)
+	for _, id := range slices.Sorted(maps.Keys(failed)) {
+		fmt.Fprintf(w, "%d. did not run to the end: %v\n", id, failed[id])
 	}
 	if len(misses) > 0 {
 		fmt.Fprintln(w, strings.Join(misses, "\n"))
