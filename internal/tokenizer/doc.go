@@ -7,7 +7,8 @@
 //
 //  1. added tokens are cut out first (leftmost-longest, honouring
 //     single_word, lstrip, rstrip and normalized);
-//  2. the rest is normalized (NFC for Qwen) and split by the pre-tokenizer
+//  2. the rest is normalized (NFC for Qwen, with HF's Unicode 9.0 tables and
+//     no limit on a run of combining marks: normalize.go) and split by the pre-tokenizer
 //     pattern; the Qwen2, Llama 3 and o200k (gpt-oss) patterns, which need
 //     look-ahead or backtracking, run on hand-written scanners proved equal to
 //     the regex (regexp2 is the fallback for any other pattern);

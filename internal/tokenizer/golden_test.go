@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,6 +33,32 @@ func checkGolden(t *testing.T, tok *Tokenizer, file string) {
 func TestGoldenQwen3(t *testing.T) { checkGolden(t, qwen3(t), "qwen3-golden.jsonl") }
 
 func TestGoldenLlama3(t *testing.T) { checkGolden(t, llama3(t), "llama3-golden.jsonl") }
+
+// Qwen3 normalizes with NFC, which HF does with Unicode 9.0's tables and without the
+// Stream-Safe Text Format's limit of 30 non-starters in a row (see normalizeAsHF). The golden
+// lines ask about every character that Unicode 15.0 gave a combining class or a
+// decomposition and HF does not know, a seventh of those it does, and runs of up to 70
+// combining marks, among them Zalgo text.
+func TestGoldenQwen3NFC(t *testing.T) { checkGolden(t, qwen3(t), "qwen3-nfc-golden.jsonl.zst") }
+
+// The same about compatibility decompositions, with Qwen3's tokenizer.json given an NFKC
+// normalizer.
+func TestGoldenQwen3NFKC(t *testing.T) {
+	var tj map[string]any
+	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
+		t.Fatal(err)
+	}
+	tj["normalizer"] = map[string]any{"type": "NFKC"}
+	data, err := json.Marshal(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, tok, "qwen3-nfkc-golden.jsonl.zst")
+}
 
 // DeepSeek V3 pre-tokenizes with a Sequence of three Splits (digits, CJK runs, words),
 // which exercises the chained splitters and the regexp2 fallback.

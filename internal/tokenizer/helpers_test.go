@@ -3,11 +3,15 @@ package tokenizer
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // testdataDir is the repository's testdata/tokenizer directory.
@@ -112,8 +116,18 @@ func readGolden(t testing.TB, name string) []golden {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	var in io.Reader = f
+	if strings.HasSuffix(name, ".zst") {
+		dec, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dec.Close()
+		in = dec
+	}
 	var out []golden
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(in)
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var g golden
 		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {

@@ -377,7 +377,7 @@ func (t *Tokenizer) setAdded(toks []*addedToken, model tokenList) error {
 
 func (t *Tokenizer) normalize(s string) string {
 	for _, f := range t.forms {
-		s = f.String(s)
+		s = normalizeAsHF(f, s)
 	}
 	return s
 }
