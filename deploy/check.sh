@@ -169,19 +169,29 @@ def conf_perms(name):
         out["allow_responses"] = True
     return out
 users = hv["config"]["merge"]["authorization"]["users"]
-helm = {}
-for u in users:
+# Each user is known by its permissions, not its nkey: the README has the real public keys
+# replace the placeholders.
+roles = {role: conf_perms(role + "_PERMISSIONS") for role in ("WORKER", "SUBMIT")}
+found = set()
+for i, u in enumerate(users):
     if "permissions" in u:
-        role = "WORKER" if "WORKER" in u["nkey"] else "SUBMIT"
-        helm[role] = {sec: d if isinstance(d, bool) else {kind: sorted(v) for kind, v in d.items()}
-                      for sec, d in u["permissions"].items()}
-for role in ("WORKER", "SUBMIT"):
-    check(helm.get(role) == conf_perms(role + "_PERMISSIONS"), f"helm: {role.lower()} permissions differ from deploy/nats/auth.conf")
+        perms = {sec: d if isinstance(d, bool) else {kind: sorted(v) for kind, v in d.items()}
+                 for sec, d in u["permissions"].items()}
+        matched = [role for role, want in roles.items() if perms == want]
+        check(matched, f"helm: the permissions of user {i + 1} match neither the worker's nor submit's in deploy/nats/auth.conf")
+        found.update(matched)
+for role in roles:
+    check(role in found, f"helm: no user has the {role.lower()} permissions of deploy/nats/auth.conf")
 
 if errors:
     sys.exit("deploy check failed:\n  " + "\n  ".join(errors))
 print("manifests hold together")
 PY
+
+step "the image's build context leaves out deploy/.env and the checkout's run output"
+for kept_out in .env '**/.env' .tinkerfleet worker submit; do
+	grep -qxF -- "$kept_out" .dockerignore || { echo ".dockerignore does not keep out $kept_out" >&2; exit 1; }
+done
 
 step "NATS configs load (nats-server -t)"
 go build -o "$tmp/nats-server" github.com/nats-io/nats-server/v2
