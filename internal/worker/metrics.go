@@ -99,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		jobLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tinkerfleet_job_duration_seconds",
 			Help:    "Time from pulling a job to its result, for jobs that ended.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 20), // 10 ms to 87 min: past the 30 min --sample-timeout, with a try again
 		}),
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries.",

@@ -155,3 +155,32 @@ func TestAPausedQueueIsLoggedOnceAndPausesTheFleet(t *testing.T) {
 		t.Errorf("%d paused lines, want one naming the reason and the state:\n%s", got, logs.String())
 	}
 }
+
+// TestJobDurationsUpToTheSampleTimeoutAreMeasured: a job may take up to --sample-timeout (30
+// min) per try. One slower than the top finite bucket falls into +Inf, whose quantile
+// histogram_quantile answers with that bucket's bound: the dashboard showed 327.68 s for jobs
+// of 10 and 20 minutes.
+func TestJobDurationsUpToTheSampleTimeoutAreMeasured(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	for _, d := range []time.Duration{10 * time.Minute, 2 * DefaultSampleTimeout} {
+		m.finished(&jobs.Result{Status: jobs.StatusOK}, d)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tinkerfleet_job_duration_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		top := h.GetBucket()[len(h.GetBucket())-1]
+		if top.GetCumulativeCount() != h.GetSampleCount() {
+			t.Fatalf("%d of %d jobs in a finite bucket (the top is %g s)", top.GetCumulativeCount(), h.GetSampleCount(), top.GetUpperBound())
+		}
+		return
+	}
+	t.Fatal("no tinkerfleet_job_duration_seconds")
+}
