@@ -222,14 +222,16 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		args = fs.Args()
-		if len(args) == 0 {
+		rest := fs.Args()
+		// The flag package stops after a "--" and takes it away: what follows is positional,
+		// flag-like or not.
+		if parsed := args[:len(args)-len(rest)]; len(parsed) > 0 && parsed[len(parsed)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
 			return positional, nil
 		}
-		if args[0] == "--" {
-			return append(positional, args[1:]...), nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
+		positional = append(positional, rest[0])
+		args = rest[1:]
 	}
 }

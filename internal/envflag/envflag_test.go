@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,30 @@ func TestParseAcceptsFlagsAfterArguments(t *testing.T) {
 	}
 	if *out != "r.jsonl" || !*wait || len(args) != 3 || args[0] != "a.jsonl" || args[1] != "b.jsonl" || args[2] != "-c.jsonl" {
 		t.Fatalf("o=%q wait=%v args=%q", *out, *wait, args)
+	}
+}
+
+// TestParseEndsTheFlagsAtDoubleDash: everything after "--" is positional, not only the first
+// argument after it (the flag package takes the "--" away, so looking for it among the
+// arguments it leaves finds none).
+func TestParseEndsTheFlagsAtDoubleDash(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args, want []string
+		out        string
+	}{
+		{[]string{"--", "-a.jsonl", "-b.jsonl"}, []string{"-a.jsonl", "-b.jsonl"}, ""},
+		{[]string{"x.jsonl", "--", "a.jsonl", "-o", "b.jsonl"}, []string{"x.jsonl", "a.jsonl", "-o", "b.jsonl"}, ""},
+		{[]string{"-o", "r.jsonl", "--"}, nil, "r.jsonl"},
+		{[]string{"a", "--", "--"}, []string{"a", "--"}, ""},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		out := fs.String("o", "", "")
+		got, err := Parse(fs, c.args)
+		if err != nil || !slices.Equal(got, c.want) || *out != c.out {
+			t.Errorf("Parse(%q) = %q, %v, -o %q; want %q, -o %q", c.args, got, err, *out, c.want, c.out)
+		}
 	}
 }
 
