@@ -86,7 +86,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Int(&o.embeddedPort, "embedded-port", "TINKERFLEET_EMBEDDED_PORT", 4222, "port of the embedded server")
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL (default the production service)")
 	s.PositiveInt(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
-	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; empty disables")
+	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; off (or an empty flag) serves none")
 	s.PositiveDuration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
 	s.String(&o.account, "account", "TINKERFLEET_ACCOUNT", "", "name of the Tinker account whose backoff the fleet shares (default: a hash of the base URL and key); name it to keep one fleet across key rotations")
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
@@ -144,7 +144,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var running atomic.Pointer[worker.Worker]
-	if o.metricsAddr != "" {
+	if o.metricsAddr != "" && o.metricsAddr != "off" { // off: an empty variable reads as unset
 		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load)
 		if err != nil {
 			return err
@@ -179,6 +179,10 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	}
 	q, err := setup(ctx, js, o.queue)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("worker stopped before its streams were set up")
+			return nil
+		}
 		return err
 	}
 
@@ -214,6 +218,10 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		Logger:              log,
 	})
 	if err != nil {
+		if ctx.Err() != nil { // a stop while it waits for the Tinker service is a clean stop
+			log.Info("worker stopped before its Tinker session opened")
+			return nil
+		}
 		return host(err)
 	}
 	defer w.Close()
@@ -257,7 +265,7 @@ func serveHealth(addr string, reg *prometheus.Registry, running func() *worker.W
 	})
 	ln, err := net.Listen("tcp", addr)
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return nil, "", fmt.Errorf("metrics listener: %w (another worker on this machine? give each its own --metrics-addr, or an empty one to serve none)", err)
+		return nil, "", fmt.Errorf("metrics listener: %w (another worker on this machine? give each its own --metrics-addr, or off to serve none)", err)
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("metrics listener: %w", err)

@@ -327,6 +327,38 @@ func TestRunStoppedWhileWaitingForNATS(t *testing.T) {
 	}
 }
 
+// TestMetricsOffServesNone: an empty TINKERFLEET_METRICS_ADDR reads as unset (the default
+// :9464), so the environment turns the metrics server off with "off".
+func TestMetricsOffServesNone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	u, err := url.Parse(fleettest.ClosedURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run(ctx, []string{"--nats-url", "nats://" + u.Host},
+		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "TINKERFLEET_METRICS_ADDR": "off"}), logs)
+	if err != nil || strings.Contains(logs.String(), "serving /metrics") {
+		t.Errorf("run = %v; log:\n%s", err, logs.String())
+	}
+}
+
+// TestRunStoppedWhileOpeningTheTinkerSession: a stop while the worker waits for the Tinker
+// service (it keeps trying to open its session for about 5 minutes) is a clean stop too, not
+// a failure that a service manager would report.
+func TestRunStoppedWhileOpeningTheTinkerSession(t *testing.T) {
+	emb := fleettest.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	err := run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", fleettest.ClosedURL(t), "--metrics-addr", ""},
+		env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
+	if err != nil || !strings.Contains(logs.String(), "worker stopped before its Tinker session opened") {
+		t.Errorf("run = %v, want nil and a line saying why it stopped; log:\n%s", err, logs.String())
+	}
+}
+
 // TestRunSaysWhatFailedOnce: a session the service refuses ends the program with an error
 // that names it and the key as the cause, without the package prefix that main adds
 // ("worker: worker: …"), and without the key.
