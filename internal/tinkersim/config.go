@@ -62,6 +62,7 @@ type Config struct {
 	Models []Model
 	// Seed seeds the fault-injection RNG (rates) and the synthetic REST data. Sampled outputs
 	// do not depend on it: they depend only on the request (prompt, seed, sample index).
+	// Session and request ids do not either: they are random on every start.
 	Seed int64
 	// MinGenTokens is the shortest natural sequence length; default 1.
 	MinGenTokens int

@@ -2,6 +2,7 @@ package tinkersim
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/json"
@@ -51,8 +52,11 @@ type Server struct {
 	gen  generator
 	runs []trainingRun
 
-	mu       sync.Mutex
-	rng      *rand.Rand
+	mu  sync.Mutex
+	rng *rand.Rand // fault rates, from Config.Seed
+	// ids draws session and request ids: random per Server, so that a restarted simulator
+	// never gives a client's session id to another (the real service never reuses one, §8).
+	ids      *rand.Rand
 	sessions map[string]*session
 	samplers map[string]*sampler
 	futures  map[string]*future
@@ -106,6 +110,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:          c,
 		gen:          generator{minGen: c.MinGenTokens, tokenMin: c.TokenMin, tokenMax: c.TokenMax, stopProb: c.StopTokenProbability},
 		rng:          rand.New(rand.NewPCG(uint64(c.Seed), 0x5eed)),
+		ids:          rand.New(rand.NewChaCha8(randomSeed())),
 		sessions:     map[string]*session{},
 		samplers:     map[string]*sampler{},
 		futures:      map[string]*future{},
@@ -487,9 +492,17 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 
 func writeHTTPError(w http.ResponseWriter, e *httpError) { writeJSONError(w, e.status, e.msg) }
 
-// newID returns a UUID-shaped id from the seeded RNG (callers hold s.mu).
+// newIDLocked returns a UUID-shaped id, random and never the same from one Server to the
+// next (callers hold s.mu).
 func (s *Server) newIDLocked() string {
-	a, b := s.rng.Uint64(), s.rng.Uint64()
+	a, b := s.ids.Uint64(), s.ids.Uint64()
 	return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", uint32(a>>32), uint16(a>>16), uint16(a)&0x0fff|0x4000,
 		uint16(b>>48)&0x3fff|0x8000, b&0xffffffffffff)
+}
+
+// randomSeed returns a seed from crypto/rand.
+func randomSeed() [32]byte {
+	var seed [32]byte
+	_, _ = crand.Read(seed[:]) // never fails (crypto/rand's documentation)
+	return seed
 }

@@ -667,3 +667,24 @@ func TestCloseWakesLongPolls(t *testing.T) {
 		t.Fatal("held poll not released by Shutdown")
 	}
 }
+
+// TestAStartedAgainSimulatorGivesOtherIDs: session ids are not drawn from the fault seed. With
+// them, a simulator started again (compose restarts it) gave the first client to come the
+// session id another had held, whose asample with the same seq_id was then answered with the
+// first one's future: a completion of a prompt it never sent.
+func TestAStartedAgainSimulatorGivesOtherIDs(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Seed: 1}
+	before := newHarness(t, cfg)
+	stale := before.sampler("Qwen/Qwen3-8B")
+	after := newHarness(t, cfg) // the same configuration, started again
+	other := after.sampler("Qwen/Qwen3-8B")
+	if other == stale {
+		t.Fatalf("the simulator started again gave out sampler %s again", other)
+	}
+	idOther := after.asample(sampleBody(other, 0, []int32{7, 7, 7}, nil))
+	r := after.do("POST", "/api/v1/asample", sampleBody(stale, 0, []int32{1, 2, 3}, nil), "X-Tinker-Sampling-Backpressure", "1")
+	if r.status == http.StatusOK && r.json(t)["request_id"] == idOther {
+		t.Fatalf("a prompt on the old sampler was answered with another client's future %s", idOther)
+	}
+}
