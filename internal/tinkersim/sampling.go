@@ -62,7 +62,7 @@ func (s *Server) handleAsample(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := &future{done: make(chan struct{})}
-	if len(p.prompt)+p.maxTokens > maxCtx {
+	if p.maxTokens > maxCtx-len(p.prompt) { // not len+max_tokens, which a huge max_tokens overflows
 		f.failure = &failure{Error: "Prompt length plus max_tokens exceeds the model's context window", Category: "user"}
 		f.latency = s.cfg.BaseLatency
 	} else {
@@ -218,6 +218,12 @@ func (s *Server) validateSample(req *sampleRequest) (*genParams, int, string, *h
 	return p, maxCtx, requestID, nil
 }
 
+// maxPromptPositions bounds a prompt's positions before they are made: an image's
+// expected_tokens is a number in the request, and 50,000,000 of them took 190 MB for a
+// 200-byte request (2^50, a panic). It is far above any model's context window, so a prompt
+// under it that does not fit still gets its failed future (category user), as before.
+const maxPromptPositions = 1 << 22
+
 // promptTokens flattens a ModelInput (§T1) into token ids. Images and audio have no ids in the
 // simulator: an image or image_asset_pointer counts as expected_tokens positions (256 when
 // absent), a dmel chunk as one position per 8 bytes; those positions hash as token id 0.
@@ -254,6 +260,9 @@ func promptTokens(in *modelInput) ([]int32, *httpError) {
 					return nil, unprocessable("field \"prompt.chunks[%d].expected_tokens\" must be positive", i)
 				}
 				n = *c.ExpectedTokens
+			}
+			if n > maxPromptPositions-len(out) {
+				return nil, unprocessable("prompt.chunks[%d]: the prompt would be over %d positions", i, maxPromptPositions)
 			}
 			out = append(out, make([]int32, n)...)
 			allowed["format"], allowed["expected_tokens"] = true, true

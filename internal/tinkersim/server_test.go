@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -686,5 +688,31 @@ func TestAStartedAgainSimulatorGivesOtherIDs(t *testing.T) {
 	r := after.do("POST", "/api/v1/asample", sampleBody(stale, 0, []int32{1, 2, 3}, nil), "X-Tinker-Sampling-Backpressure", "1")
 	if r.status == http.StatusOK && r.json(t)["request_id"] == idOther {
 		t.Fatalf("a prompt on the old sampler was answered with another client's future %s", idOther)
+	}
+}
+
+// TestHugeNumbersInASampleAreAnswered: max_tokens near 2^63 overflowed the context check and
+// the generator asked for a slice that large; an image's expected_tokens of 2^50 asked for its
+// positions. Both panicked, and the client got no reply, a connection error it retries for
+// minutes, where the real service answers.
+func TestHugeNumbersInASampleAreAnswered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: 30 * time.Millisecond})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, map[string]any{"max_tokens": int64(math.MaxInt64)}))
+	if m := h.result(id, "application/x-protobuf").json(t); m["category"] != "user" {
+		t.Fatalf("max_tokens 2^63-1: %v, want a failed future of category user", m)
+	}
+	for _, n := range []int64{1 << 50, 50_000_000} {
+		body := fmt.Sprintf(`{"prompt":{"chunks":[{"data":"","format":"png","expected_tokens":%d,"type":"image"}]},`+
+			`"sampling_params":{"max_tokens":4},"sampling_session_id":%q,"seq_id":%d,"type":"sample"}`, n, ssid, n)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		r := h.do("POST", "/api/v1/asample", body)
+		runtime.ReadMemStats(&after)
+		mustJSONError(t, r, http.StatusUnprocessableEntity)
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 32<<20 {
+			t.Fatalf("expected_tokens %d: %d MB allocated for a %d-byte request", n, alloc>>20, len(body))
+		}
 	}
 }
