@@ -141,6 +141,11 @@ func (f Fault) validate() (Fault, error) {
 	} else if fixedEndpointKinds[f.Kind] && !slices.Equal(f.Endpoints, def) {
 		return f, fmt.Errorf("fault %s only applies to %s", f.Kind, strings.Join(def, ","))
 	}
+	for _, e := range f.Endpoints {
+		if e != "*" && !slices.Contains(apiEndpoints, e) { // a typo would match nothing, silently
+			return f, fmt.Errorf("fault %s: no endpoint is called %q (the names are those of /api/v1/: %s, or *)", f.Kind, e, strings.Join(apiEndpoints, ", "))
+		}
+	}
 	switch f.Kind {
 	case FaultServerError:
 		if f.Status == 0 {

@@ -462,3 +462,54 @@ func TestAPIKeysRotate(t *testing.T) {
 }
 
 func jsonNum(id FaultID) string { b, _ := json.Marshal(id); return string(b) }
+
+// TestAFaultNamingNoEndpointIsRefused: a typo in a fault's endpoints matched nothing, so an
+// operator believed a fault injected that never fired.
+func TestAFaultNamingNoEndpointIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	if _, err := h.srv.Inject(Fault{Kind: FaultServerError, Endpoints: []string{"retrieve-future"}}); err == nil {
+		t.Error(`Inject accepted the endpoint "retrieve-future"`)
+	}
+	if _, err := ParseFault("kind=429,endpoints=asmple", time.Now()); err == nil {
+		t.Error(`ParseFault accepted the endpoint "asmple"`)
+	}
+	mustStatus(t, h.do("POST", "/admin/faults", `{"kind":"5xx","endpoints":["/api/v1/asample"]}`), http.StatusUnprocessableEntity)
+	for _, eps := range [][]string{{"*"}, {"retrieve_future", "samplers"}, {"client/config"}} {
+		if _, err := h.srv.Inject(Fault{Kind: FaultServerError, Endpoints: eps, Count: 1}); err != nil {
+			t.Errorf("endpoints %v: %v", eps, err)
+		}
+	}
+}
+
+// TestA408DuringAPauseSaysThePause: every try_again of a poll during a paused_capacity window
+// carries the pause's queue state and reason (§4.3), the injected 408's too.
+func TestA408DuringAPauseSaysThePause(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: 30 * time.Millisecond})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultPausedCapacity, Reason: "short on capacity"})
+	id := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	mustInject(t, h.srv, Fault{Kind: FaultTimeout})
+	body := mustJSONError(t, h.poll(id, "application/x-protobuf"), http.StatusRequestTimeout)
+	if body["type"] != "try_again" || body["queue_state"] != "paused_capacity" || body["queue_state_reason"] != "short on capacity" {
+		t.Fatalf("408 during a paused_capacity window: %v", body)
+	}
+}
+
+// TestAFailedFaultFailsAsManySamplesAsItsCount: a sample that fails anyway (its context) does
+// not take one of a failed fault's hits.
+func TestAFailedFaultFailsAsManySamplesAsItsCount(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{LongPollWait: 30 * time.Millisecond, Models: []Model{{Name: "m", MaxContextLength: 20}}})
+	ssid := h.sampler("m")
+	mustInject(t, h.srv, Fault{Kind: FaultFailed, Category: "server", Count: 1})
+	over := h.asample(sampleBody(ssid, 0, []int32{1}, map[string]any{"max_tokens": 100}))
+	if m := h.result(over, "application/x-protobuf").json(t); m["category"] != "user" {
+		t.Fatalf("a prompt over the context: %v", m)
+	}
+	id := h.asample(sampleBody(ssid, 1, []int32{1}, map[string]any{"max_tokens": 4}))
+	if m := h.result(id, "application/json").json(t); m["category"] != "server" {
+		t.Fatalf("the sample after: %v, want the fault's failure", m)
+	}
+}

@@ -192,9 +192,16 @@ func (s *Server) countAsampleInWindows(now time.Time) {
 func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string, now time.Time) bool {
 	s.mu.Lock()
 	a := s.hitLocked(endpoint, now, FaultBare400, FaultServerError, FaultRateLimit, FaultPaymentRequired, FaultTimeout)
-	var logID string
-	if a != nil && a.f.Kind == FaultServerError {
+	var (
+		logID    string
+		tryAgain tryAgain
+	)
+	switch {
+	case a == nil:
+	case a.f.Kind == FaultServerError:
 		logID = s.newIDLocked()
+	case a.f.Kind == FaultTimeout && endpoint == epRetrieveFuture:
+		tryAgain = s.tryAgainLocked(requestID, now, nil) // a pause's queue state, as every try_again says it (§4.3)
 	}
 	s.mu.Unlock()
 	if a == nil {
@@ -222,7 +229,7 @@ func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string,
 		writeJSONError(w, http.StatusPaymentRequired, orDefault(a.f.Reason, "billing: payment required, sampling is paused"))
 	case FaultTimeout:
 		if endpoint == epRetrieveFuture {
-			writeJSON(w, http.StatusRequestTimeout, tryAgain{Type: "try_again", RequestID: requestID, QueueState: "active"})
+			writeJSON(w, http.StatusRequestTimeout, tryAgain)
 		} else {
 			writeJSONError(w, http.StatusRequestTimeout, orDefault(a.f.Reason, "request timeout"))
 		}

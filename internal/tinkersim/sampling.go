@@ -96,7 +96,9 @@ func (s *Server) handleAsample(w http.ResponseWriter, r *http.Request) {
 	}
 	if a := s.hitLocked(epAsample, now, FaultNeverComplete); a != nil {
 		f.neverComplete = true
-	} else if a := s.hitLocked(epAsample, now, FaultFailed); a != nil && f.failure == nil {
+	} else if f.failure != nil {
+		// Failing already (its context): a failed fault's hits are kept for samples it fails.
+	} else if a := s.hitLocked(epAsample, now, FaultFailed); a != nil {
 		f.result = nil
 		f.failure = &failure{Error: orDefault(a.f.Reason, "Request failed: injected "+a.f.Category+" failure"), Category: a.f.Category}
 	}

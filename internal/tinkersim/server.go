@@ -344,6 +344,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSONError(rec, http.StatusNotFound, "not found: "+path)
 }
 
+// apiEndpoints are the names endpointName gives the API's endpoints: those a fault may name.
+var apiEndpoints = []string{epClientConfig, epDynamicConfig, epAuthToken, epCreateSession, epHeartbeat,
+	epCreateSamplingSession, epAsample, epRetrieveFuture, epTelemetry, epSamplers, epCapabilities, epHealthz,
+	epWeightsInfo, epCheckpoints, epTrainingRuns, epSessions}
+
 // endpointName maps the path after /api/v1/ to the endpoint name used in stats and faults.
 func endpointName(rest string) string {
 	switch rest {
