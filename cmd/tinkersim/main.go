@@ -134,6 +134,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if err := zeroesGiven(fs, c); err != nil {
+		return nil, err
+	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, errors.New("-tls-cert and -tls-key go together: give both or neither")
 	}
@@ -164,6 +167,46 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 		c.Faults = append(c.Faults, f)
 	}
 	return o, nil
+}
+
+// zeroesGiven deals with a 0 given on the command line to a flag whose Config field reads 0 as
+// its default: -stop-token-prob 0 asks for no random stop token and -training-runs 0 for no
+// runs, what their negative values mean; any other such 0 is refused rather than quietly
+// replaced.
+func zeroesGiven(fs *flag.FlagSet, c *tinkersim.Config) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err != nil || !isZero(f.Value) {
+			return
+		}
+		switch f.Name {
+		case "stop-token-prob":
+			c.StopTokenProbability = -1
+		case "training-runs":
+			c.TrainingRuns = -1
+		case "capacity", "min-gen-tokens", "default-max-tokens", "max-num-samples", "long-poll-wait",
+			"retry-after", "result-ttl", "read-ttl", "jwt-lifetime", "shutdown-timeout":
+			err = fmt.Errorf("-%s %s: give a positive value (0 would mean the default, %s)", f.Name, f.Value, f.DefValue)
+		}
+	})
+	return err
+}
+
+// isZero reports whether v holds a numeric 0.
+func isZero(v flag.Value) bool {
+	g, ok := v.(flag.Getter)
+	if !ok {
+		return false
+	}
+	switch x := g.Get().(type) {
+	case int:
+		return x == 0
+	case time.Duration:
+		return x == 0
+	case float64:
+		return x == 0
+	}
+	return false
 }
 
 // listen serves sim on o.addr, over HTTPS with the key pair of -tls-cert and -tls-key when

@@ -305,3 +305,29 @@ func TestRunJWTAuth(t *testing.T) {
 		t.Fatalf("a credential appears in the logs: %s", l)
 	}
 }
+
+// TestZeroFlagsMeanZeroOrAreRefused: the simulator's Config reads 0 as its default, so a 0
+// given on the command line quietly meant 64 samples at once, 25 s polls, 5 % stop tokens or
+// three training runs. Where 0 has a meaning it now has it; elsewhere it is refused.
+func TestZeroFlagsMeanZeroOrAreRefused(t *testing.T) {
+	o, err := parseFlags([]string{"-stop-token-prob", "0", "-training-runs", "0"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, err := tinkersim.New(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	if c := sim.Config(); c.StopTokenProbability >= 0 || c.TrainingRuns >= 0 {
+		t.Errorf("-stop-token-prob 0 -training-runs 0 run with stop probability %v and %d training runs", c.StopTokenProbability, c.TrainingRuns)
+	}
+	for _, args := range [][]string{{"-capacity", "0"}, {"-long-poll-wait", "0s"}, {"-read-ttl", "0"}, {"-default-max-tokens", "0"}} {
+		if _, err := parseFlags(args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), args[0]+" ") {
+			t.Errorf("%v: %v, want it refused", args, err)
+		}
+	}
+	if o, err := parseFlags([]string{"-capacity", "3", "-metadata-threshold", "0"}, env(nil), io.Discard); err != nil || o.cfg.Capacity != 3 {
+		t.Errorf("-capacity 3 -metadata-threshold 0: %v", err)
+	}
+}
