@@ -64,9 +64,14 @@
 //   - re-reads the key after every (re)watch, on reconnect and every Resync,
 //     and re-watches if the read shows a revision the watch never delivered
 //     (silent watch) or an older one (the stream was recreated);
+//   - every Resync, compares the bucket stream's creation time with the last
+//     one read: a bucket deleted and made again numbers its revisions from 1
+//     again, even up to the last one seen, so the worker watches it from its
+//     start; and makes the bucket again if it is gone, since every Signal
+//     fails meanwhile (a running fleet learns of either within Resync);
 //   - stops the old watcher before creating a new one, so no consumer leaks.
 //
-// A deleted or purged key never shortens the in-memory deadline.
+// A deleted or purged key, or bucket, never shortens the in-memory deadline.
 //
 // Wait blocks until the deadline passes, on a timer; a state change closes a
 // broadcast channel, so a waiter re-reads the deadline and re-blocks if it was

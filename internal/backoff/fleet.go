@@ -84,6 +84,8 @@ func (r record) deadline(created time.Time) (int64, string) {
 // Recent are atomic loads; Signal and Open do network I/O.
 type Fleet struct {
 	kv       jetstream.KeyValue
+	js       jetstream.JetStream // to create the bucket again if it goes (restore)
+	cfg      Config
 	nc       *nats.Conn
 	key      string
 	log      *slog.Logger
@@ -96,9 +98,12 @@ type Fleet struct {
 	offLo    atomic.Int64 // lower bound of server − local clock, ns
 	offHi    atomic.Int64 // upper bound of server − local clock, ns
 
-	mu      sync.Mutex // guards reason and lastRev
+	mu      sync.Mutex // guards reason, lastRev and created
 	reason  string
 	lastRev uint64
+	// created is when the bucket's stream was created, as the last probe read it: another
+	// time means another stream, whose revisions start again from 1.
+	created time.Time
 	cbMu    sync.Mutex // serialises OnChange
 	n       notifier
 
@@ -140,6 +145,8 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 	}
 	f := &Fleet{
 		kv:       kv,
+		js:       js,
+		cfg:      cfg,
 		nc:       js.Conn(),
 		key:      cfg.Account,
 		log:      cfg.Logger.With("bucket", cfg.Bucket, "account", cfg.Account),
@@ -166,7 +173,7 @@ func (f *Fleet) firstRead(ctx context.Context) error {
 	delay := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, firstReadAttempt)
-		err := f.probe(actx)
+		_, err := f.probe(actx)
 		if err == nil {
 			_, err = f.reread(actx)
 		}
@@ -416,27 +423,68 @@ func (f *Fleet) learnLo(sample int64) {
 // probe measures the server clock: the bucket's stream info carries the
 // server's timestamp ts, taken between local t0 and t1, so the offset is in
 // [ts − t1, ts − t0]. The bounds are reset by every probe (the clocks drift).
-func (f *Fleet) probe(ctx context.Context) error {
+// The same info says when the stream was created: if that changed, the bucket
+// was deleted and created again, and its revisions started again from 1.
+// Then probe forgets the last revision seen and reports that the watch, which
+// waits for a revision past it, must be made again.
+func (f *Fleet) probe(ctx context.Context) (recreated bool, err error) {
 	t0 := f.now()
 	st, err := f.kv.Status(ctx)
 	t1 := f.now()
 	if err != nil {
-		return fmt.Errorf("backoff: probe server clock: %w", err)
+		return false, fmt.Errorf("backoff: probe server clock: %w", err)
 	}
 	var ts time.Time
 	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
 		ts = bs.StreamInfo().TimeStamp
+		recreated = f.streamCreated(bs.StreamInfo().Created)
 	}
 	if ts.IsZero() {
 		// Server too old to report its time: trust the local clock.
 		f.log.Warn("backoff: server reports no timestamp; assuming synchronised clocks")
 		f.offLo.Store(0)
 		f.offHi.Store(0)
-		return nil
+		return recreated, nil
 	}
 	f.offLo.Store(ts.UnixNano() - t1.UnixNano())
 	f.offHi.Store(ts.UnixNano() - t0.UnixNano())
-	return nil
+	return recreated, nil
+}
+
+// streamCreated records when the bucket's stream was created, and reports whether that is
+// another stream than the one seen before; then the last revision seen is forgotten.
+func (f *Fleet) streamCreated(at time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	other := !f.created.IsZero() && !at.Equal(f.created)
+	f.created = at
+	if other {
+		f.lastRev = 0
+	}
+	return other
+}
+
+// restore creates the bucket again if err says it is gone (deleted, or a store lost), so that
+// the fleet backoff works again without a restart: every Signal failed meanwhile. The bucket's
+// new revisions start from 1, so the last revision seen is forgotten. It reports whether it
+// made the bucket again.
+func (f *Fleet) restore(ctx context.Context, err error) bool {
+	if !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) &&
+		!errors.Is(err, nats.ErrNoResponders) {
+		return false
+	}
+	if _, err := f.js.KeyValue(ctx, f.cfg.Bucket); err == nil {
+		return false // there (no responders: a leader election, say)
+	}
+	if _, err := bindBucket(ctx, f.js, f.cfg); err != nil {
+		f.log.Warn("backoff: the bucket is gone and could not be made again; the fleet backoff is off meanwhile", "err", err)
+		return false
+	}
+	f.log.Warn("backoff: the bucket was gone; made it again")
+	f.mu.Lock()
+	f.lastRev, f.created = 0, time.Time{}
+	f.mu.Unlock()
+	return true
 }
 
 // reread gets the key and applies it. It reports whether the watch must be
@@ -477,12 +525,22 @@ func (f *Fleet) run(ctx context.Context) {
 	retry := minRetry
 	for ctx.Err() == nil {
 		w, err := f.watch(ctx)
+		rewatch := false
 		if err == nil {
-			_, err = f.reread(ctx)
+			// An entry older than the last one seen (the bucket was made again) leaves this
+			// watch waiting for a revision the new bucket has not reached: make it again.
+			rewatch, err = f.reread(ctx)
+		}
+		if err == nil && rewatch {
+			f.stop(w)
+			continue
 		}
 		if err != nil {
 			if w != nil {
 				f.stop(w)
+			}
+			if f.restore(ctx, err) {
+				continue
 			}
 			f.log.Debug("backoff: watch not ready, retrying", "err", err, "in", retry)
 			if !sleep(ctx, retry) {
@@ -549,12 +607,21 @@ func (f *Fleet) follow(ctx context.Context, w jetstream.KeyWatcher, status chan 
 		case <-status:
 			f.log.Info("backoff: reconnected; re-reading and re-watching")
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_ = f.probe(rctx)
+			_, _ = f.probe(rctx)
 			cancel()
 			return true
 		case <-ticker.C:
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_ = f.probe(rctx)
+			recreated, err := f.probe(rctx)
+			if err != nil && f.restore(rctx, err) {
+				cancel()
+				return true // a new bucket: watch it from its start
+			}
+			if recreated {
+				cancel()
+				f.log.Info("backoff: the bucket was made again; re-watching it")
+				return true
+			}
 			rewatch, err := f.reread(rctx)
 			cancel()
 			if err != nil {

@@ -573,3 +573,52 @@ func TestWaitersWakeSpreadOverTheJitterAndRecheck(t *testing.T) {
 		t.Fatalf("a waiter in its jitter returned %v before the extended deadline", extended.Sub(at))
 	}
 }
+
+// TestABucketMadeAgainIsFollowed: a bucket deleted and created again (an operator's
+// `nats kv rm`, a store lost) numbers its revisions from 1 again, while a running watch waits
+// for one past the last it saw and hears nothing. The stream's creation time, read at every
+// resync, says it is another bucket: the worker watches it from its start, and learns a pause
+// signalled there, even one whose revision equals the last it saw in the old bucket.
+func TestABucketMadeAgainIsFollowed(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir(), -1)
+	_, js := connect(t, s.ClientURL())
+	w := open(t, js, Config{Resync: 200 * time.Millisecond})
+	_, js2 := connect(t, s.ClientURL())
+	sig := open(t, js2, Config{})
+	if err := sig.Signal(ctxT(t), "old", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker to see revision 1", func() bool { return w.State().Revision == 1 })
+	if err := js2.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	_, js3 := connect(t, s.ClientURL())
+	fresh := open(t, js3, Config{}) // makes the bucket again, as a worker starting now does
+	watches := w.watches.Load()
+	eventually(t, "the worker to watch the new bucket", func() bool { return w.watches.Load() > watches })
+	if err := fresh.Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil { // revision 1 again
+		t.Fatal(err)
+	}
+	eventually(t, "the worker to see the pause in the new bucket", w.Active)
+}
+
+// TestADeletedBucketIsMadeAgain: with the bucket gone every Signal failed, and no worker
+// learned another's 429 until one restarted. A running worker now makes it again.
+func TestADeletedBucketIsMadeAgain(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir(), -1)
+	_, js := connect(t, s.ClientURL())
+	a := open(t, js, Config{Resync: 100 * time.Millisecond})
+	_, js2 := connect(t, s.ClientURL())
+	b := open(t, js2, Config{Resync: 100 * time.Millisecond})
+	if err := js2.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the bucket to be made again", func() bool {
+		_, err := js2.KeyValue(ctxT(t), DefaultBucket)
+		return err == nil
+	})
+	eventually(t, "a signal to go through", func() bool { return b.Signal(ctxT(t), ReasonRateLimited, time.Hour) == nil })
+	eventually(t, "the other worker to see the pause", a.Active)
+}
