@@ -1393,13 +1393,11 @@ func TestAWorkerThatLeavesFreesItsPart(t *testing.T) {
 	}
 	stopLeaving()
 	leave.Close() // takes its report off the share board
+	// The forget itself is counted: a limit that moved could also be a new measure's, which
+	// under a loaded machine came first now and then and passed for the forget.
 	fleettest.Eventually(t, 2*time.Second, "the staying worker to forget its part", func() bool {
-		n := stay.gate.capacity.current()
-		return n == 0 || n > part
+		return counterValue(t, reg, "tinkerfleet_capacity_limits_forgotten_total", "left") == 1
 	})
-	if n := counterValue(t, reg, "tinkerfleet_capacity_limits_forgotten_total", "left"); n != 1 {
-		t.Errorf("limits forgotten for a worker that left: %v, want 1", n)
-	}
 	fleettest.Eventually(t, 10*time.Second, "the staying worker to learn the whole capacity", func() bool {
 		return stay.gate.capacity.current() >= capacity-2
 	})
