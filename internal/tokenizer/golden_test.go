@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,20 +43,7 @@ func TestGoldenQwen3NFC(t *testing.T) { checkGolden(t, qwen3(t), "qwen3-nfc-gold
 // The same about compatibility decompositions, with Qwen3's tokenizer.json given an NFKC
 // normalizer.
 func TestGoldenQwen3NFKC(t *testing.T) {
-	var tj map[string]any
-	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
-		t.Fatal(err)
-	}
-	tj["normalizer"] = map[string]any{"type": "NFKC"}
-	data, err := json.Marshal(tj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkGolden(t, tok, "qwen3-nfkc-golden.jsonl.zst")
+	checkGolden(t, qwen3With(t, "normalizer", map[string]any{"type": "NFKC"}), "qwen3-nfkc-golden.jsonl.zst")
 }
 
 // DeepSeek V3 pre-tokenizes with a Sequence of three Splits (digits, CJK runs, words),

@@ -26,15 +26,19 @@ type Tokenizer struct {
 	added          map[string]*addedToken // content -> token
 	idBytes        tokenBytes             // id -> decoded bytes (none for holes)
 	special        []bool                 // id -> is a special added token
+	// textPrefix and textSuffix are the special tokens the post-processor adds around a
+	// single text (EncodeAddingSpecialTokens).
+	textPrefix, textSuffix []int
 }
 
 // tokenizerFile is the part of tokenizer.json this package reads.
 type tokenizerFile struct {
-	AddedTokens  []*addedToken `json:"added_tokens"`
-	Normalizer   *component    `json:"normalizer"`
-	PreTokenizer *component    `json:"pre_tokenizer"`
-	Decoder      *component    `json:"decoder"`
-	Model        *bpeModel     `json:"model"` // decoded in the same pass as the rest
+	AddedTokens   []*addedToken  `json:"added_tokens"`
+	Normalizer    *component     `json:"normalizer"`
+	PreTokenizer  *component     `json:"pre_tokenizer"`
+	Decoder       *component     `json:"decoder"`
+	PostProcessor *postProcessor `json:"post_processor"`
+	Model         *bpeModel      `json:"model"` // decoded in the same pass as the rest
 }
 
 type component struct {
@@ -165,6 +169,14 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	if err := t.setAdded(f.AddedTokens, tokens); err != nil {
 		return nil, err
+	}
+	if err := t.setPostProcessor(f.PostProcessor); err != nil {
+		return nil, err
+	}
+	for _, id := range append(append([]int(nil), t.textPrefix...), t.textSuffix...) {
+		if id < 0 || id > maxTokenID {
+			return nil, fmt.Errorf("parse tokenizer.json: post_processor adds token id %d, outside 0..%d", id, maxTokenID)
+		}
 	}
 	return t, nil
 }

@@ -581,7 +581,9 @@ func (w *Worker) prompt(ctx context.Context, job jobs.Job, baseModel string) ([]
 
 // PromptTokens returns the prompt tokens a worker samples job with on baseModel, whose
 // tokenizer is tok: its token ids as given, its messages rendered with the model's chat
-// template (with that template's stop tokens), or its text encoded.
+// template (with that template's stop tokens), or its text encoded as HF's encode(text) does
+// by default, which Tinker's documentation samples with: with the special tokens the
+// tokenizer adds around a text (a beginning-of-text token for some models, none for Qwen).
 func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids, stops []int, err error) {
 	switch {
 	case len(job.PromptTokens) > 0:
@@ -602,7 +604,7 @@ func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids
 		}
 		return ids, renderer.StopTokens(), nil
 	default:
-		return tok.Encode(job.Prompt), nil, nil
+		return tok.EncodeAddingSpecialTokens(job.Prompt), nil, nil
 	}
 }
 

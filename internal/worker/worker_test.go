@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -252,6 +253,56 @@ func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 // reasoning effort the job asks for, and gpt-oss's stop tokens; a chat that asks gpt-oss to
 // think (it has no such switch: it always reasons) ends as a tokenize error, unsampled. The
 // tokenizer is fetched by testdata/tokenizer/fetch-gpt-oss.sh.
+// TestATextPromptGetsItsTokenizersSpecialTokens: a text prompt is encoded as HF's
+// encode(text) does by default, which Tinker's documentation samples with: with the special
+// tokens the tokenizer's post_processor adds (Llama 3's <|begin_of_text|> on the hub). Here a
+// Qwen3 tokenizer.json given a template that adds one before the text and one after.
+func TestATextPromptGetsItsTokenizersSpecialTokens(t *testing.T) {
+	t.Parallel()
+	compressed, err := os.ReadFile(filepath.Join("..", "tokenizer", "builtin", "qwen3", "tokenizer.json.zst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := zstd.NewReader(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := dec.DecodeAll(compressed, nil)
+	dec.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tj map[string]any
+	if err := json.Unmarshal(data, &tj); err != nil {
+		t.Fatal(err)
+	}
+	tj["post_processor"] = json.RawMessage(`{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<|endoftext|>","type_id":0}},{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"<|im_end|>","type_id":0}}],"special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[151643],"tokens":["<|endoftext|>"]},"<|im_end|>":{"id":"<|im_end|>","ids":[151645],"tokens":["<|im_end|>"]}}}`)
+	if data, err = json.Marshal(tj); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "Qwen", "Qwen3-8B")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true, Dir: filepath.Dir(filepath.Dir(dir))})
+	run(t, b.open(t, b.connect(t), Config{}))
+	publishJobs(t, b.results, "bos", []jobs.Job{
+		{CustomID: "text", Model: "Qwen/Qwen3-8B", Prompt: "Hello, world!", NumSamples: 1}, // 4 tokens of text
+		{CustomID: "ids", Model: "Qwen/Qwen3-8B", PromptTokens: []int{9707, 11, 1879, 0}, NumSamples: 1},
+	})
+	res := waitResults(t, b.results, "bos", 2, 30*time.Second)
+	if r := res["text"]; r.Status != jobs.StatusOK || r.Usage.PromptTokens != 6 {
+		t.Errorf("text prompt: %+v, want 6 prompt tokens (4 and the two the template adds)", r)
+	}
+	if r := res["ids"]; r.Status != jobs.StatusOK || r.Usage.PromptTokens != 4 {
+		t.Errorf("prompt_tokens: %+v, want the 4 given", r)
+	}
+}
+
 func TestWorkerRendersGptOssChats(t *testing.T) {
 	t.Parallel()
 	file := os.Getenv("TINKERFLEET_GPT_OSS_TOKENIZER")
