@@ -103,6 +103,27 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, te
 	s.fs.DurationVar(p, name, def, usage(text, env))
 }
 
+// endedAtDoubleDash reports whether the flag package stopped at a "--" of its own in parsed,
+// the arguments it consumed: not at a "--" that was a flag's value (-sep --).
+func endedAtDoubleDash(fs *flag.FlagSet, parsed []string) bool {
+	for i := 0; i < len(parsed); i++ {
+		a := parsed[i]
+		if a == "--" {
+			return i == len(parsed)-1
+		}
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+				i++ // its value, whatever it looks like
+			}
+		}
+	}
+	return false
+}
+
 // PositiveInt defines an int flag like Int whose value, from the environment or the command
 // line, must be above zero. The programs' configurations read 0 as "the default", so a 0
 // given on purpose would quietly mean 400 or 1000; it is refused instead.
@@ -225,7 +246,7 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		rest := fs.Args()
 		// The flag package stops after a "--" and takes it away: what follows is positional,
 		// flag-like or not.
-		if parsed := args[:len(args)-len(rest)]; len(parsed) > 0 && parsed[len(parsed)-1] == "--" {
+		if endedAtDoubleDash(fs, args[:len(args)-len(rest)]) {
 			return append(positional, rest...), nil
 		}
 		if len(rest) == 0 {

@@ -76,10 +76,14 @@ func TestParseEndsTheFlagsAtDoubleDash(t *testing.T) {
 		{[]string{"x.jsonl", "--", "a.jsonl", "-o", "b.jsonl"}, []string{"x.jsonl", "a.jsonl", "-o", "b.jsonl"}, ""},
 		{[]string{"-o", "r.jsonl", "--"}, nil, "r.jsonl"},
 		{[]string{"a", "--", "--"}, []string{"a", "--"}, ""},
+		{[]string{"-o", "--", "in.jsonl", "-v"}, []string{"in.jsonl"}, "--"}, // "--" as -o's value
+		{[]string{"-o=--", "--", "-v"}, []string{"-v"}, "--"},
+		{[]string{"-v", "--", "-o"}, []string{"-o"}, ""},
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		out := fs.String("o", "", "")
+		fs.Bool("v", false, "")
 		got, err := Parse(fs, c.args)
 		if err != nil || !slices.Equal(got, c.want) || *out != c.out {
 			t.Errorf("Parse(%q) = %q, %v, -o %q; want %q, -o %q", c.args, got, err, *out, c.want, c.out)
