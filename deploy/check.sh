@@ -189,7 +189,7 @@ print("manifests hold together")
 PY
 
 step "the image's build context leaves out deploy/.env and the checkout's run output"
-for kept_out in .env '**/.env' .tinkerfleet worker submit; do
+for kept_out in .env '**/.env' tinker-api-key '*.nk' '*.creds' .tinkerfleet worker submit; do
 	grep -qxF -- "$kept_out" .dockerignore || { echo ".dockerignore does not keep out $kept_out" >&2; exit 1; }
 done
 
