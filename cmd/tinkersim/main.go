@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -149,6 +150,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if c.AdminToken == "" {
 		c.AdminToken = getenv("TINKERSIM_ADMIN_TOKEN")
 	}
+	if *tokenMin < 0 || *tokenMax <= *tokenMin || *tokenMax > math.MaxInt32 {
+		return nil, fmt.Errorf("-token-min %d -token-max %d: the range of token ids is empty or out of bounds", *tokenMin, *tokenMax)
+	}
 	c.TokenMin, c.TokenMax = int32(*tokenMin), int32(*tokenMax)
 	for _, m := range models {
 		name, ctxLen, ok := strings.Cut(m, "=")
@@ -169,44 +173,59 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	return o, nil
 }
 
-// zeroesGiven deals with a 0 given on the command line to a flag whose Config field reads 0 as
+// zeroesGiven deals with values given on the command line that the Config would replace by
 // its default: -stop-token-prob 0 asks for no random stop token and -training-runs 0 for no
-// runs, what their negative values mean; any other such 0 is refused rather than quietly
-// replaced.
+// runs, what their negative values mean; a flag that must be positive and is given 0 or less
+// is refused, rather than quietly run with the default.
 func zeroesGiven(fs *flag.FlagSet, c *tinkersim.Config) error {
 	var err error
 	fs.Visit(func(f *flag.Flag) {
-		if err != nil || !isZero(f.Value) {
+		if err != nil {
 			return
 		}
 		switch f.Name {
 		case "stop-token-prob":
-			c.StopTokenProbability = -1
+			if sign(f.Value) == 0 {
+				c.StopTokenProbability = -1
+			}
 		case "training-runs":
-			c.TrainingRuns = -1
+			if sign(f.Value) == 0 {
+				c.TrainingRuns = -1
+			}
 		case "capacity", "min-gen-tokens", "default-max-tokens", "max-num-samples", "long-poll-wait",
 			"retry-after", "result-ttl", "read-ttl", "jwt-lifetime", "shutdown-timeout":
-			err = fmt.Errorf("-%s %s: give a positive value (0 would mean the default, %s)", f.Name, f.Value, f.DefValue)
+			if sign(f.Value) <= 0 {
+				err = fmt.Errorf("-%s %s: give a positive value (the default is %s)", f.Name, f.Value, f.DefValue)
+			}
 		}
 	})
 	return err
 }
 
-// isZero reports whether v holds a numeric 0.
-func isZero(v flag.Value) bool {
+// sign is -1, 0 or 1 as v's number is negative, 0 or positive (1 for anything else).
+func sign(v flag.Value) int {
 	g, ok := v.(flag.Getter)
 	if !ok {
-		return false
+		return 1
 	}
-	switch x := g.Get().(type) {
+	var x float64
+	switch n := g.Get().(type) {
 	case int:
-		return x == 0
+		x = float64(n)
 	case time.Duration:
-		return x == 0
+		x = float64(n)
 	case float64:
-		return x == 0
+		x = n
+	default:
+		return 1
 	}
-	return false
+	switch {
+	case x < 0:
+		return -1
+	case x == 0:
+		return 0
+	}
+	return 1
 }
 
 // listen serves sim on o.addr, over HTTPS with the key pair of -tls-cert and -tls-key when

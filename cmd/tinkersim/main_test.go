@@ -322,7 +322,8 @@ func TestZeroFlagsMeanZeroOrAreRefused(t *testing.T) {
 	if c := sim.Config(); c.StopTokenProbability >= 0 || c.TrainingRuns >= 0 {
 		t.Errorf("-stop-token-prob 0 -training-runs 0 run with stop probability %v and %d training runs", c.StopTokenProbability, c.TrainingRuns)
 	}
-	for _, args := range [][]string{{"-capacity", "0"}, {"-long-poll-wait", "0s"}, {"-read-ttl", "0"}, {"-default-max-tokens", "0"}} {
+	for _, args := range [][]string{{"-capacity", "0"}, {"-long-poll-wait", "0s"}, {"-read-ttl", "0"}, {"-default-max-tokens", "0"},
+		{"-default-max-tokens", "-5"}, {"-max-num-samples", "-1"}, {"-min-gen-tokens", "-3"}, {"-token-min", "0", "-token-max", "0"}, {"-token-max", "500"}} {
 		if _, err := parseFlags(args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), args[0]+" ") {
 			t.Errorf("%v: %v, want it refused", args, err)
 		}
