@@ -388,6 +388,24 @@ func TestAsampleFailureIsReleasedAsNotAccepted(t *testing.T) {
 	}
 }
 
+// A 2xx whose body has no request_id is a protocol error, but the service took the sample
+// and runs it: it holds capacity, so it is released as accepted.
+func TestAsampleTakenWithoutRequestIDIsReleasedAsAccepted(t *testing.T) {
+	f := newFake(t)
+	fc := newFakeClock()
+	d := &recDispatcher{inner: localDispatcher{clock: fc}, f: f}
+	f.push("asample", jsonReply(200, `{}`))
+	c, _, _ := dial(t, f, func(cfg *Config) { cfg.Dispatcher = d; cfg.Timing.Clock = fc })
+	var pe *ProtocolError
+	if _, err := sampler(t, c).Sample(testCtx(t), basicRequest()); !errors.As(err, &pe) {
+		t.Fatalf("a 200 without request_id: %v, want a protocol error", err)
+	}
+	want := []string{"acquire 30", "wait", "release accepted=true polls=0"}
+	if !reflect.DeepEqual(d.log, want) {
+		t.Fatalf("dispatcher log %v, want %v", d.log, want)
+	}
+}
+
 // §5.1/§5.3: asample 429 → dispatcher backoff (1 s; 5 s over 128 KiB), same
 // seq_id, permits released before polling.
 func TestAsample429Backoff(t *testing.T) {

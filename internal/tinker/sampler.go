@@ -229,9 +229,9 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 			release(false)
 			return fmt.Errorf("tinker: sample: dispatch wait: %w", err)
 		}
-		backpressure := ""
+		backpressure, taken := "", false
 		err := c.withRetries(ctx, cl.name, s.id, check, func(ctx context.Context) error {
-			backpressure = ""
+			backpressure, taken = "", false
 			res.Submissions++
 			// asample has no HTTP-level retries (§3.6); one idempotency key per call.
 			r, err := c.roundTrip(ctx, cl, 0, newIdempotencyKey())
@@ -240,6 +240,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 			}
 			switch {
 			case r.status >= 200 && r.status <= 299:
+				taken = true // the service runs it, even if its reply cannot be read
 				var fut struct {
 					RequestID string `json:"request_id"`
 				}
@@ -258,7 +259,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 			return c.statusError(cl, r)
 		})
 		if err != nil {
-			release(false)
+			release(taken)
 			return fmt.Errorf("tinker: sample: submit: %w", err)
 		}
 		if backpressure == "" {
