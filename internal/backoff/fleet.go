@@ -473,8 +473,8 @@ func (f *Fleet) restore(ctx context.Context, err error) bool {
 		!errors.Is(err, nats.ErrNoResponders) {
 		return false
 	}
-	if _, err := f.js.KeyValue(ctx, f.cfg.Bucket); err == nil {
-		return false // there (no responders: a leader election, say)
+	if _, err := f.js.KeyValue(ctx, f.cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return false // there (no responders: a leader election, say), or JetStream cannot say
 	}
 	if _, err := bindBucket(ctx, f.js, f.cfg); err != nil {
 		f.log.Warn("backoff: the bucket is gone and could not be made again; the fleet backoff is off meanwhile", "err", err)
