@@ -58,7 +58,7 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	var w io.Writer = env.stdout
 	var f *os.File
 	if output != "" {
-		if err := checkDistinct(m.Files, output); err != nil {
+		if err := checkDistinct(m.Files, outputPath{"-o", output}); err != nil {
 			return err // os.Create would empty the input before its lines are read
 		}
 		if f, err = os.Create(output); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -59,9 +60,9 @@ func checkReadTwice(name string, once bool) error {
 // checkDistinct refuses a file given twice, under one name or two (a path and a link to it, a
 // shell glob that overlaps another argument). Each of its lines would otherwise be reported
 // as a duplicate custom_id of itself, "first used on line 1" of the same file, line by line.
-// It refuses as well an output file (output; "" for none) that is one of the inputs: results
-// written there would follow its prompts.
-func checkDistinct(files []string, output string) error {
+// It refuses as well an output file (-o, --rejects; a path of "" is none) that is one of the
+// inputs, or another output: what is written there would replace or follow the other's lines.
+func checkDistinct(files []string, outputs ...outputPath) error {
 	bySize := make(map[int64][]int) // files that may be the same, by size
 	infos := make([]fs.FileInfo, len(files))
 	for i, name := range files {
@@ -81,19 +82,42 @@ func checkDistinct(files []string, output string) error {
 		infos[i] = fi
 		bySize[fi.Size()] = append(bySize[fi.Size()], i)
 	}
-	if output == "" {
-		return nil
-	}
-	out, err := os.Stat(output)
-	if err != nil {
-		return nil // a new file, or one checkOutput reports
-	}
-	for _, j := range bySize[out.Size()] {
-		if os.SameFile(infos[j], out) {
-			return fmt.Errorf("-o %s is the input file %s: give the output a file of its own: %w", output, files[j], errUsage)
+	for k, o := range outputs {
+		if o.path == "" {
+			continue
+		}
+		for _, p := range outputs[:k] {
+			if p.path != "" && samePath(p.path, o.path) {
+				return fmt.Errorf("%s %s is also %s: give each its own file: %w", o.flag, o.path, p.flag, errUsage)
+			}
+		}
+		out, err := os.Stat(o.path)
+		if err != nil {
+			continue // a new file, or one its opening reports
+		}
+		for _, j := range bySize[out.Size()] {
+			if os.SameFile(infos[j], out) {
+				return fmt.Errorf("%s %s is the input file %s: give the output a file of its own: %w", o.flag, o.path, files[j], errUsage)
+			}
 		}
 	}
 	return nil
+}
+
+// outputPath is a file a command writes, and the flag that names it.
+type outputPath struct{ flag, path string }
+
+// samePath reports whether a and b name one file: the same path, or two names of a file that
+// exists.
+func samePath(a, b string) bool {
+	absA, errA := filepath.Abs(a)
+	absB, errB := filepath.Abs(b)
+	if errA == nil && errB == nil && absA == absB {
+		return true
+	}
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
 }
 
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,

@@ -97,7 +97,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 			return err
 		}
 	}
-	if err := checkDistinct(files, o.output); err != nil {
+	if err := checkDistinct(files, outputPath{"-o", o.output}, outputPath{"--rejects", o.rejects}); err != nil {
 		return err
 	}
 	if o.output != "" {

@@ -514,6 +514,38 @@ func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 	}
 }
 
+// TestARejectsFileOfItsOwnIsRequired: --rejects naming an input file renamed the rejects over
+// it before publishing (the input was gone, the batch stayed publishing for ever), and naming
+// the -o file replaced the results. Both are refused before anything is read or written.
+func TestARejectsFileOfItsOwnIsRequired(t *testing.T) {
+	t.Parallel()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	in := writeLines(t, append(jobLines(2), `{"custom_id":"bad"}`))
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dry-run", "--skip-invalid", "--rejects", in, in}, "--rejects " + in + " is the input file " + in},
+		{[]string{"--skip-invalid", "--rejects", out, in, "-o", out}, "--rejects " + out + " is also -o"},
+		{[]string{"--skip-invalid", "--rejects", "new.jsonl", in, "-o", "./new.jsonl"}, "--rejects new.jsonl is also -o"},
+	} {
+		if err := run(context.Background(), c.args, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("submit %q: %v, want %q", c.args, err, c.want)
+		}
+	}
+	if after, _ := os.ReadFile(in); !bytes.Equal(after, before) {
+		t.Fatalf("the input was changed:\n%s", after)
+	}
+}
+
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
