@@ -175,6 +175,12 @@ func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, s
 		return newOutputFile(f, "")
 	}
 	f.Close()
+	if readErr != nil && !errors.Is(readErr, io.ErrUnexpectedEOF) {
+		// Damage, not the unended tail a crash leaves: mending would drop whatever follows it,
+		// results that may be gone from the server.
+		return nil, fmt.Errorf("output %s cannot be read after its line %d (%v); move it aside and run again, and the results the server still keeps are written anew: %w",
+			path, lines.whole, readErr, errUsage)
+	}
 	if readErr != nil || lines.cut {
 		return rewriteOutput(path, kind, lines.whole)
 	}

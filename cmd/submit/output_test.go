@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -129,6 +130,33 @@ func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 			if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o640 {
 				t.Errorf("%s: resumed %s: mode %v, %v; want it left 0640", kind, filepath.Base(path), fi.Mode().Perm(), err)
 			}
+		}
+
+		// Damaged in the middle, whole streams after the damage: mending would keep only the
+		// lines before it, and drop results the server may no longer keep. It is refused, and
+		// left as it is.
+		var streams [3][]byte
+		for i := range streams {
+			var b bytes.Buffer
+			zw := newCompressor(t, kind, &b)
+			zw.Write(bytes.Join(results[20*i:20*(i+1)], nil))
+			zw.Close()
+			streams[i] = b.Bytes()
+		}
+		middle := streams[1]
+		for i := len(middle) / 3; i < len(middle)/2; i++ {
+			middle[i] ^= 0x5a
+		}
+		damaged := filepath.Join(dir, "damaged.jsonl"+ext)
+		before := bytes.Join(streams[:], nil)
+		if err := os.WriteFile(damaged, before, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := f.submit(ctx, "results", batch, "-o", damaged); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "cannot be read after its line ") {
+			t.Errorf("%s: a file damaged in the middle: %v, want it refused", kind, err)
+		}
+		if after, _ := os.ReadFile(damaged); !bytes.Equal(after, before) {
+			t.Errorf("%s: the damaged file was changed", kind)
 		}
 	}
 
