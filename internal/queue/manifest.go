@@ -211,7 +211,10 @@ func (q *Queue) Manifests(ctx context.Context) ([]Manifest, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("list batches: %w", ctx.Err())
-		case e := <-w.Updates():
+		case e, ok := <-w.Updates():
+			if !ok { // nats.go ended the watch (its connection closed, its consumer lost)
+				return nil, fmt.Errorf("list batches: the watch ended after %d manifests, before the last", len(out))
+			}
 			if e == nil { // every manifest stored when the watch began has come
 				if err := ctx.Err(); err != nil { // or the watch was stopped
 					return nil, fmt.Errorf("list batches: %w", err)

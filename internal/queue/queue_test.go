@@ -520,3 +520,38 @@ func TestTheLargestJobsDeadLetterCopyFits(t *testing.T) {
 		t.Errorf("dead copy: %d bytes of %d, reason %d bytes (%q…)", len(dead.Data), len(data), len(got), got[:min(len(got), 20)])
 	}
 }
+
+// closeAfterWatch is a bucket whose WatchAll runs after, a connection closing, say, once the
+// watch is made.
+type closeAfterWatch struct {
+	jetstream.KeyValue
+	after func()
+}
+
+func (c closeAfterWatch) WatchAll(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	w, err := c.KeyValue.WatchAll(ctx, opts...)
+	if err == nil {
+		c.after()
+	}
+	return w, err
+}
+
+// TestManifestsSaysSoWhenItsWatchEnds: nats.go closes a watch's channel when its connection
+// closes or its consumer cannot be made again; a closed channel read as the end of the initial
+// values returned a part of the list, or none, as the whole.
+func TestManifestsSaysSoWhenItsWatchEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	const n = 600
+	for i := range n {
+		if _, err := b.q.PutManifest(ctx, Manifest{BatchID: fmt.Sprintf("b%03d", i), Status: BatchSubmitted}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := *b.q
+	q.Batches = closeAfterWatch{KeyValue: b.q.Batches, after: b.nc.Close}
+	if list, err := q.Manifests(ctx); err == nil && len(list) < n {
+		t.Fatalf("Manifests returned %d of %d manifests, and no error", len(list), n)
+	}
+}
