@@ -20,6 +20,7 @@ import (
 // in .zst or .gz.
 type outputFile struct {
 	file    *os.File
+	held    *os.File     // the descriptor that holds the file's lock, when not file (nil: file)
 	w       io.Writer    // file, or the compressor writing to it
 	flush   func() error // makes what the compressor holds readable in the file
 	end     func() error // ends the compressed stream
@@ -54,6 +55,9 @@ func (o *outputFile) Close() error {
 	}
 	if cerr := o.file.Close(); err == nil {
 		err = cerr
+	}
+	if o.held != nil {
+		o.held.Close()
 	}
 	return err
 }
@@ -112,6 +116,10 @@ func newOutputFile(f *os.File, kind string) (*outputFile, error) {
 //
 // The file must be a regular one (or a new one: created says the call made it): a pipe or a
 // device cannot be read back, and reading a pipe this process holds open would never end.
+//
+// The file is locked until the output is closed: another process following it would take a
+// compressed stream still being written for one a crash cut short, and write the file again
+// without the lines to come, which the first process then wrote into a file no longer there.
 func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (out *outputFile, created bool, err error) {
 	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
 		return nil, false, fmt.Errorf("output %s is %s, not a regular file: results are appended to a file and read back to resume; name a file (-o), or print them with: submit results %s: %w",
@@ -123,6 +131,10 @@ func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (o
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("output: %w", err)
+	}
+	if !lockOutput(f) {
+		f.Close()
+		return nil, false, fmt.Errorf("output %s is being written by another submit: wait for it to end, or give another -o file: %w", path, errUsage)
 	}
 	out, err = readAndAppend(f, path, batch, seen, sum)
 	return out, created, err
@@ -174,21 +186,31 @@ func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, s
 		}
 		return newOutputFile(f, "")
 	}
-	f.Close()
 	if readErr != nil && !errors.Is(readErr, io.ErrUnexpectedEOF) {
+		f.Close()
 		// Damage, not the unended tail a crash leaves: mending would drop whatever follows it,
 		// results that may be gone from the server.
 		return nil, fmt.Errorf("output %s cannot be read after its line %d (%v); move it aside and run again, and the results the server still keeps are written anew: %w",
 			path, lines.whole, readErr, errUsage)
 	}
 	if readErr != nil || lines.cut {
-		return rewriteOutput(path, kind, lines.whole)
+		out, err := rewriteOutput(path, kind, lines.whole) // locks the file it puts in place
+		f.Close()
+		return out, err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+	a, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("output: %w", err)
 	}
-	return newOutputFile(f, kind)
+	out, err := newOutputFile(a, kind)
+	if err != nil {
+		a.Close()
+		f.Close()
+		return nil, err
+	}
+	out.held = f
+	return out, nil
 }
 
 // outputRead is what readOutput found: how many whole lines, and whether a last line was
@@ -275,6 +297,7 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 		}
 		return nil, fmt.Errorf("output: %w", err)
 	}
+	lockOutput(tmp) // before it takes the file's place: a new file, no one else holds it
 	out, err := newOutputFile(tmp, kind)
 	if err == nil {
 		br := bufio.NewReaderSize(in, 1<<20)

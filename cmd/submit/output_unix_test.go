@@ -125,3 +125,48 @@ func TestAPipeAsTheOutputIsRefused(t *testing.T) {
 	}
 	refused("results", strings.TrimSpace(batch), "-o", fifo)
 }
+
+// TestAnOutputFileFollowedElsewhereIsRefused: while one submit writes a compressed -o, its
+// stream is not ended; a second process naming the same file took it for one a crash cut
+// short and wrote it again, without the lines to come, which the first then wrote into a file
+// no longer there (it reported 40 results in a file of 2). The second is now refused, and the
+// first ends with every line.
+func TestAnOutputFileFollowedElsewhereIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 2, BaseLatency: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := writeLines(t, jobLines(40))
+	out := filepath.Join(t.TempDir(), "results.jsonl.zst")
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "two"); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	f.startWorker(2)
+	first := make(chan error, 1)
+	go func() {
+		_, stderr, err := f.submit(ctx, in, "--batch-id", "two", "-o", out)
+		if err != nil {
+			err = errors.New(err.Error() + ": " + stderr)
+		}
+		first <- err
+	}()
+	for { // the first has written something
+		if fi, err := os.Stat(out); err == nil && fi.Size() > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, _, err := f.submit(ctx, "results", "two", "-o", out); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "is being written by another submit") {
+		t.Errorf("a second process on the same -o: %v, want it refused", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if got := outputLines(t, decompress(t, out)); len(got) != 40 {
+		t.Fatalf("%d results in the file, want 40", len(got))
+	}
+	// Once the first has ended, the file is free again.
+	if _, stderr, err := f.submit(ctx, "results", "two", "-o", out); err != nil {
+		t.Fatalf("after the first ended: %v: %s", err, stderr)
+	}
+}
