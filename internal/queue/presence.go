@@ -168,7 +168,7 @@ const kvOperationHeader = "KV-Operation"
 // server's, read from the notes themselves: a worker is silent once its latest note is
 // Window older than the newest note of any worker (this one's own included), so no clock
 // of a worker matters, and while no note comes at all (the server is down) nobody goes
-// silent. It follows only the workers noted since its first watch began, and keeps what it
+// silent, nor when notes come again: every worker then has a window from the first. It follows only the workers noted since its first watch began, and keeps what it
 // saw across watches (a reconnect ends one). Use it from one goroutine.
 type Silence struct {
 	// Window is how far behind the newest note a worker's latest may fall before it is
@@ -224,6 +224,15 @@ func (s *Silence) saw(worker string, put bool, at time.Time, silent func(string)
 	if !put {
 		delete(s.last, worker)
 		return
+	}
+	if !s.newest.IsZero() && at.Sub(s.newest) > s.Window {
+		// No note at all for longer than a window: the server, or the link to it, was away,
+		// and every worker's notes stopped with it. Judged by the notes from before, every
+		// worker but the first to note again would be silent (and each would lose its part of
+		// the capacity); each gets a window from now instead.
+		for id := range s.last {
+			s.last[id] = at
+		}
 	}
 	s.last[worker] = at
 	if at.After(s.newest) {

@@ -170,3 +170,30 @@ func TestSilenceTellsOfAWorkerWhoseNotesStopped(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// TestNobodyIsSilentAfterAnOutage: while the server is away no note comes from anyone; the
+// first note after it is more than a window past every other worker's last, which made each
+// of them silent (and each forgot its part of the capacity, the fleet bursting into 429s),
+// though they all note again a moment later. A worker that then stays silent still is told.
+func TestNobodyIsSilentAfterAnOutage(t *testing.T) {
+	t.Parallel()
+	s := &Silence{Window: 15 * time.Second, last: map[string]time.Time{}}
+	var told []string
+	silent := func(id string) { told = append(told, id) }
+	t0 := time.Unix(1000, 0)
+	s.saw("a", true, t0, silent)
+	s.saw("b", true, t0.Add(time.Second), silent)
+	s.saw("c", true, t0.Add(2*time.Second), silent)
+	s.saw("a", true, t0.Add(40*time.Second), silent) // the server is back after 38 s
+	s.saw("b", true, t0.Add(41*time.Second), silent)
+	if len(told) != 0 {
+		t.Fatalf("told silent after an outage: %v", told)
+	}
+	for at := 45 * time.Second; at <= 60*time.Second; at += 5 * time.Second { // c never notes again
+		s.saw("a", true, t0.Add(at), silent)
+		s.saw("b", true, t0.Add(at), silent)
+	}
+	if !slices.Equal(told, []string{"c"}) {
+		t.Fatalf("told %v, want c, which noted nothing after the outage", told)
+	}
+}
