@@ -45,6 +45,9 @@ func lostResults(ctx context.Context, q *queue.Queue, m queue.Manifest, got int)
 // created longer ago than the results stream keeps results, or were removed.
 func lostCause(q *queue.Queue, m queue.Manifest) string {
 	const gone = "none of its jobs is left in the queue"
+	if m.Status == queue.BatchCancelled && m.SubmittedAt.IsZero() {
+		return gone + ", and it was cancelled before it was all published: run the same submit command again, and the rest are ended as cancelled"
+	}
 	if keep := q.Results.CachedInfo().Config.MaxAge; keep > 0 && time.Since(m.CreatedAt) > keep {
 		return fmt.Sprintf("%s, and the NATS server keeps results for %s (--results-max-age): they expired", gone, span(keep))
 	}

@@ -605,13 +605,19 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 			batch, m.CreatedAt.Format(time.RFC3339))
 	case m.Status == queue.BatchDeleted:
 		return m, false, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
-	case m.Status == queue.BatchSubmitted || m.Status == queue.BatchCancelled:
+	case m.Status == queue.BatchSubmitted || (m.Status == queue.BatchCancelled && !m.SubmittedAt.IsZero()):
 		what := "already submitted"
 		if m.Status == queue.BatchCancelled {
 			what = "already submitted, and cancelled"
 		}
 		fmt.Fprintf(env.stderr, "batch %s was %s on %s: not publishing it again\n", batch, what, m.CreatedAt.Local().Format(time.DateTime))
 		return m, true, nil
+	case m.Status == queue.BatchCancelled:
+		// Cancelled while its publishing was interrupted: the jobs never published are
+		// published now, for the workers to end each as cancelled, so that every job has its
+		// line; without them the run waited for results that could never come, and called
+		// them removed from the server.
+		fmt.Fprintf(env.stderr, "batch %s was cancelled before it was all published: publishing the rest, which the workers end as cancelled\n", batch)
 	}
 
 	var pending []jetstream.PubAckFuture
@@ -660,7 +666,10 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		return m, false, fmt.Errorf("the input changed while it was being submitted (%d valid lines, %d when validated); batch %s stays %s: submit it again",
 			accepted, scan.accepted, batch, queue.BatchPublishing)
 	}
-	m.Status, m.SubmittedAt = queue.BatchSubmitted, time.Now().UTC()
+	if m.Status != queue.BatchCancelled { // a cancelled batch stays so, now wholly published
+		m.Status = queue.BatchSubmitted
+	}
+	m.SubmittedAt = time.Now().UTC()
 	if _, err := waiter.writeManifest(ctx, m, rev); err != nil {
 		// Someone cancelled it meanwhile (or deleted it): keep their status. Any other failure
 		// (a store that cannot take the write) is the run's, or the batch would stay

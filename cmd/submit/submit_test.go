@@ -546,6 +546,92 @@ func TestARejectsFileOfItsOwnIsRequired(t *testing.T) {
 	}
 }
 
+// halfPublish leaves batch as a submit killed while publishing leaves it: its manifest
+// publishing, with every line of in counted, and only its first n jobs published.
+func halfPublish(t *testing.T, q *queue.Queue, batch, in string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	scan, err := validate([]string{in}, jobs.Limits{}, io.Discard, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := queue.Manifest{BatchID: batch, Status: queue.BatchPublishing, Files: []string{in}, Digest: scan.digest,
+		Jobs: scan.accepted, CreatedAt: time.Now().UTC()}
+	if _, err := q.PutManifest(ctx, m, 0); err != nil {
+		t.Fatal(err)
+	}
+	published := 0
+	err = eachJob([]string{in}, jobs.Limits{}, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
+		if err != nil || published == n {
+			return err
+		}
+		published++
+		data, err := j.Encode()
+		if err != nil {
+			return err
+		}
+		f, err := q.PublishJobAsync(batch, j.CustomID, data, false)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-f.Ok():
+			return nil
+		case err := <-f.Err():
+			return err
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestACancelBeforeTheBatchWasAllPublishedGivesEveryJobALine: a submit killed while
+// publishing leaves its batch publishing; the user cancels it and runs the same command again.
+// The jobs never published got no line, and the run failed saying their results were removed
+// from the server, which nobody did. They are published now, and ended as cancelled.
+func TestACancelBeforeTheBatchWasAllPublishedGivesEveryJobALine(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := writeLines(t, jobLines(6))
+	halfPublish(t, bind(t, f), "half", in, 3)
+	if _, stderr, err := f.submit(ctx, "cancel", "half"); err != nil {
+		t.Fatalf("cancel: %v: %s", err, stderr)
+	}
+	f.startWorker(4)
+	q := bind(t, f)
+	for { // the 3 jobs published end as cancelled
+		if n, err := q.ResultsStored(ctx, "half"); err != nil || n == 3 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if status, _, _ := f.submit(ctx, "status", "half"); strings.Contains(status, "removed from the NATS server") || !strings.Contains(status, "run the same submit command again") {
+		t.Errorf("status of the 3 jobs never published:\n%s", status)
+	}
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	_, stderr, err := f.submit(ctx, in, "--batch-id", "half", "-o", out)
+	data, _ := os.ReadFile(out)
+	lines := outputLines(t, data)
+	if err != nil || len(lines) != 6 {
+		t.Fatalf("the same command run again after the cancel: %d lines of 6 jobs, %v\n%s", len(lines), err, stderr)
+	}
+	for id, line := range lines {
+		if !bytes.Contains(line, []byte(`"status":"cancelled"`)) && !bytes.Contains(line, []byte(`"code":"batch_cancelled"`)) { // native, OpenAI
+			t.Errorf("%s: %s, want cancelled", id, line)
+		}
+	}
+	if n := f.sim.Stats().SamplesAccepted; n != 0 {
+		t.Errorf("%d samples of a cancelled batch", n)
+	}
+	m, _, err := bind(t, f).GetManifest(ctx, "half")
+	if err != nil || m.Status != queue.BatchCancelled || m.SubmittedAt.IsZero() {
+		t.Errorf("manifest %+v, %v: want cancelled, and wholly published", m, err)
+	}
+}
+
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
