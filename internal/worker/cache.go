@@ -152,11 +152,24 @@ func (s *cancelSet) set(batch string, m *queue.Manifest) {
 	if s.ids == nil {
 		s.ids = make(map[string]bool)
 	}
+	setIn(s.ids, batch, m)
+}
+
+// setIn records the state of batch from its manifest m in ids; nil m: the manifest is gone.
+func setIn(ids map[string]bool, batch string, m *queue.Manifest) {
 	if m != nil && m.Ended() {
-		s.ids[batch] = m.Status == queue.BatchDeleted
+		ids[batch] = m.Status == queue.BatchDeleted
 	} else {
-		delete(s.ids, batch)
+		delete(ids, batch)
 	}
+}
+
+// replace makes ids the set, as a watch from the bucket's start found it: batches the set
+// held that the bucket no longer has (it was made again) are forgotten.
+func (s *cancelSet) replace(ids map[string]bool) {
+	s.mu.Lock()
+	s.ids = ids
+	s.mu.Unlock()
 }
 
 // watch follows the batches bucket until ctx is done, re-watching after a reconnect and
@@ -166,7 +179,14 @@ func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger,
 	var once sync.Once
 	markLoaded := func() { once.Do(func() { close(loaded) }) }
 	defer markLoaded()
-	rewatch(ctx, q.JS.Conn(), log, "batch watch", func(ctx context.Context) error { return s.watchOnce(ctx, q, markLoaded) })
+	s.watchChecking(ctx, q, log, markLoaded, bucketOf(q, q.Names.BatchesBucket()))
+}
+
+// watchChecking is watch, checking the bucket as check says (tests check it more often).
+func (s *cancelSet) watchChecking(ctx context.Context, q *queue.Queue, log *slog.Logger, loaded func(), check bucketCheck) {
+	rewatch(ctx, q.JS.Conn(), log, "batch watch", check, func(ctx context.Context) error {
+		return s.watchOnce(ctx, q, loaded)
+	})
 }
 
 // rewatch runs watch until ctx is done. After nc reconnects it ends the watch and runs it
@@ -175,27 +195,62 @@ func (s *cancelSet) watch(ctx context.Context, q *queue.Queue, log *slog.Logger,
 // came 20 s late. After the watch ends by itself (its watcher closed) it runs it again after
 // 100 ms, doubled per end up to 5 s, so that a failing watch does not leak consumers as fast
 // as the server makes them.
-func rewatch(ctx context.Context, nc *nats.Conn, log *slog.Logger, what string, watch func(context.Context) error) {
+//
+// And every bucket.every it reads when the watched bucket's stream was created: another time
+// means the bucket was deleted and made again (an operator's `nats kv rm`, a store lost, then
+// a worker's or submit's set-up), whose revisions start again from 1. nats.go makes the
+// watch's consumer again at the old stream sequence, past all of them, and the watch is
+// silent for good: a cancel was never heard, and workers sampled a cancelled batch on. So it
+// runs the watch again, from the new bucket's start.
+func rewatch(ctx context.Context, nc *nats.Conn, log *slog.Logger, what string, bucket bucketCheck, watch func(context.Context) error) {
 	var reconnected chan nats.Status // nil (never ready) without a connection
 	if nc != nil {
 		reconnected = nc.StatusChanged(nats.CONNECTED)
 		defer nc.RemoveStatusListener(reconnected)
 	}
+	var check <-chan time.Time // nil (never ready) without a bucket to check
+	if bucket.created != nil {
+		t := time.NewTicker(bucket.every)
+		defer t.Stop()
+		check = t.C
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		created, _ := bucket.read(ctx) // zero if it cannot be read now: the first later read sets it
 		watchCtx, stop := context.WithCancel(ctx)
 		ended := make(chan error, 1)
 		go func() { ended <- watch(watchCtx) }() // joined below, before the next watch
 		var err error
-		select {
-		case err = <-ended:
-			stop()
-		case <-reconnected:
-			stop()
+		again := false
+		for !again && err == nil {
+			select {
+			case err = <-ended:
+				if err == nil {
+					err = errWatchEnded
+				}
+			case <-reconnected:
+				log.Debug(what + ": reconnected; watching again")
+				again = true
+			case <-check:
+				now, rerr := bucket.read(ctx)
+				switch {
+				case rerr != nil || now.IsZero():
+				case created.IsZero():
+					created = now
+				case !now.Equal(created):
+					log.Info(what + ": the bucket was made again; watching it from its start")
+					again = true
+				}
+			}
+		}
+		stop()
+		if again {
 			<-ended
-			log.Debug(what + ": reconnected; watching again")
 			delay = 100 * time.Millisecond
 			continue
+		}
+		if errors.Is(err, errWatchEnded) {
+			err = nil
 		}
 		if ctx.Err() != nil {
 			return
@@ -216,6 +271,7 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 		return err
 	}
 	defer func() { _ = w.Stop() }()
+	initial := map[string]bool{} // the bucket's entries as the watch finds them, until it has them all
 	for {
 		select {
 		case <-ctx.Done():
@@ -224,18 +280,67 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 			if !ok {
 				return errors.New("watcher closed")
 			}
-			if e == nil {
-				loaded() // the end of the initial values
+			if e == nil { // the end of the initial values
+				if initial != nil {
+					s.replace(initial)
+					initial = nil
+				}
+				loaded()
 				continue
 			}
-			if e.Operation() != jetstream.KeyValuePut {
-				s.set(e.Key(), nil)
-				continue
+			var m *queue.Manifest
+			if e.Operation() == jetstream.KeyValuePut {
+				m = new(queue.Manifest)
+				if json.Unmarshal(e.Value(), m) != nil {
+					continue
+				}
 			}
-			var m queue.Manifest
-			if json.Unmarshal(e.Value(), &m) == nil {
-				s.set(e.Key(), &m)
+			if initial != nil {
+				setIn(initial, e.Key(), m)
+			} else {
+				s.set(e.Key(), m)
 			}
 		}
 	}
+}
+
+// errWatchEnded stands, in rewatch, for a watch that returned without an error.
+var errWatchEnded = errors.New("the watch ended")
+
+// bucketCheck reads, every every, when a watched bucket's stream was created (see rewatch).
+// Its zero value checks nothing.
+type bucketCheck struct {
+	created func(context.Context) (time.Time, error)
+	every   time.Duration
+}
+
+// read returns when the bucket was created (zero without a check).
+func (b bucketCheck) read(ctx context.Context) (time.Time, error) {
+	if b.created == nil {
+		return time.Time{}, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return b.created(rctx)
+}
+
+// bucketCheckEvery is how often rewatch reads when a watched bucket was created.
+const bucketCheckEvery = 10 * time.Second
+
+// bucketOf is the check of q's bucket named name, every bucketCheckEvery.
+func bucketOf(q *queue.Queue, name string) bucketCheck {
+	return bucketCheck{every: bucketCheckEvery, created: func(ctx context.Context) (time.Time, error) {
+		kv, err := q.JS.KeyValue(ctx, name)
+		if err != nil {
+			return time.Time{}, err
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+			return bs.StreamInfo().Created, nil
+		}
+		return time.Time{}, nil
+	}}
 }

@@ -112,7 +112,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		bg.Go(func() { w.splitShares(bgCtx) })
 		// A worker that leaves frees its part of the capacity: forget the limit, learn anew.
 		bg.Go(func() {
-			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "capacity share watch", func(ctx context.Context) error {
+			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "capacity share watch", bucketOf(w.cfg.Queue, w.cfg.Queue.Names.BackoffBucket()), func(ctx context.Context) error {
 				return w.board.WatchLeaves(ctx, func(string) {
 					if w.gate.capacity.forget() {
 						w.metrics.forgotLimit("left")
@@ -123,7 +123,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		// So does one that crashed, which takes nothing off the board: its presence notes stop.
 		bg.Go(func() {
 			silence := &queue.Silence{Window: 3 * w.presenceEvery}
-			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "presence watch", func(ctx context.Context) error {
+			rewatch(bgCtx, w.cfg.Queue.JS.Conn(), w.log, "presence watch", bucketOf(w.cfg.Queue, w.cfg.Queue.Names.BackoffBucket()), func(ctx context.Context) error {
 				return silence.Watch(ctx, w.cfg.Queue, w.silent)
 			})
 		})
