@@ -581,21 +581,17 @@ func TestWaitersWakeSpreadOverTheJitterAndRecheck(t *testing.T) {
 // signalled there, even one whose revision equals the last it saw in the old bucket.
 func TestABucketMadeAgainIsFollowed(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, t.TempDir(), -1)
-	_, js := connect(t, s.ClientURL())
-	w := open(t, js, Config{Resync: 200 * time.Millisecond})
-	_, js2 := connect(t, s.ClientURL())
-	sig := open(t, js2, Config{})
+	url, w, sig, js := twoFleets(t, 200*time.Millisecond)
 	if err := sig.Signal(ctxT(t), "old", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the worker to see revision 1", func() bool { return w.State().Revision == 1 })
-	if err := js2.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
+	watches := w.watches.Load()
+	if err := js.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
 		t.Fatal(err)
 	}
-	_, js3 := connect(t, s.ClientURL())
+	_, js3 := connect(t, url)
 	fresh := open(t, js3, Config{}) // makes the bucket again, as a worker starting now does
-	watches := w.watches.Load()
 	eventually(t, "the worker to watch the new bucket", func() bool { return w.watches.Load() > watches })
 	if err := fresh.Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil { // revision 1 again
 		t.Fatal(err)
@@ -607,18 +603,26 @@ func TestABucketMadeAgainIsFollowed(t *testing.T) {
 // learned another's 429 until one restarted. A running worker now makes it again.
 func TestADeletedBucketIsMadeAgain(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, t.TempDir(), -1)
-	_, js := connect(t, s.ClientURL())
-	a := open(t, js, Config{Resync: 100 * time.Millisecond})
-	_, js2 := connect(t, s.ClientURL())
-	b := open(t, js2, Config{Resync: 100 * time.Millisecond})
-	if err := js2.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
+	_, a, b, js := twoFleets(t, 100*time.Millisecond)
+	if err := js.DeleteKeyValue(ctxT(t), DefaultBucket); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the bucket to be made again", func() bool {
-		_, err := js2.KeyValue(ctxT(t), DefaultBucket)
+		_, err := js.KeyValue(ctxT(t), DefaultBucket)
 		return err == nil
 	})
 	eventually(t, "a signal to go through", func() bool { return b.Signal(ctxT(t), ReasonRateLimited, time.Hour) == nil })
 	eventually(t, "the other worker to see the pause", a.Active)
+}
+
+// twoFleets starts a server and two Fleets on it, each on a connection of its own and
+// resyncing every resync; js is the second's.
+func twoFleets(t *testing.T, resync time.Duration) (url string, a, b *Fleet, js jetstream.JetStream) {
+	t.Helper()
+	s := startServer(t, t.TempDir(), -1)
+	_, jsA := connect(t, s.ClientURL())
+	a = open(t, jsA, Config{Resync: resync})
+	_, js = connect(t, s.ClientURL())
+	b = open(t, js, Config{Resync: resync})
+	return s.ClientURL(), a, b, js
 }

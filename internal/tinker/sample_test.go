@@ -371,38 +371,30 @@ func (d *recDispatcher) Backoff(ctx context.Context, reason string, dur time.Dur
 	d.inner.Backoff(ctx, reason, dur)
 }
 
-// A submission the service did not take is released as not accepted: the worker's gate must
-// not count it as a sample the service holds (its capacity learning).
-func TestAsampleFailureIsReleasedAsNotAccepted(t *testing.T) {
-	f := newFake(t)
-	fc := newFakeClock()
-	d := &recDispatcher{inner: localDispatcher{clock: fc}, f: f}
-	f.push("asample", jsonReply(400, `{"detail":"bad prompt"}`))
-	c, _, _ := dial(t, f, func(cfg *Config) { cfg.Dispatcher = d; cfg.Timing.Clock = fc })
-	if _, err := sampler(t, c).Sample(testCtx(t), basicRequest()); err == nil {
-		t.Fatal("a 400 from asample ended in no error")
-	}
-	want := []string{"acquire 30", "wait", "release accepted=false polls=0"}
-	if !reflect.DeepEqual(d.log, want) {
-		t.Fatalf("dispatcher log %v, want %v", d.log, want)
-	}
-}
-
-// A 2xx whose body has no request_id is a protocol error, but the service took the sample
-// and runs it: it holds capacity, so it is released as accepted.
-func TestAsampleTakenWithoutRequestIDIsReleasedAsAccepted(t *testing.T) {
-	f := newFake(t)
-	fc := newFakeClock()
-	d := &recDispatcher{inner: localDispatcher{clock: fc}, f: f}
-	f.push("asample", jsonReply(200, `{}`))
-	c, _, _ := dial(t, f, func(cfg *Config) { cfg.Dispatcher = d; cfg.Timing.Clock = fc })
-	var pe *ProtocolError
-	if _, err := sampler(t, c).Sample(testCtx(t), basicRequest()); !errors.As(err, &pe) {
-		t.Fatalf("a 200 without request_id: %v, want a protocol error", err)
-	}
-	want := []string{"acquire 30", "wait", "release accepted=true polls=0"}
-	if !reflect.DeepEqual(d.log, want) {
-		t.Fatalf("dispatcher log %v, want %v", d.log, want)
+// The dispatcher's release says whether the service took the sample: the worker's gate
+// counts only those as held (its capacity learning). A 400 took nothing; a 2xx whose body has
+// no request_id is a protocol error, but the service runs the sample.
+func TestAsampleReleaseSaysWhetherTheServiceTookIt(t *testing.T) {
+	for _, c := range []struct {
+		status   int
+		body     string
+		accepted bool
+	}{
+		{400, `{"detail":"bad prompt"}`, false},
+		{200, `{}`, true},
+	} {
+		f := newFake(t)
+		fc := newFakeClock()
+		d := &recDispatcher{inner: localDispatcher{clock: fc}, f: f}
+		f.push("asample", jsonReply(c.status, c.body))
+		cl, _, _ := dial(t, f, func(cfg *Config) { cfg.Dispatcher = d; cfg.Timing.Clock = fc })
+		if _, err := sampler(t, cl).Sample(testCtx(t), basicRequest()); err == nil {
+			t.Fatalf("%d from asample ended in no error", c.status)
+		}
+		want := []string{"acquire 30", "wait", fmt.Sprintf("release accepted=%v polls=0", c.accepted)}
+		if !reflect.DeepEqual(d.log, want) {
+			t.Errorf("%d: dispatcher log %v, want %v", c.status, d.log, want)
+		}
 	}
 }
 
