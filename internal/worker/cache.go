@@ -327,12 +327,17 @@ func (b bucketCheck) read(ctx context.Context) (time.Time, error) {
 // bucketCheckEvery is how often rewatch reads when a watched bucket was created.
 const bucketCheckEvery = 10 * time.Second
 
-// bucketOf is the check of q's bucket named name, every bucketCheckEvery.
+// bucketOf is the check of q's bucket named name, every bucketCheckEvery: one request each
+// time, the bucket's handle being kept (a check is used by one goroutine, its rewatch).
 func bucketOf(q *queue.Queue, name string) bucketCheck {
+	var kv jetstream.KeyValue
 	return bucketCheck{every: bucketCheckEvery, created: func(ctx context.Context) (time.Time, error) {
-		kv, err := q.JS.KeyValue(ctx, name)
-		if err != nil {
-			return time.Time{}, err
+		if kv == nil {
+			var err error
+			if kv, err = q.JS.KeyValue(ctx, name); err != nil {
+				kv = nil
+				return time.Time{}, err
+			}
 		}
 		st, err := kv.Status(ctx)
 		if err != nil {
