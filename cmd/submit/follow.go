@@ -363,7 +363,17 @@ func (l *outputLine) ofBatch(path, batch string) error {
 // removeIfEmpty removes the file at path if it is empty: an output file that a run created
 // and then ended before writing to (the run was refused, or stopped first).
 func removeIfEmpty(path string) {
-	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	// Under the output's lock: another process may have opened the file since this one let
+	// it go, and writes to it now.
+	if !lockOutput(f) || !isPath(f, path) {
+		return
+	}
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
 		_ = os.Remove(path)
 	}
 }

@@ -125,19 +125,65 @@ func openOutput(path, batch string, seen map[queue.JobKey]bool, sum *summary) (o
 		return nil, false, fmt.Errorf("output %s is %s, not a regular file: results are appended to a file and read back to resume; name a file (-o), or print them with: submit results %s: %w",
 			path, fileKind(fi.Mode()), batch, errUsage)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, created, err := openLocked(path)
+	if err != nil {
+		return nil, false, err
+	}
+	out, err = readAndAppend(f, path, batch, seen, sum)
+	return out, created, err
+}
+
+// openLocked opens (or creates: created) the output file at path and locks it.
+func openLocked(path string) (f *os.File, created bool, err error) {
+	if f, created, err = openPath(path); err != nil {
+		return nil, false, err
+	}
+	return lockOpened(path, f, created)
+}
+
+// openPath opens the output file at path, creating it if there is none (created).
+func openPath(path string) (f *os.File, created bool, err error) {
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if created = err == nil; errors.Is(err, fs.ErrExist) {
 		f, err = os.OpenFile(path, os.O_RDWR, 0)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("output: %w", err)
 	}
-	if !lockOutput(f) {
+	return f, created, nil
+}
+
+// lockOpened locks f, the output file opened at path. The lock must be on the file the path
+// names: another process may have put a mended file in its place, or removed an empty one,
+// between the open and the lock; then it opens the path again.
+func lockOpened(path string, f *os.File, created bool) (*os.File, bool, error) {
+	for try := 0; ; try++ {
+		if !lockOutput(f) {
+			f.Close()
+			return nil, false, fmt.Errorf("output %s is being written by another submit: wait for it to end, or give another -o file: %w", path, errUsage)
+		}
+		if isPath(f, path) {
+			return f, created, nil
+		}
 		f.Close()
-		return nil, false, fmt.Errorf("output %s is being written by another submit: wait for it to end, or give another -o file: %w", path, errUsage)
+		if try == 2 {
+			return nil, false, fmt.Errorf("output %s keeps being replaced by another process: give another -o file: %w", path, errUsage)
+		}
+		var err error
+		if f, created, err = openPath(path); err != nil {
+			return nil, false, err
+		}
 	}
-	out, err = readAndAppend(f, path, batch, seen, sum)
-	return out, created, err
+}
+
+// isPath reports whether the open file f is the one path names now.
+func isPath(f *os.File, path string) bool {
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	now, err := os.Stat(path)
+	return err == nil && os.SameFile(fi, now)
 }
 
 // fileKind names the kind of file of a mode that is not a regular file's.

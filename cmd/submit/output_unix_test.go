@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,5 +169,69 @@ func TestAnOutputFileFollowedElsewhereIsRefused(t *testing.T) {
 	// Once the first has ended, the file is free again.
 	if _, stderr, err := f.submit(ctx, "results", "two", "-o", out); err != nil {
 		t.Fatalf("after the first ended: %v: %s", err, stderr)
+	}
+}
+
+// TestTheLockIsOnTheFileThePathNames: a process that opened the -o path just before another
+// mended it (a new file renamed into place, the old one closed and its lock let go) got the
+// old file's lock, took its cut stream for a crash's, and mended it over the other's file.
+// The lock now counts only on the file the path names, and the second is refused.
+func TestTheLockIsOnTheFileThePathNames(t *testing.T) {
+	t.Parallel()
+	const batch = "b-race"
+	line := func(i int) []byte {
+		return fmt.Appendf(nil, `{"custom_id":"r-%d","batch_id":%q,"status":"ok"}`+"\n", i, batch)
+	}
+	path := filepath.Join(t.TempDir(), "out.jsonl.zst")
+	var buf bytes.Buffer
+	zw := newCompressor(t, "zstd", &buf) // a stream a crash cut short: 2 lines, not ended
+	zw.Write(line(0))
+	zw.Write(line(1))
+	zw.Flush()
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	early, err := os.OpenFile(path, os.O_RDWR, 0) // the second process, before its lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := openOutput(path, batch, map[queue.JobKey]bool{}, &summary{}) // mends, writes on
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Write(line(2)); err != nil {
+		t.Fatal(err)
+	}
+	if f, _, err := lockOpened(path, early, false); !errors.Is(err, errUsage) {
+		if f != nil {
+			f.Close()
+		}
+		t.Fatalf("locking the file opened before the mend: %v, want it refused while the first writes", err)
+	}
+}
+
+// TestAnEmptyOutputIsRemovedOnlyUnderItsLock: a run that created -o and ended before its
+// first result removes it, but not once another process holds it: that one writes to it.
+func TestAnEmptyOutputIsRemovedOnlyUnderItsLock(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	a, created, err := openOutput(path, "b", map[queue.JobKey]bool{}, &summary{})
+	if err != nil || !created {
+		t.Fatal(err, created)
+	}
+	a.Close() // the first run let the file go
+	b, _, err := openOutput(path, "b", map[queue.JobKey]bool{}, &summary{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removeIfEmpty(path) // the first run's clean-up
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("removed while another process held it: %v", err)
+	}
+	b.Close()
+	removeIfEmpty(path)
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("an empty output nobody holds was kept: %v", err)
 	}
 }

@@ -675,6 +675,18 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		// (a store that cannot take the write) is the run's, or the batch would stay
 		// publishing for ever with the run taken for a success.
 		if cur, _, gerr := q.GetManifest(ctx, batch); gerr == nil && cur.Status != queue.BatchPublishing {
+			if cur.Status == queue.BatchCancelled && cur.SubmittedAt.IsZero() {
+				// Every job was stored before the cancel: say so, or a rerun would take the
+				// batch for one cancelled half published, and publish it all again.
+				if upd, uerr := q.UpdateManifest(ctx, batch, func(m *queue.Manifest) error {
+					if m.Status == queue.BatchCancelled && m.SubmittedAt.IsZero() {
+						m.SubmittedAt = time.Now().UTC()
+					}
+					return nil
+				}); uerr == nil {
+					cur = upd
+				}
+			}
 			return cur, false, nil
 		}
 		return m, false, err

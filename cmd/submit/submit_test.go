@@ -632,6 +632,49 @@ func TestACancelBeforeTheBatchWasAllPublishedGivesEveryJobALine(t *testing.T) {
 	}
 }
 
+// TestACancelDuringPublishingIsNotAHalfPublish: a cancel that lands while a submit publishes
+// makes the submit's last manifest write lose its race; the submit still published every job,
+// and says so in the cancelled manifest. Without that the rerun took the batch for one cancelled
+// half published, and published all of it again.
+func TestACancelDuringPublishingIsNotAHalfPublish(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := writeLines(t, jobLines(20000))
+	q := bind(t, f)
+	published := make(chan error, 1)
+	go func() {
+		_, stderr, err := f.submit(ctx, in, "--batch-id", "race")
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, stderr)
+		}
+		published <- err
+	}()
+	for { // cancel while it publishes
+		if m, _, err := q.GetManifest(ctx, "race"); err == nil && m.Status == queue.BatchPublishing {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, stderr, err := f.submit(ctx, "cancel", "race"); err != nil {
+		t.Fatalf("cancel: %v: %s", err, stderr)
+	}
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := q.GetManifest(ctx, "race")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Status != queue.BatchCancelled || m.SubmittedAt.IsZero() {
+		t.Fatalf("manifest %s, submitted at %v: want cancelled, and wholly published", m.Status, m.SubmittedAt)
+	}
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "race"); err != nil || !strings.Contains(stderr, "not publishing it again") {
+		t.Fatalf("the same command again: %v: %s", err, stderr)
+	}
+}
+
 func TestResubmittingTheSameFilesDoesNotDuplicateWork(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
