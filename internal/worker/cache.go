@@ -236,7 +236,10 @@ func rewatch(ctx context.Context, nc *nats.Conn, log *slog.Logger, what string, 
 				switch {
 				case rerr != nil || now.IsZero():
 				case created.IsZero():
-					created = now
+					// Unknown when the watch began (the bucket could not be read, or was not
+					// there): the watch may follow none, or an older one.
+					log.Debug(what + ": the bucket can be read now; watching it anew")
+					again = true
 				case !now.Equal(created):
 					log.Info(what + ": the bucket was made again; watching it from its start")
 					again = true
