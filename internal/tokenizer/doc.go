@@ -11,7 +11,8 @@
 //     no limit on a run of combining marks: normalize.go) and split by the pre-tokenizer
 //     pattern; the Qwen2, Llama 3 and o200k (gpt-oss) patterns, which need
 //     look-ahead or backtracking, run on hand-written scanners proved equal to
-//     the regex (regexp2 is the fallback for any other pattern);
+//     the regex (regexp2 is the fallback for any other pattern); both know the
+//     characters Unicode 16.0 added, as HF's regex engine does (category.go);
 //  3. each piece is merged by BPE rank, with a lock-free cache of pieces.
 //
 // Decode joins the tokens' bytes and replaces invalid UTF-8 as Rust's

@@ -62,6 +62,19 @@ func kindAt(s string, i int) (uint8, int) {
 	case unicode.IsSpace(r):
 		return kindSpace, n
 	}
+	switch cat := newerCategory(r); {
+	case cat == "":
+	case cat == "Ll":
+		return kindLower, n
+	case cat == "Lu" || cat == "Lt":
+		return kindUpper, n
+	case cat[0] == 'L':
+		return kindCaseless, n
+	case cat[0] == 'M':
+		return kindMark, n
+	case cat[0] == 'N':
+		return kindNumber, n
+	}
 	return kindOther, n
 }
 

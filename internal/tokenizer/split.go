@@ -72,6 +72,14 @@ func classAt(s string, i int) (uint8, int) {
 	case unicode.IsSpace(r):
 		return clsSpace, n
 	}
+	if cat := newerCategory(r); cat != "" {
+		switch cat[0] {
+		case 'L':
+			return clsLetter, n
+		case 'N':
+			return clsNumber, n
+		}
+	}
 	return clsOther, n
 }
 
@@ -230,7 +238,7 @@ type regexSplitter struct {
 }
 
 func newRegexSplitter(pattern string) (*regexSplitter, error) {
-	re, err := regexp2.Compile(pattern, regexp2.None)
+	re, err := regexp2.Compile(widenCategories(pattern), regexp2.None)
 	if err != nil {
 		return nil, fmt.Errorf("compile split pattern %q: %w", pattern, err)
 	}

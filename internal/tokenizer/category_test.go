@@ -1,0 +1,209 @@
+package tokenizer
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode"
+
+	"github.com/dlclark/regexp2"
+)
+
+// hfCategories reads testdata/tokenizer/hf-unicode-categories.txt: the general category HF's
+// regex engine gives each code point ("" for none).
+func hfCategories(t *testing.T) map[rune]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(testdataDir(t), "hf-unicode-categories.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cats := make(map[rune]string, 300_000)
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		var lo, hi rune
+		var cat string
+		if _, err := fmt.Sscanf(strings.Replace(sc.Text(), "..", " ", 1), "%x %x %s", &lo, &hi, &cat); err != nil {
+			t.Fatalf("hf-unicode-categories.txt line %d: %v", line, err)
+		}
+		for r := lo; r <= hi; r++ {
+			cats[r] = cat
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return cats
+}
+
+// goCategory returns the two-letter category Go's unicode tables give r, or "".
+func goCategory(r rune) string {
+	for name, table := range unicode.Categories {
+		if len(name) == 2 && name != "LC" && name != "Cn" && name != "Cs" && unicode.Is(table, r) {
+			return name
+		}
+	}
+	return ""
+}
+
+// eachCodePoint calls f with every code point but the surrogates.
+func eachCodePoint(f func(r rune)) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if r < 0xD800 || r > 0xDFFF {
+			f(r)
+		}
+	}
+}
+
+// TestCategoriesAreHFs: with newerCategories over Go's tables, every code point has the general
+// category HF's regex engine gives it, and the scanners' character classes follow.
+func TestCategoriesAreHFs(t *testing.T) {
+	if unicode.Version != "15.0.0" {
+		t.Fatalf("Go's unicode tables are %s, and newerCategories was derived against 15.0.0", unicode.Version)
+	}
+	hf := hfCategories(t)
+	var wrong []string
+	eachCodePoint(func(r rune) {
+		want := hf[r]
+		got := newerCategory(r)
+		if got == "" {
+			got = goCategory(r)
+		}
+		s := string(r)
+		cls, _ := classAt(s, 0)
+		kind, _ := kindAt(s, 0)
+		wantCls, wantKind := expectedClass(r, want)
+		if got != want || cls != wantCls || kind != wantKind {
+			wrong = append(wrong, fmt.Sprintf("U+%04X: category %q class %d kind %d, HF's %q class %d kind %d",
+				r, got, cls, kind, want, wantCls, wantKind))
+		}
+	})
+	if len(wrong) > 0 {
+		t.Errorf("%d code points differ from HF's categories, first %s", len(wrong), strings.Join(wrong[:min(len(wrong), 10)], "\n"))
+	}
+}
+
+// expectedClass returns the scanner class and the o200k kind of a character of category cat.
+func expectedClass(r rune, cat string) (cls, kind uint8) {
+	switch {
+	case r == '\r' || r == '\n':
+		return clsNewline, kindNewline
+	case unicode.IsSpace(r):
+		return clsSpace, kindSpace
+	case cat == "":
+		return clsOther, kindOther
+	case cat == "Ll":
+		return clsLetter, kindLower
+	case cat == "Lu" || cat == "Lt":
+		return clsLetter, kindUpper
+	case cat[0] == 'L':
+		return clsLetter, kindCaseless
+	case cat[0] == 'M':
+		return clsOther, kindMark
+	case cat[0] == 'N':
+		return clsNumber, kindNumber
+	}
+	return clsOther, kindOther
+}
+
+// TestWidenedCategoriesAreHFs: a Split pattern's \p{X} and \P{X}, which regexp2 reads from Go's
+// tables, hold what HF's hold; in a character class, as much as a class can (see
+// widenCategories).
+func TestWidenedCategoriesAreHFs(t *testing.T) {
+	hf := hfCategories(t)
+	// Every character newerCategories names and its neighbours, and a sample of the rest.
+	var probe []rune
+	for _, c := range newerCategories {
+		for r := c.lo - 1; r <= c.hi+1; r++ {
+			probe = append(probe, r)
+		}
+	}
+	eachCodePoint(func(r rune) {
+		if r%97 == 0 {
+			probe = append(probe, r)
+		}
+	})
+	names := []string{"L", "Lu", "Ll", "Lt", "Lm", "Lo", "LC", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No",
+		"P", "Pd", "Po", "Ps", "S", "Sm", "So", "Sk", "Z", "Zs", "C", "Cc", "Cf", "Co", "Cn"}
+	for _, name := range names {
+		inHF := func(r rune) bool {
+			if cat, ok := hf[r]; ok {
+				return inCategory(cat, name)
+			}
+			return name == "C" || name == "Cn" // HF's \p{C} holds the unassigned, as Go's does
+		}
+		inGo := func(r rune) bool { return unicode.Is(unicode.Categories[name], r) }
+		for _, form := range []struct {
+			pattern string
+			want    func(r rune) bool
+		}{
+			{`\p{` + name + `}`, inHF},
+			{`\P{` + name + `}`, func(r rune) bool { return !inHF(r) }},
+			// In a class, what HF's tables take out of a category stays in it (U+1171E in
+			// [\p{Mn}], the new characters in [\p{C}]), and HF's new characters stay in [\P{X}].
+			{`[\p{` + name + `}]`, func(r rune) bool { return inHF(r) || inGo(r) }},
+			{`[^\P{` + name + `}]`, func(r rune) bool { return inHF(r) && inGo(r) }},
+		} {
+			re := regexp2.MustCompile(`^`+widenCategories(form.pattern)+`$`, regexp2.None)
+			bad := 0
+			for _, r := range probe {
+				if r < 0 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
+					continue
+				}
+				got, err := re.MatchString(string(r))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := form.want(r); got != want {
+					if bad++; bad <= 3 {
+						t.Errorf("%s matches U+%04X (HF's %q): %v, want %v", form.pattern, r, hf[r], got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestWidenCategoriesReadsThePattern: the rewrite tells escapes, classes, a ']' first in a
+// class and a subtraction apart, so each category is widened where it stands and nothing else
+// changes. U+10D4A is a letter HF knows and Go's tables do not.
+func TestWidenCategoriesReadsThePattern(t *testing.T) {
+	const garay = "\U00010D4A"
+	for _, c := range []struct {
+		pattern string
+		text    string
+		want    bool
+	}{
+		{`^\p{L}$`, garay, true},
+		{`^\P{L}$`, garay, false},
+		{`^\\p{L}$`, `\p{L}`, true}, // an escaped backslash, then text
+		{`^\\p{L}$`, garay, false},
+		{`^[]\p{L}]$`, garay, true}, // ']' first in a class is a character
+		{`^[]\p{L}]$`, "]", true},
+		{`^[^]\p{L}]$`, garay, false},
+		{`^[^]\p{L}]$`, "x", false},
+		{`^[^]\p{L}]$`, "1", true},
+		{`^[\]\p{L}]$`, garay, true},
+		{`^[\d-[\p{L}]]$`, "1", true}, // a subtraction: digits but not letters
+		{`^[\p{N}\p{L}-[\p{L}]]$`, garay, false},
+		{`^[a\-[\p{L}]\p{L}$`, "[" + garay, true}, // an escaped '-' is no subtraction: '[' is a character
+		{`^[a\-[\p{L}]\p{L}$`, garay + garay, true},
+		{`^\p{Greek}$`, "α", true}, // scripts stay as they are
+		{`^[^\r\n\p{L}\p{N}]?\p{L}+$`, " " + garay + garay, true},
+	} {
+		re, err := regexp2.Compile(widenCategories(c.pattern), regexp2.None)
+		if err != nil {
+			t.Errorf("%s: %v", c.pattern, err)
+			continue
+		}
+		if got, _ := re.MatchString(c.text); got != c.want {
+			t.Errorf("%s matches %q: %v, want %v", c.pattern, c.text, got, c.want)
+		}
+	}
+	if got := widenCategories(`\p{Zs}\s+(?!\S)`); got != `\p{Zs}\s+(?!\S)` {
+		t.Errorf("a pattern with no category HF's tables change was rewritten to %q", got)
+	}
+}
