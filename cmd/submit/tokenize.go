@@ -232,9 +232,6 @@ func renderJob(ctx context.Context, j jobs.Job, line int, model string, fixed *t
 	if err != nil {
 		return renderedJob{}, fmt.Errorf("stdin:%d: %w", line, err)
 	}
-	stop := j.Params.Stop // as the worker sends it: the template's stop tokens only without one
-	if stop.IsZero() {
-		stop = jobs.Stop{TokenIDs: stops}
-	}
+	stop := worker.SampleStop(j.Params.Stop, stops, tok) // as the worker sends it
 	return renderedJob{CustomID: j.CustomID, PromptTokens: ids, Prompt: tok.Decode(ids), Stop: stop}, nil
 }

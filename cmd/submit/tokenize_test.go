@@ -124,14 +124,15 @@ func TestTokenizeErrors(t *testing.T) {
 
 // TestTokenizeJobsPrintsThePromptAWorkerSends: --jobs renders each job line as a worker
 // would, whatever its format: a chat with its template (thinking as the job says), a text
-// prompt encoded, ids as given; the stop is the job's own, else the template's. A
-// checkpoint's job needs --model for its base model.
+// prompt encoded, ids as given; the stop is the job's own with the template's stop tokens
+// beside it (as text beside strings). A checkpoint's job needs --model for its base model.
 func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
 	t.Setenv("HF_HUB_OFFLINE", "1") // Qwen3's tokenizer is built in
 	lines := strings.Join([]string{
 		`{"custom_id":"chat","model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}]}`,
 		`{"custom_id":"think","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":true},"stop":"\n"}}`,
-		`{"custom_id":"text","model":"Qwen/Qwen3-8B","prompt":"Hello, world!"}`,
+		`{"custom_id":"stop-ids","model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"thinking":true,"sampling_params":{"stop":[13,151645]}}`,
+		`{"custom_id":"text","model":"Qwen/Qwen3-8B","prompt":"Hello, world!","sampling_params":{"stop":["."]}}`,
 		`{"custom_id":"ids","model_path":"tinker://run/sampler_weights/1","prompt_tokens":[9707,11]}`,
 	}, "\n")
 	got, err := runTok(t, lines, "--jobs", "--model", "Qwen/Qwen3-8B")
@@ -139,8 +140,9 @@ func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"custom_id":"chat","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198,151667,271,151668,271],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n","stop":[151645,151643]}
-{"custom_id":"think","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n","stop":["\n"]}
-{"custom_id":"text","prompt_tokens":[9707,11,1879,0],"prompt":"Hello, world!"}
+{"custom_id":"think","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n","stop":["\n","<|im_end|>","<|endoftext|>"]}
+{"custom_id":"stop-ids","prompt_tokens":[151644,872,198,13048,151645,198,151644,77091,198],"prompt":"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n","stop":[13,151645,151643]}
+{"custom_id":"text","prompt_tokens":[9707,11,1879,0],"prompt":"Hello, world!","stop":["."]}
 {"custom_id":"ids","prompt_tokens":[9707,11],"prompt":"Hello,"}
 `
 	if got != want {
@@ -152,15 +154,15 @@ func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
 		`{"custom_id":"after","model":"Qwen/Qwen3-8B","prompt":"Hello, world!"}`
 	var out, errb bytes.Buffer
 	err = runTokenize(context.Background(), []string{"--jobs"}, strings.NewReader(bad), &out, &errb)
-	if err == nil || err.Error() != "tokenize: 2 of 6 job lines could not be rendered (named above)" {
+	if err == nil || err.Error() != "tokenize: 2 of 7 job lines could not be rendered (named above)" {
 		t.Errorf("bad lines: %v, want them counted", err)
 	}
-	wantErr := "tokenize: stdin:4: job \"ids\" names a checkpoint (model_path): give its base model with --model\n" +
-		"tokenize: stdin:5: field colour: unknown field\n"
+	wantErr := "tokenize: stdin:5: job \"ids\" names a checkpoint (model_path): give its base model with --model\n" +
+		"tokenize: stdin:6: field colour: unknown field\n"
 	if errb.String() != wantErr {
 		t.Errorf("stderr:\n%s\nwant:\n%s", errb.String(), wantErr)
 	}
-	if got, want := strings.Count(out.String(), "\n"), 4; got != want || !strings.Contains(out.String(), `"custom_id":"after"`) {
+	if got, want := strings.Count(out.String(), "\n"), 5; got != want || !strings.Contains(out.String(), `"custom_id":"after"`) {
 		t.Errorf("stdout holds %d lines, want the %d good ones, the last after the bad:\n%s", got, want, out.String())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -390,9 +391,8 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		return outcome{result: &res, settle: settleTerm}
 	}
 	params := toTinkerParams(job.Params)
-	if params.Stop.Strings == nil && params.Stop.Tokens == nil {
-		params.Stop.Tokens = stops
-	}
+	stop := SampleStop(job.Params.Stop, stops, tok)
+	params.Stop = tinker.Stop{Strings: stop.Strings, Tokens: stop.TokenIDs}
 	if maxCtx, err := w.models.maxContext(ctx, baseModel); err == nil && maxCtx > 0 {
 		want := len(prompt)
 		if job.Params.MaxTokens != nil {
@@ -606,6 +606,35 @@ func PromptTokens(job jobs.Job, baseModel string, tok *tokenizer.Tokenizer) (ids
 	default:
 		return tok.EncodeAddingSpecialTokens(job.Prompt), nil, nil
 	}
+}
+
+// SampleStop returns the stop condition a job is sampled with: its own stop strings or token
+// ids, with the stop tokens of its chat template (templateStops, from PromptTokens) beside
+// them. A chat's turn ends at its end-of-turn token whatever else the job stops at, as an
+// OpenAI or vLLM stop adds to the end of the turn; a job's "stop": ["\n\n"] had replaced
+// them, and the sample ran on past <|im_end|> into turns nobody asked for. The request takes
+// strings or ids, not both (wire protocol T2), so beside strings the template's tokens go as
+// their text, as §3.6's example sends "<|im_end|>".
+func SampleStop(own jobs.Stop, templateStops []int, tok *tokenizer.Tokenizer) jobs.Stop {
+	switch {
+	case len(templateStops) == 0:
+		return own
+	case len(own.Strings) > 0:
+		stop := jobs.Stop{Strings: slices.Clone(own.Strings)}
+		for _, id := range templateStops {
+			if text := tok.Decode([]int{id}); text != "" && !slices.Contains(stop.Strings, text) {
+				stop.Strings = append(stop.Strings, text)
+			}
+		}
+		return stop
+	}
+	stop := jobs.Stop{TokenIDs: slices.Clone(own.TokenIDs)}
+	for _, id := range templateStops {
+		if !slices.Contains(stop.TokenIDs, id) {
+			stop.TokenIDs = append(stop.TokenIDs, id)
+		}
+	}
+	return stop
 }
 
 // encodeResult encodes res into s.buf and fills s.result with the message that stores it;

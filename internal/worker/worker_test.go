@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -300,6 +302,62 @@ func TestATextPromptGetsItsTokenizersSpecialTokens(t *testing.T) {
 	}
 	if r := res["ids"]; r.Status != jobs.StatusOK || r.Usage.PromptTokens != 4 {
 		t.Errorf("prompt_tokens: %+v, want the 4 given", r)
+	}
+}
+
+// TestAChatStopsAtItsTurnsEndBesideTheJobsOwnStop: a chat job's own stop is sent with its
+// template's stop tokens beside it (their text beside stop strings), so a job's "stop":
+// ["\n\n"] no longer lets the sample run past <|im_end|>; a text prompt's stop is its own.
+func TestAChatStopsAtItsTurnsEndBesideTheJobsOwnStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	var mu sync.Mutex
+	var sent []string // the sampling_params.stop of each asample the simulator got
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/asample") {
+			body, _ := io.ReadAll(r.Body)
+			var req struct {
+				SamplingParams struct {
+					Stop json.RawMessage `json:"stop"`
+				} `json:"sampling_params"`
+			}
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Errorf("asample body: %v", err)
+			}
+			mu.Lock()
+			sent = append(sent, string(req.SamplingParams.Stop))
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		b.sim.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	b.simURL = proxy.URL
+	w := b.open(t, b.connect(t), Config{})
+	run(t, w)
+
+	chat := []jobs.Message{{Role: "user", Content: "Hi"}}
+	publishJobs(t, b.results, "stops", []jobs.Job{
+		{CustomID: "strings", Model: "Qwen/Qwen3-8B", Messages: chat, NumSamples: 1,
+			Params: jobs.SamplingParams{Stop: jobs.Stop{Strings: []string{"\n\n"}}}},
+		{CustomID: "ids", Model: "Qwen/Qwen3-8B", Messages: chat, NumSamples: 1,
+			Params: jobs.SamplingParams{Stop: jobs.Stop{TokenIDs: []int{13, 151645}}}},
+		{CustomID: "none", Model: "Qwen/Qwen3-8B", Messages: chat, NumSamples: 1},
+		{CustomID: "text", Model: "Qwen/Qwen3-8B", Prompt: "Hi", NumSamples: 1,
+			Params: jobs.SamplingParams{Stop: jobs.Stop{Strings: []string{"."}}}},
+	})
+	res := waitResults(t, b.results, "stops", 4, 30*time.Second)
+	for id, r := range res {
+		if r.Status != jobs.StatusOK {
+			t.Fatalf("%s: %+v", id, r)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(sent)
+	want := []string{`["."]`, `["\n\n","<|im_end|>","<|endoftext|>"]`, `[13,151645,151643]`, `[151645,151643]`}
+	if !slices.Equal(sent, want) {
+		t.Errorf("stops sent %q, want %q", sent, want)
 	}
 }
 
