@@ -33,7 +33,8 @@
 //
 // # Result lines
 //
-// Result is one line of output (schemas/result.schema.json): status ok, error or cancelled, the
+// Result is one line of output (schemas/result.schema.json; AppendOpenAI writes it in the OpenAI
+// Batch output format, schemas/openai-result.schema.json): status ok, error or cancelled, the
 // samples with their tokens and logprobs, prompt logprobs when asked, usage, and for failures a
 // ResultError with a Code*, a category (§7.2) and whether a retry may help. NewResult,
 // ErrorResult, CancelledResult and InvalidJobResult fill in the job's identity and metadata.

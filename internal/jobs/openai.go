@@ -108,12 +108,17 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 		metadata, bestOf, templateArgs, effort []byte
 	var seen [32][]byte // keys so far, for duplicate detection (bodies have a handful of keys)
 	nseen := 0
+	var more map[string]bool // keys past the 32nd (null fields a client writes for every key)
 	endpoint := URLCompletions
 	other := URLChatCompletions
 	if chat {
 		endpoint, other = URLChatCompletions, URLCompletions
 	}
-	wrongEndpoint := func(k []byte) *FieldError {
+	// A field of the other endpoint is refused, unless it is null, which asks for nothing.
+	wrongEndpoint := func(k, v []byte) *FieldError {
+		if isNull(v) {
+			return nil
+		}
 		return fieldErr("body."+string(k), "is not valid for "+endpoint+" (it belongs to "+other+")")
 	}
 	it := newObjIter(body)
@@ -123,9 +128,17 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 				return j, dupKey("body." + string(k))
 			}
 		}
-		if nseen < len(seen) {
+		switch {
+		case more[string(k)]:
+			return j, dupKey("body." + string(k))
+		case nseen < len(seen):
 			seen[nseen] = k
 			nseen++
+		default:
+			if more == nil {
+				more = make(map[string]bool)
+			}
+			more[string(k)] = true
 		}
 		var fe *FieldError
 		switch string(k) {
@@ -133,19 +146,22 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			model = v
 		case "prompt":
 			if chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			prompt = v
 		case "messages":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			messages = v
 		case "max_tokens":
 			maxTokens = v
 		case "max_completion_tokens":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			maxCompletion = v
 		case "temperature":
@@ -174,7 +190,8 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			}
 		case "top_logprobs":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			fe = defaultOnly(v, k, isZeroNumber, "0 (per-token top alternatives are not returned)")
 		case "stream":
@@ -185,32 +202,38 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			fe = defaultOnly(v, k, isEmptyObject, "{} (Tinker has no logit bias)")
 		case "echo":
 			if chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			fe = defaultOnly(v, k, isFalse, "false (use the native prompt_logprobs instead)")
 		case "suffix":
 			if chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			fe = defaultOnly(v, k, isEmptyString, `"" (Tinker has no insertion mode)`)
 		case "best_of":
 			if chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			bestOf = v
 		case "chat_template_kwargs":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			templateArgs = v
 		case "reasoning_effort":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			effort = v
 		case "response_format":
 			if !chat {
-				return j, wrongEndpoint(k)
+				fe = wrongEndpoint(k, v)
+				break
 			}
 			fe = defaultOnly(v, k, isTextFormat, `{"type": "text"} (structured output is not supported)`)
 		default:
@@ -254,7 +277,7 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			}
 		}
 		if present(effort) {
-			if j.ReasoningEffort, fe = getString(effort, "body.reasoning_effort"); fe != nil {
+			if j.ReasoningEffort, fe = getEffort(effort, "body.reasoning_effort"); fe != nil {
 				return j, fe
 			}
 		}

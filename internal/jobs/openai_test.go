@@ -72,6 +72,17 @@ func TestOpenAIMapping(t *testing.T) {
 			},
 		},
 		{
+			name: "the other endpoint's fields as null, which a client that writes every field writes",
+			line: `{"custom_id":"c10","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"prompt":null,"echo":null,"suffix":null,"best_of":null}}`,
+			want: Job{CustomID: "c10", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, NumSamples: 1},
+		},
+		{
+			name: "a completion with the chat endpoint's fields as null",
+			line: `{"custom_id":"p2","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","messages":null,"max_completion_tokens":null,"top_logprobs":null,"chat_template_kwargs":null,"reasoning_effort":null,"response_format":null}}`,
+			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1},
+		},
+		{
 			name: "completions top_k 0, vLLM's no limit",
 			line: `{"custom_id":"p0","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","top_k":0}}`,
 			want: Job{CustomID: "p0", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1,

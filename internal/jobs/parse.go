@@ -155,6 +155,16 @@ func int64Ptr(v []byte, path string) (*int64, *FieldError) {
 	return &n, nil
 }
 
+// getEffort reads a reasoning effort: a string that Validate checks, but not "", which Validate
+// would read as absent (medium) where the line asked for something else.
+func getEffort(v []byte, path string) (string, *FieldError) {
+	effort, fe := getString(v, path)
+	if fe == nil && effort == "" {
+		fe = fieldErr(path, `must be low, medium or high, not ""`)
+	}
+	return effort, fe
+}
+
 // dupKey and unknownKey are the two errors of a key walk.
 func dupKey(path string) *FieldError { return fieldErr(path, "appears more than once") }
 
@@ -273,7 +283,7 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 		}
 	}
 	if present(r.effort) {
-		if j.ReasoningEffort, fe = getString(r.effort, "reasoning_effort"); fe != nil {
+		if j.ReasoningEffort, fe = getEffort(r.effort, "reasoning_effort"); fe != nil {
 			return Job{}, fe
 		}
 	}
