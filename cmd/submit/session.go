@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ func (o *connOptions) register(s *envflag.Set) {
 	s.Bool(&o.verbose, "v", "TINKERFLEET_VERBOSE", false, "log what the embedded worker does")
 }
 
+// simulatedDataDir is where submit --local --simulate keeps its store: a directory of its own
+// in the data directory, so that no simulated batch is taken for a real one.
+func simulatedDataDir(dataDir string) string { return filepath.Join(dataDir, "simulated") }
+
 // localOptions say how submit --local samples.
 type localOptions struct {
 	simulate     bool
@@ -50,7 +55,7 @@ type localOptions struct {
 }
 
 func (o *localOptions) register(s *envflag.Set) {
-	s.Bool(&o.simulate, "simulate", "TINKERFLEET_SIMULATE", false, "with --local, sample on an in-process Tinker simulator instead of the real service")
+	s.Bool(&o.simulate, "simulate", "TINKERFLEET_SIMULATE", false, "with --local, sample on an in-process Tinker simulator instead of the real service (its batches are kept apart, in the data directory's simulated/)")
 	s.PositiveInt(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs the local worker works on at once")
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL of the local worker (default the production service)")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model")

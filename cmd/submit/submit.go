@@ -189,12 +189,19 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		}()
 	}
 
+	local := o.conn.conn.URL == "" || o.conn.local
+	if local && o.local.simulate {
+		// Simulated batches live apart from real ones. The batch id is the input's digest, so
+		// in one store the real run of a file tried first with --simulate took the simulated
+		// batch for done and wrote the simulator's text as its results; and either run's
+		// local worker would have sampled the other's unfinished jobs.
+		o.conn.dataDir = simulatedDataDir(o.conn.dataDir)
+	}
 	sess, err := openSession(ctx, o.conn, env, false)
 	if err != nil {
 		return err
 	}
 	defer sess.close()
-	local := o.conn.conn.URL == "" || o.conn.local
 	// Following the results ends when the local worker stops by itself: nothing else would
 	// bring them.
 	followCtx, workerStopped := context.WithCancelCause(ctx)

@@ -939,6 +939,32 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	wantResults(t, out, 21, "ok") // the 21 example lines
 }
 
+// TestARealRunAfterASimulatedOneSamplesAgain: the README's first command samples on the
+// simulator; the same command without --simulate must sample on the service, not take the
+// simulated batch (same input, same batch id) for done and write the simulator's text as its
+// results. Simulated batches keep a store of their own.
+func TestARealRunAfterASimulatedOneSamplesAgain(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	quiet := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	simulated := filepath.Join(dir, "simulated.jsonl")
+	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", simulated}, quiet); err != nil {
+		t.Fatal(err)
+	}
+	service, url := fleettest.Sim(t, tinkersim.Config{})
+	real := *quiet
+	real.getenv = tinkerAt(url)
+	out := filepath.Join(dir, "results.jsonl")
+	if err := run(context.Background(), []string{"--local", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", out}, &real); err != nil {
+		t.Fatal(err)
+	}
+	wantResults(t, out, 21, "ok")
+	if got := service.Stats().SamplesCompleted; got < 21 {
+		t.Fatalf("the service sampled %d times for 21 jobs: the real run took the simulated results", got)
+	}
+}
+
 // TestARefusedRunLeavesNoEmptyOutputFile: submit creates the -o file before publishing, to
 // know it can write it; a run refused after that (here: a local run without a Tinker key)
 // removes it again, a compressed one included (no empty stream is written to it), and leaves
@@ -1112,7 +1138,7 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 		t.Fatalf("interrupted run: %v", err)
 	}
 
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: simulatedDataDir(data), Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1167,6 +1193,9 @@ func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
 	ctx := context.Background()
 
 	// The running local run: its embedded server holds the data directory; no worker samples.
+	// It is a --simulate run's, as the second submit below is.
+	dataArg := data
+	data = simulatedDataDir(data)
 	host, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -1187,7 +1216,7 @@ func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
 	if err := run(ctx, []string{"list", "--data-dir", data}, env); err != nil {
 		t.Fatalf("list beside the running run: %v", err)
 	}
-	err = run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", in, "-o", out}, env)
+	err = run(ctx, []string{"--local", "--simulate", "--data-dir", dataArg, "--progress", "none", in, "-o", out}, env)
 	if err == nil || !strings.Contains(err.Error(), "is in use by another process") || !strings.Contains(err.Error(), "meanwhile submit status") {
 		t.Fatalf("a second local run on the data directory: %v", err)
 	}
@@ -1266,6 +1295,7 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	in := writeLines(t, jobLines(n))
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	args := []string{"--data-dir", data, "--batch-id", "b-killed", "--ack-wait", "10m", "--progress", "none", in}
+	data = simulatedDataDir(data) // the rerun below is a --simulate run
 
 	// The killed run: the batch published, its jobs delivered to a worker that dies with them.
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
@@ -1630,7 +1660,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	}
 	var list bytes.Buffer
 	listEnv := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &list, stderr: io.Discard}
-	if err := run(context.Background(), []string{"list", "--local", "--data-dir", filepath.Join(dir, "data")}, listEnv); err != nil {
+	if err := run(context.Background(), []string{"list", "--local", "--data-dir", simulatedDataDir(filepath.Join(dir, "data"))}, listEnv); err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(list.String(), "\nb-"); n != 1 {
@@ -1641,7 +1671,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 		t.Fatalf("a directory as the output: %v", err)
 	}
 	list.Reset()
-	if err := run(context.Background(), []string{"list", "--local", "--data-dir", filepath.Join(dir, "data")}, listEnv); err != nil {
+	if err := run(context.Background(), []string{"list", "--local", "--data-dir", simulatedDataDir(filepath.Join(dir, "data"))}, listEnv); err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(list.String(), "\nb-"); n != 1 {
