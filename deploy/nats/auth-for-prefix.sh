@@ -6,7 +6,11 @@
 # The names follow internal/queue/names.go: streams take the prefix upper-cased with '-' as
 # '_', buckets the prefix with '-' as '_', subjects the prefix as it is.
 #
-#   deploy/nats/auth-for-prefix.sh acme-ml > deploy/nats/auth.conf
+#   deploy/nats/auth-for-prefix.sh acme-ml > auth.new && mv auth.new deploy/nats/auth.conf
+#
+# Not "> deploy/nats/auth.conf": the shell empties that file before the script reads it, and a
+# server given an empty auth.conf starts with no users at all. The script refuses to write into
+# the file it reads, and refuses an empty one.
 #
 # internal/cluster's TestNATSConfigPermissions runs a fleet under the output for a prefix
 # other than the default.
@@ -20,6 +24,14 @@ conf=${2:-"$(dirname "$0")/auth.conf"}
 if ! [[ $prefix =~ ^[a-z][a-z0-9_-]{0,31}$ ]]; then
 	echo "$0: prefix \"$prefix\" must match ^[a-z][a-z0-9_-]{0,31}\$ (as --prefix)" >&2
 	exit 2
+fi
+if [ /dev/stdout -ef "$conf" ]; then
+	echo "$0: the output is $conf, the file it reads, which the shell has just emptied: restore it (git checkout $conf), then write to a new file and move it" >&2
+	exit 1
+fi
+if ! grep -q 'authorization' "$conf"; then
+	echo "$0: $conf holds no authorization block (is it empty?): restore it from git" >&2
+	exit 1
 fi
 stem=$(printf '%s' "$prefix" | tr 'a-z-' 'A-Z_')  # stream names
 bucket=$(printf '%s' "$prefix" | tr '-' '_')       # bucket names

@@ -353,3 +353,31 @@ func testNATSConfigPermissions(t *testing.T, prefix string) {
 		t.Errorf("dead stream after admin deleted it: %v", err)
 	}
 }
+
+// TestAuthForPrefixRefusesToWriteTheFileItReads: "auth-for-prefix.sh P > auth.conf" empties
+// auth.conf before the script reads it, and a server loads an empty auth.conf as no users at
+// all. The script fails then, naming the file, as it does on any auth.conf without users.
+func TestAuthForPrefixRefusesToWriteTheFileItReads(t *testing.T) {
+	t.Parallel()
+	script, err := filepath.Abs(filepath.Join("..", "..", "deploy", "nats", "auth-for-prefix.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "nats", "auth.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(t.TempDir(), "auth.conf")
+	if err := os.WriteFile(conf, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("bash", "-c", `"$0" acme-ml "$1" > "$1"`, script, conf).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "the file it reads") {
+		t.Fatalf("writing into its input: %v, %s", err, out)
+	}
+	// The file is now empty, as the shell left it: a second run on it fails too.
+	out, err = exec.Command("bash", script, "acme-ml", conf).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "holds no authorization block") {
+		t.Fatalf("an empty auth.conf: %v, %s", err, out)
+	}
+}
