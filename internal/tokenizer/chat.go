@@ -307,7 +307,8 @@ func (r *llama3Renderer) Render(msgs []Message) ([]int, error) {
 // one that gets the header), "<｜tool▁output▁begin｜>" + content +
 // "<｜tool▁output▁end｜>", and after a last user turn the generation prompt
 // "<｜Assistant｜>" + "</think>" (thinking off) or "<think>" (on). The think
-// tags are written as text, which V3.1's tokenizer reads as its added tokens.
+// tags are written as text, which V3.1's tokenizer reads as its added tokens. A chat must end
+// with a user or tool message: after an assistant's the template opens no new turn.
 type deepseekV31Renderer struct {
 	tok                       *Tokenizer
 	bos, eos, user, assistant int
@@ -344,8 +345,12 @@ func (r *deepseekV31Renderer) Render(msgs []Message) ([]int, error) {
 	if len(system) > 0 {
 		p.text(strings.Join(system, "\n\n"))
 	}
-	afterUser, afterTool := false, false
+	afterUser, afterTool, afterAssistant, turns := false, false, false, 0
 	for i, m := range msgs {
+		if m.Role != "system" {
+			turns++
+			afterAssistant = m.Role == "assistant"
+		}
 		switch m.Role {
 		case "system":
 		case "user":
@@ -374,6 +379,15 @@ func (r *deepseekV31Renderer) Render(msgs []Message) ([]int, error) {
 		default:
 			return nil, fmt.Errorf("deepseek_v3.1 render: message %d has unknown role %q (want system, user, assistant or tool)", i, m.Role)
 		}
+	}
+	// The template opens an assistant turn only after a user's: a chat that ends with an
+	// assistant's turn ends at <｜end▁of▁sentence｜>, the stop token, and one of system
+	// messages alone has no turn; either would be sampled past its end.
+	switch {
+	case turns == 0:
+		return nil, fmt.Errorf("deepseek_v3.1 render: the chat has system messages only; its template samples after a user or tool message")
+	case afterAssistant:
+		return nil, fmt.Errorf("deepseek_v3.1 render: the chat ends with an assistant message, which its template closes with <｜end▁of▁sentence｜> and answers with no new turn; end it with a user or tool message")
 	}
 	if afterUser {
 		p.special(r.assistant)

@@ -254,6 +254,17 @@ func TestDeepSeekV31RenderMatchesTemplateText(t *testing.T) {
 	if _, err := r.Render([]Message{{Role: "robot", Content: "x"}}); err == nil {
 		t.Error("unknown role accepted")
 	}
+	// The template opens no turn after an assistant's: such a prompt ends with the stop token
+	// <｜end▁of▁sentence｜>, and would be sampled past it. Nor is there a turn in system
+	// messages alone.
+	for _, chat := range [][]Message{
+		{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Hello"}},
+		{{Role: "system", Content: "Be brief."}},
+	} {
+		if got, err := r.Render(chat); err == nil || !strings.Contains(err.Error(), "user or tool message") {
+			t.Errorf("%d messages, the last %s's: %v, %v; want an error", len(chat), chat[len(chat)-1].Role, got, err)
+		}
+	}
 }
 
 // TestGptOssRenderMatchesTemplateText checks the renderer against gpt-oss's chat template
