@@ -37,7 +37,7 @@ type inProcess struct {
 
 func (o *progressOptions) register(s *envflag.Set) {
 	s.String(&o.mode, "progress", "TINKERFLEET_PROGRESS", "auto", "auto (a bar on a terminal, lines otherwise), bar, lines or none")
-	s.Duration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal, and without a result before progress says why")
+	s.PositiveDuration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal, and without a result before progress says why")
 }
 
 // check reports a --progress value that is not one of the four.

@@ -66,7 +66,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (.zst, .gz: compressed; implies --wait)")
-	s.Duration(&o.storeWait, "store-wait", "TINKERFLEET_STORE_WAIT", 15*time.Second,
+	s.PositiveDuration(&o.storeWait, "store-wait", "TINKERFLEET_STORE_WAIT", 15*time.Second,
 		"how long publishing waits for a NATS server that cannot store jobs (a stream leader election; workers freeing room) before it stops")
 	registerResultFormat(s, &o.format)
 	if err := s.Err(); err != nil {

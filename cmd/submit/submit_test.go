@@ -913,6 +913,19 @@ func TestCancellingADoneBatchChangesNothing(t *testing.T) {
 	}
 }
 
+// TestZeroDurationsAreRefused: a 0 is refused rather than read as "at once": --progress-interval
+// 0 printed a line for every result, and --store-wait 0 gave up on the first full stream.
+func TestZeroDurationsAreRefused(t *testing.T) {
+	t.Parallel()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	for _, flag := range []string{"--progress-interval", "--store-wait"} {
+		err := run(context.Background(), []string{"--dry-run", flag, "0s", "../../examples/prompts.jsonl"}, env)
+		if err == nil || !strings.Contains(err.Error(), flag[1:]+": must be a positive duration") {
+			t.Errorf("%s 0s: %v", flag, err)
+		}
+	}
+}
+
 func TestSubcommandAfterFlagsGetsAHint(t *testing.T) {
 	t.Parallel()
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}

@@ -83,7 +83,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.Bool(&o.embedded, "embedded-nats", "TINKERFLEET_EMBEDDED_NATS", false, "serve an embedded NATS server with JetStream in --data-dir")
 	s.String(&o.dataDir, "data-dir", "TINKERFLEET_DATA_DIR", ".tinkerfleet", "JetStream store of the embedded server")
 	s.String(&o.embeddedHost, "embedded-host", "TINKERFLEET_EMBEDDED_HOST", "127.0.0.1", "address the embedded server listens on")
-	s.Int(&o.embeddedPort, "embedded-port", "TINKERFLEET_EMBEDDED_PORT", 4222, "port of the embedded server")
+	s.NonZeroInt(&o.embeddedPort, "embedded-port", "TINKERFLEET_EMBEDDED_PORT", 4222, "port of the embedded server (-1: any free port)")
 	s.String(&o.baseURL, "tinker-base-url", "TINKER_BASE_URL", "", "Tinker service URL (default the production service)")
 	s.PositiveInt(&o.concurrency, "concurrency", "TINKERFLEET_CONCURRENCY", 400, "jobs this worker works on at once, polling included")
 	s.String(&o.metricsAddr, "metrics-addr", "TINKERFLEET_METRICS_ADDR", ":9464", "address of /metrics, /healthz and /readyz; off (or an empty flag) serves none")

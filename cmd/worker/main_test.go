@@ -53,6 +53,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_RESULTS_MAX_AGE": "0"}, "TINKERFLEET_RESULTS_MAX_AGE"},
 		{[]string{"--embedded-nats", "--results-max-age", "0s"}, nil, "-results-max-age: must be a positive duration"},
 		{[]string{"--embedded-nats", "--max-deliver", "0"}, nil, "-max-deliver: must not be 0"},
+		{[]string{"--embedded-nats", "--embedded-port", "0"}, nil, "-embedded-port: must not be 0"}, // nats-server reads 0 as 4222
 		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_CONCURRENCY": "many"}, "TINKERFLEET_CONCURRENCY"},
 	} {
 		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
