@@ -88,7 +88,8 @@ type Result struct {
 	Usage *Usage `json:"usage,omitempty"`
 	// Error describes the failure when Status is error or cancelled.
 	Error *ResultError `json:"error,omitempty"`
-	// Attempts is the number of sampling attempts made (0 if none was).
+	// Attempts is the number of sampling attempts (§6.3) the delivery that ended the job made:
+	// 0 when it sent none (an invalid job, a cancelled one, a dead letter).
 	Attempts int `json:"attempts"`
 	// LatencyMS is the time from the worker taking the job to the result, in milliseconds.
 	LatencyMS int64 `json:"latency_ms"`

@@ -125,7 +125,7 @@ func (s *Sampler) Sample(ctx context.Context, req SampleRequest) (*SampleResult,
 	flags := &s.c.flags
 	if flags.SampleNoRetries {
 		if err := s.attempt(ctx, &req, res, false); err != nil {
-			return nil, err
+			return nil, &SampleError{Attempts: res.Attempts, Err: err}
 		}
 		return res, nil
 	}
@@ -145,20 +145,42 @@ func (s *Sampler) Sample(ctx context.Context, req SampleRequest) (*SampleResult,
 			return res, nil
 		}
 		if ctx.Err() != nil || !IsRetryable(err) {
-			return nil, err
+			return nil, &SampleError{Attempts: res.Attempts, Err: err}
 		}
 		if watch {
 			if serr := s.stuck(); serr != nil {
-				return nil, fmt.Errorf("%w (last error: %v)", serr, err)
+				return nil, &SampleError{Attempts: res.Attempts, Err: fmt.Errorf("%w (last error: %v)", serr, err)}
 			}
 		}
 		t := &s.c.t
 		d := sampleBackoff(k, t.SampleRetryBase, t.SampleRetryMax, t.SampleJitter, rand.Float64())
 		s.c.emit(Event{Kind: EventRetry, Endpoint: "sample", Layer: LayerSample, Delay: d, Attempt: k, Err: err, SamplerID: s.id})
 		if serr := s.c.clock.Sleep(ctx, d); serr != nil {
-			return nil, fmt.Errorf("tinker: sample: %w", serr)
+			return nil, &SampleError{Attempts: res.Attempts, Err: fmt.Errorf("tinker: sample: %w", serr)}
 		}
 	}
+}
+
+// SampleError is what Sample returns when it made attempts and failed: the error that ended it,
+// and how many attempts (§6.3) it made, each sent to the service or waiting to be.
+type SampleError struct {
+	Attempts int
+	Err      error
+}
+
+func (e *SampleError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error that ended the sample.
+func (e *SampleError) Unwrap() error { return e.Err }
+
+// AttemptsOf returns how many attempts the Sample that returned err made (0 when err is not a
+// SampleError: Sample failed before its first).
+func AttemptsOf(err error) int {
+	var se *SampleError
+	if errors.As(err, &se) {
+		return se.Attempts
+	}
+	return 0
 }
 
 // sampleBackoff is the §6.3 delay before retry k: d = min(base·2^k, max),

@@ -507,6 +507,7 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, keysTa
 			res := errorResult(job, batch, jobs.ResultError{
 				Code: jobs.CodeFailedFuture, Message: failed.Message, Category: jobs.CategoryUser,
 			})
+			res.Attempts = tinker.AttemptsOf(err)
 			return outcome{result: &res, settle: settleTerm}
 		}
 		return transient(err)
@@ -521,6 +522,7 @@ func (w *Worker) failure(ctx context.Context, job jobs.Job, batch string, keysTa
 			res := errorResult(job, batch, jobs.ResultError{
 				Code: jobs.CodeAPIError, Message: err.Error(), Category: jobs.CategoryUser,
 			})
+			res.Attempts = tinker.AttemptsOf(err)
 			return outcome{result: &res, settle: settleTerm}
 		}
 	}

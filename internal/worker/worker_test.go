@@ -504,8 +504,9 @@ func TestFailedFuturesAndCancelledBatches(t *testing.T) {
 	if r := waitResults(t, b.results, "gone", 1, 20*time.Second)["c1"]; r.Status != jobs.StatusCancelled {
 		t.Fatalf("job of a cancelled batch = %+v", r)
 	}
-	if r := waitResults(t, b.results, "b2", 1, 20*time.Second)["f1"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeFailedFuture {
-		t.Fatalf("failed future result = %+v", r)
+	// The service ran the sample and failed it: one attempt was made, and the result says so.
+	if r := waitResults(t, b.results, "b2", 1, 20*time.Second)["f1"]; r.Status != jobs.StatusError || r.Error.Code != jobs.CodeFailedFuture || r.Attempts != 1 {
+		t.Fatalf("failed future result = %+v, want a failed_future of 1 attempt", r)
 	}
 	info, err := b.results.Jobs.Info(ctx)
 	if err != nil {
