@@ -39,7 +39,7 @@ func (o *connOptions) register(s *envflag.Set) {
 	o.queue.RegisterFlags(s)
 	s.Bool(&o.local, "local", "TINKERFLEET_LOCAL", false, "run an embedded NATS server (and, when submitting, a worker) in this process; the default without --nats-url")
 	s.String(&o.dataDir, "data-dir", "TINKERFLEET_DATA_DIR", ".tinkerfleet", "JetStream store of the embedded server")
-	s.Bool(&o.verbose, "v", "TINKERFLEET_VERBOSE", false, "log what the embedded worker does")
+	s.Bool(&o.verbose, "v", "TINKERFLEET_VERBOSE", false, "log more: what the embedded server is reached through and, when submitting, what the local worker does")
 }
 
 // simulatedDataDir is where submit --local --simulate keeps its store: a directory of its own

@@ -27,7 +27,7 @@ Reads one item per line on stdin and writes one result per line on stdout.
   --decode          JSON array of ids -> JSON string of the text (--raw: the text itself)
   --jobs            job line (native or OpenAI) -> the prompt a worker sends for it:
                     {"custom_id","prompt_tokens","prompt" (their text),"stop"} (the
-                    job's own stop, else its chat template's stop tokens),
+                    job's own stop with its chat template's stop tokens beside it),
                     chats rendered with their model's template, thinking as the job says;
                     each job's model finds its tokenizer, and --model names the base
                     model of model_path jobs (--tokenizer, if given, serves every job);
@@ -36,7 +36,8 @@ Input lines lose their trailing "\n" only; with --json each input line is a JSON
 string instead, so texts may hold newlines. Special tokens written in the text
 (e.g. <|im_end|>) are encoded as their ids.
 --model finds the tokenizer like the Tinker SDK (TINKERFLEET_TOKENIZER_DIR, the
-HuggingFace cache under HF_HOME, else a download from HF_ENDPOINT with HF_TOKEN).
+HuggingFace cache under HF_HOME, else a download from HF_ENDPOINT with HF_TOKEN);
+Qwen3's is built in, and needs none of them.
 `
 
 // runTokenize is the `submit tokenize` subcommand.
