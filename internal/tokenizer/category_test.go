@@ -61,6 +61,7 @@ func eachCodePoint(f func(r rune)) {
 // TestCategoriesAreHFs: with newerCategories over Go's tables, every code point has the general
 // category HF's regex engine gives it, and the scanners' character classes follow.
 func TestCategoriesAreHFs(t *testing.T) {
+	t.Parallel()
 	if unicode.Version != "15.0.0" {
 		t.Fatalf("Go's unicode tables are %s, and newerCategories was derived against 15.0.0", unicode.Version)
 	}
@@ -113,6 +114,7 @@ func expectedClass(r rune, cat string) (cls, kind uint8) {
 // tables, hold what HF's hold; in a character class, as much as a class can (see
 // widenCategories).
 func TestWidenedCategoriesAreHFs(t *testing.T) {
+	t.Parallel()
 	hf := hfCategories(t)
 	// Every character newerCategories names and its neighbours, and a sample of the rest.
 	var probe []rune
@@ -171,6 +173,7 @@ func TestWidenedCategoriesAreHFs(t *testing.T) {
 // class and a subtraction apart, so each category is widened where it stands and nothing else
 // changes. U+10D4A is a letter HF knows and Go's tables do not.
 func TestWidenCategoriesReadsThePattern(t *testing.T) {
+	t.Parallel()
 	const garay = "\U00010D4A"
 	for _, c := range []struct {
 		pattern string
