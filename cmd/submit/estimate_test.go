@@ -65,7 +65,7 @@ func TestDryRunCountsWhatABatchAsksAndPublishesNothing(t *testing.T) {
 	}
 
 	out, stderr, err = dryRun(lines[1], `{"custom_id":"f","model":"Qwen/Qwen3-8B","prompt":"x","colour":"red"}`)
-	if !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, ":2: field colour: unknown field") || !strings.Contains(out, "1 valid lines, 1 invalid") {
+	if !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, ":2: field colour: unknown field") || !strings.Contains(out, "1 valid line, 1 invalid") {
 		t.Errorf("a bad line: %v, said %q, printed %q", err, stderr, out)
 	}
 	if _, stderr, err = dryRun(); !errors.Is(err, errInvalidInput) || !strings.Contains(err.Error(), "no valid lines") {

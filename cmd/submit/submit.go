@@ -142,7 +142,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		o.batchID = "b-" + scan.digest[:16]
 	}
 	if o.dryRun {
-		fmt.Fprintf(env.stdout, "batch %s (dry run: nothing is published): %d valid lines, %d invalid\n", o.batchID, scan.accepted, scan.rejected)
+		fmt.Fprintf(env.stdout, "batch %s (dry run: nothing is published): %s, %d invalid\n", o.batchID, plural(scan.accepted, "valid line"), scan.rejected)
 		if err := est.print(env.stdout); err != nil {
 			return err
 		}
