@@ -56,16 +56,20 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 		return fmt.Errorf("batch %s's input files %q changed since it was submitted: its lines cannot be told apart", batch, m.Files)
 	}
 	var w io.Writer = env.stdout
-	var f *os.File
+	var file *outputFile // compressed as its name says, as results' -o is
 	if output != "" {
 		if err := checkDistinct(m.Files, outputPath{"-o", output}); err != nil {
 			return err // os.Create would empty the input before its lines are read
 		}
-		if f, err = os.Create(output); err != nil {
+		f, err := os.Create(output)
+		if err != nil {
 			return err
 		}
 		defer f.Close()
-		w = f
+		if file, err = newOutputFile(f, outputCompression(output)); err != nil {
+			return err
+		}
+		w = file
 	}
 	out := bufio.NewWriter(w)
 	errored, missing := 0, 0
@@ -86,8 +90,8 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	if err == nil {
 		err = out.Flush()
 	}
-	if err == nil && f != nil {
-		err = f.Close()
+	if err == nil && file != nil {
+		err = file.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("write the failed lines: %w", err)

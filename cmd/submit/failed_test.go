@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,6 +96,34 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 	}
 	if got, said, err := f.submit(ctx, "failed", batch, "--retryable"); err != nil || got != byID[okID]+"\n" || !strings.Contains(said, "1 line of batch "+batch+" whose results will never come") {
 		t.Errorf("failed --retryable after a result was lost: %q, %v, said %q; want %s's line", got, err, said, okID)
+	}
+
+	// -o compresses as its name says, as results' -o does: the file reads back as the lines
+	// (submit reads compressed input), not as text under a .gz or .zst name.
+	for _, name := range []string{"retry.jsonl.gz", "retry.jsonl.zst"} {
+		path := filepath.Join(t.TempDir(), name)
+		if _, _, err := f.submit(ctx, "failed", batch, "-o", path); err != nil {
+			t.Fatal(err)
+		}
+		file, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, kind, release, err := decompressed(path, bufio.NewReader(file))
+		if err != nil || kind != outputCompression(path) {
+			t.Fatalf("failed -o %s: compressed as %q (%v)", name, kind, err)
+		}
+		data, err := io.ReadAll(r)
+		release()
+		file.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotLines = strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		slices.Sort(gotLines)
+		if !slices.Equal(gotLines, want) {
+			t.Errorf("failed -o %s holds\n%s\nwant the same lines as on stdout", name, data)
+		}
 	}
 
 	// Written over the batch's own input, the lines would be gone before they were read.
