@@ -354,6 +354,14 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 			}
 		}
 	}
+	// The lines are in the file, and on disk, before it takes the old one's place: a crash
+	// after the rename must find them there, not in a compressor's buffer.
+	if err == nil {
+		err = out.Flush()
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
 	}

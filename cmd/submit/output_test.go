@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -70,6 +72,48 @@ func decompress(t *testing.T, path string) []byte {
 // short (its stream never ended, its last line half written) is written again with its whole
 // lines first, keeping its mode. Either way the file ends with exactly one line per job, and
 // decompresses whole.
+// TestAMendedOutputHoldsItsLinesBeforeItTakesThePlace: the whole lines of a compressed -o a
+// crash cut short are written again into a new file, which then takes its place; they must be
+// readable there at once, not left in the compressor's buffer, or a crash right after the
+// rename leaves a file without them.
+func TestAMendedOutputHoldsItsLinesBeforeItTakesThePlace(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"zstd", "gzip"} {
+		path := filepath.Join(t.TempDir(), "results.jsonl"+map[string]string{"zstd": ".zst", "gzip": ".gz"}[kind])
+		var buf bytes.Buffer
+		zw := newCompressor(t, kind, &buf)
+		for i := range 20 {
+			fmt.Fprintf(zw, "{\"custom_id\":\"c-%d\"}\n", i)
+		}
+		zw.Write([]byte(`{"custom_id":"c-2`)) // cut short
+		zw.Flush()
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := rewriteOutput(path, kind, 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _, release, err := decompressed(path, bufio.NewReader(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(r) // the stream is not ended yet: an unexpected EOF ends the read
+		release()
+		f.Close()
+		if n := bytes.Count(data, []byte("\n")); n != 20 {
+			t.Errorf("%s: the mended file holds %d whole lines before it is closed, want 20", kind, n)
+		}
+		if err := out.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
