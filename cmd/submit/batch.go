@@ -44,6 +44,9 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 		fs.Usage()
 		return o, "", fmt.Errorf("%s takes one batch id, not %q: %w", name, rest, errUsage)
 	}
+	if o.conn.URL == "" || o.local {
+		o.dataDir = storeOf(o.dataDir, rest[0])
+	}
 	return o, rest[0], queue.ValidateBatchID(rest[0])
 }
 

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +47,21 @@ func (o *connOptions) register(s *envflag.Set) {
 // simulatedDataDir is where submit --local --simulate keeps its store: a directory of its own
 // in the data directory, so that no simulated batch is taken for a real one.
 func simulatedDataDir(dataDir string) string { return filepath.Join(dataDir, "simulated") }
+
+// simulatedBatchPrefix begins the batch id a --simulate run gives its input ("b-" a real
+// run's): the same file simulated first, then sampled for real, makes two batches, and a
+// results file of one is refused as the other's -o. It also tells the commands on one batch
+// (status, results, ...) that it lives in the simulated store.
+const simulatedBatchPrefix = "sim-"
+
+// storeOf is the data directory of batch: the simulated store for a simulated batch, unless
+// dataDir names it already.
+func storeOf(dataDir, batch string) string {
+	if strings.HasPrefix(batch, simulatedBatchPrefix) && filepath.Base(filepath.Clean(dataDir)) != "simulated" {
+		return simulatedDataDir(dataDir)
+	}
+	return dataDir
+}
 
 // localOptions say how submit --local samples.
 type localOptions struct {
@@ -153,7 +170,11 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 		var inUse *queue.DataDirInUseError
 		switch {
 		case errors.Is(err, queue.ErrNoDataDir):
-			return nil, fmt.Errorf("%w: nothing was submitted here; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err)
+			also := ""
+			if fi, serr := os.Stat(simulatedDataDir(o.dataDir)); serr == nil && fi.IsDir() {
+				also = fmt.Sprintf(" (--simulate runs keep theirs in %s: give that as --data-dir)", simulatedDataDir(o.dataDir))
+			}
+			return nil, fmt.Errorf("%w: nothing was submitted here%s; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err, also)
 		case errors.As(err, &inUse) && join && inUse.URL != "":
 			o.conn.URL, s.host = inUse.URL, inUse
 			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)

@@ -103,6 +103,11 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if o.output != "" {
 		o.wait = true
 	}
+	if o.local.simulate && o.conn.conn.URL != "" && !o.conn.local && !o.dryRun {
+		// The simulator runs in this process, for its own worker: a fleet's workers would
+		// sample the jobs on the real service.
+		return fmt.Errorf("--simulate samples in this process, with --local; with --nats-url alone the fleet's workers would sample on the real service: %w", errUsage)
+	}
 	if o.batchID != "" {
 		if err := queue.ValidateBatchID(o.batchID); err != nil {
 			return err
@@ -138,8 +143,12 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if err != nil {
 		return err
 	}
+	local := o.conn.conn.URL == "" || o.conn.local
 	if o.batchID == "" {
 		o.batchID = "b-" + scan.digest[:16]
+		if local && o.local.simulate {
+			o.batchID = simulatedBatchPrefix + scan.digest[:16]
+		}
 	}
 	if o.dryRun {
 		fmt.Fprintf(env.stdout, "batch %s (dry run: nothing is published): %s, %d invalid\n", o.batchID, plural(scan.accepted, "valid line"), scan.rejected)
@@ -189,7 +198,6 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		}()
 	}
 
-	local := o.conn.conn.URL == "" || o.conn.local
 	if local && o.local.simulate {
 		// Simulated batches live apart from real ones. The batch id is the input's digest, so
 		// in one store the real run of a file tried first with --simulate took the simulated

@@ -968,6 +968,18 @@ func TestARealRunAfterASimulatedOneSamplesAgain(t *testing.T) {
 	service, url := fleettest.Sim(t, tinkersim.Config{})
 	real := *quiet
 	real.getenv = tinkerAt(url)
+	// The simulated run's -o holds another batch (sim-…): it is refused, and left as it is.
+	before, err := os.ReadFile(simulated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), []string{"--local", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", simulated}, &real)
+	if !errors.Is(err, errOtherBatch) {
+		t.Fatalf("the real run with the simulated run's -o: %v, want it refused", err)
+	}
+	if after, _ := os.ReadFile(simulated); !bytes.Equal(after, before) {
+		t.Fatal("the simulated run's results file was changed")
+	}
 	out := filepath.Join(dir, "results.jsonl")
 	if err := run(context.Background(), []string{"--local", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", out}, &real); err != nil {
 		t.Fatal(err)
@@ -975,6 +987,51 @@ func TestARealRunAfterASimulatedOneSamplesAgain(t *testing.T) {
 	wantResults(t, out, 21, "ok")
 	if got := service.Stats().SamplesCompleted; got < 21 {
 		t.Fatalf("the service sampled %d times for 21 jobs: the real run took the simulated results", got)
+	}
+	// The commands on one batch find a simulated batch in its store by its id.
+	var simID string // from a native result line (an OpenAI one has no batch_id)
+	for line := range bytes.Lines(before) {
+		var r struct {
+			BatchID string `json:"batch_id"`
+		}
+		if err := json.Unmarshal(line, &r); err == nil && r.BatchID != "" {
+			simID = r.BatchID
+			break
+		}
+	}
+	if !strings.HasPrefix(simID, simulatedBatchPrefix) {
+		t.Fatalf("the simulated batch is %q, want an id that says so", simID)
+	}
+	var status bytes.Buffer
+	statusEnv := *quiet
+	statusEnv.stdout = &status
+	if err := run(context.Background(), []string{"status", "--data-dir", data, "--json", simID}, &statusEnv); err != nil {
+		t.Fatalf("status of the simulated batch: %v", err)
+	}
+	var st batchStatus
+	if err := json.Unmarshal(status.Bytes(), &st); err != nil || st.BatchID != simID || st.OK != 21 {
+		t.Fatalf("status of the simulated batch: %s (%v), want %s with 21 ok", status.String(), err, simID)
+	}
+}
+
+// TestSimulatedRunsSayWhereTheyAre: --simulate with --nats-url alone is refused (the fleet's
+// workers would sample on the real service), and a command run where only simulated batches
+// were submitted says where their store is.
+func TestSimulatedRunsSayWhereTheyAre(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	err := run(context.Background(), []string{"--simulate", "--nats-url", "nats://127.0.0.1:1", "../../examples/prompts.jsonl"}, env)
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--simulate samples in this process") {
+		t.Fatalf("--simulate with --nats-url: %v, want a refusal", err)
+	}
+	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl"}, env); err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), []string{"list", "--data-dir", data}, env)
+	if !errors.Is(err, queue.ErrNoDataDir) || !strings.Contains(err.Error(), "--simulate runs keep theirs in "+simulatedDataDir(data)) {
+		t.Fatalf("list where only a simulated run was: %v, want it to name the simulated store", err)
 	}
 }
 
@@ -1676,7 +1733,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	if err := run(context.Background(), []string{"list", "--local", "--data-dir", simulatedDataDir(filepath.Join(dir, "data"))}, listEnv); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(list.String(), "\nb-"); n != 1 {
+	if n := strings.Count(list.String(), "\n"+simulatedBatchPrefix); n != 1 {
 		t.Fatalf("%d batches after the refused run, want the first only:\n%s", n, list.String())
 	}
 	// An output that cannot be written (here a directory) is refused before publishing too.
@@ -1687,7 +1744,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	if err := run(context.Background(), []string{"list", "--local", "--data-dir", simulatedDataDir(filepath.Join(dir, "data"))}, listEnv); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(list.String(), "\nb-"); n != 1 {
+	if n := strings.Count(list.String(), "\n"+simulatedBatchPrefix); n != 1 {
 		t.Fatalf("%d batches after the run with an unwritable output, want the first only:\n%s", n, list.String())
 	}
 }
