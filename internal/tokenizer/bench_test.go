@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 )
@@ -37,6 +38,19 @@ func benchEncodeParallel(b *testing.B, tok *Tokenizer) {
 
 // BenchmarkEncodeQwen3 encodes a 1 MB mix of prose, Go source, CJK, emoji and numbers.
 func BenchmarkEncodeQwen3(b *testing.B) { benchEncode(b, qwen3(b)) }
+
+// BenchmarkClassifySymbols classifies text of the characters Go's tables call other (CJK
+// punctuation, emoji, arrows), each of which the scanners also look up in newerCategories.
+func BenchmarkClassifySymbols(b *testing.B) {
+	text := strings.Repeat("好。「对」、…🚀👍→★ ok ", 2000)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		for i := 0; i < len(text); {
+			_, w := classAt(text, i)
+			i += w
+		}
+	}
+}
 
 // BenchmarkEncodeQwen3Parallel shares one tokenizer between GOMAXPROCS goroutines.
 func BenchmarkEncodeQwen3Parallel(b *testing.B) { benchEncodeParallel(b, qwen3(b)) }

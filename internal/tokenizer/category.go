@@ -52,6 +52,18 @@ var newerCategories = []categorized{
 	{0x1FAE9, 0x1FAE9, "So"}, {0x1FBCB, 0x1FBEF, "So"}, {0x2EBF0, 0x2EE5D, "Lo"},
 }
 
+// newerPages marks the pages of 256 code points that hold a character of newerCategories: the
+// scanners ask newerCategory about every character Go's tables call other (punctuation,
+// symbols, emoji), and the search made text full of them a third slower.
+var newerPages = func() (pages [(unicode.MaxRune + 1) >> 8 >> 6]uint64) {
+	for _, c := range newerCategories {
+		for page := c.lo >> 8; page <= c.hi>>8; page++ {
+			pages[page>>6] |= 1 << (page & 63)
+		}
+	}
+	return pages
+}()
+
 // categorized is the code points lo to hi, both included, of the general category cat.
 type categorized struct {
 	lo, hi rune
@@ -63,6 +75,9 @@ type categorized struct {
 func newerCategory(r rune) string {
 	if r < newerCategories[0].lo || r > newerCategories[len(newerCategories)-1].hi {
 		return ""
+	}
+	if page := r >> 8; newerPages[page>>6]&(1<<(page&63)) == 0 {
+		return "" // most characters: CJK punctuation, most emoji, ...
 	}
 	i, found := slices.BinarySearchFunc(newerCategories, r, func(c categorized, r rune) int {
 		switch {
@@ -97,50 +112,86 @@ func inCategory(cat, name string) bool {
 // Outside a character class, \p{X} becomes [\p{X}added-[removed]] and \P{X} becomes
 // [\P{X}removed-[added]]. Inside one, a subtraction could only end the whole class, so \p{X}
 // gains its added characters and \P{X} its removed ones, and no more: [\p{Mn}] still holds
-// U+1171E, and [\P{Lu}] the new capitals. Scripts, blocks and every other escape are left as
-// they are.
+// U+1171E, and [\P{Lu}] the new capitals. What a class gains goes first in it, ended by
+// \p{Cs} (surrogates, which no text holds), so that no '-' written before or after the escape
+// makes a range of it: [\p{P}-z] stays punctuation, '-' or 'z'. A ']' first in a class is
+// written \] for that. Scripts, blocks and every other escape are left as they are, and so is a
+// comment of (?x).
 func widenCategories(pattern string) string {
-	var b strings.Builder
-	depth := 0    // how deep in character classes: [a-[b]] nests one in another
-	dash := false // the last character was a '-' in a class, not escaped
+	out := make([]byte, 0, len(pattern))
+	type class struct {
+		at    int    // where in out the class's items begin: what it gains goes there
+		gains string // the items its categories gain
+	}
+	var classes []class // the classes open, innermost last: [a-[b]] nests one in another
+	dash := false       // the last character was a '-' in a class, not escaped
+	comments := false   // (?x) was seen: '#' outside a class begins a comment
 	for i := 0; i < len(pattern); {
 		c := pattern[i]
 		subtracted := dash
 		dash = false
+		inClass := len(classes) > 0
 		switch {
 		case c == '\\' && i+1 < len(pattern):
 			if name, n := categoryEscape(pattern[i:]); n > 0 {
-				b.WriteString(widenedCategory(name, pattern[i+1] == 'P', depth > 0))
+				negated := pattern[i+1] == 'P'
+				if inClass {
+					out = append(out, pattern[i:i+n]...)
+					keep, _ := categoryChanges(name, negated)
+					classes[len(classes)-1].gains += keep
+				} else {
+					out = append(out, widenedCategory(name, negated)...)
+				}
 				i += n
 				continue
 			}
 			_, w := utf8.DecodeRuneInString(pattern[i+1:])
-			b.WriteString(pattern[i : i+1+w])
-			i += 1 + w
+			n := 1 + w
+			if pattern[i+1] == 'c' && i+2 < len(pattern) {
+				n++ // \cX: X names a control character, and is no class or group
+			}
+			out = append(out, pattern[i:min(i+n, len(pattern))]...)
+			i += n
 			continue
-		case c == '[' && (depth == 0 || subtracted):
-			depth++
-			b.WriteByte(c)
+		case c == '[' && (!inClass || subtracted):
+			out = append(out, '[')
 			i++
-			// A ']' first in a class (after a '^') is a literal.
 			if i < len(pattern) && pattern[i] == '^' {
-				b.WriteByte('^')
+				out = append(out, '^')
 				i++
 			}
-			if i < len(pattern) && pattern[i] == ']' {
-				b.WriteByte(']')
+			classes = append(classes, class{at: len(out)})
+			if i < len(pattern) && pattern[i] == ']' { // a ']' first in a class is a character
+				out = append(out, `\]`...)
 				i++
 			}
 			continue
-		case c == ']' && depth > 0:
-			depth--
-		case c == '-' && depth > 0:
+		case c == ']' && inClass:
+			top := classes[len(classes)-1]
+			classes = classes[:len(classes)-1]
+			if top.gains != "" {
+				out = slices.Insert(out, top.at, []byte(top.gains+`\p{Cs}`)...)
+			}
+		case c == '-' && inClass:
 			dash = true
+		case c == '(' && !inClass && strings.HasPrefix(pattern[i:], "(?"):
+			if end := strings.IndexAny(pattern[i+2:], ":)"); end >= 0 {
+				on, _, _ := strings.Cut(pattern[i+2:i+2+end], "-")
+				comments = comments || strings.Contains(on, "x")
+			}
+		case c == '#' && !inClass && comments:
+			end := strings.IndexByte(pattern[i:], '\n')
+			if end < 0 {
+				end = len(pattern) - i - 1
+			}
+			out = append(out, pattern[i:i+end+1]...)
+			i += end + 1
+			continue
 		}
-		b.WriteByte(c)
+		out = append(out, c)
 		i++
 	}
-	return b.String()
+	return string(out)
 }
 
 // categoryEscape returns the category name of a \p{name} or \P{name} that s begins with and
@@ -160,9 +211,26 @@ func categoryEscape(s string) (name string, n int) {
 	return name, end + 1
 }
 
-// widenedCategory writes \p{name} (\P{name} when negated) with the characters newerCategories
-// adds to or takes from it; see widenCategories.
-func widenedCategory(name string, negated, inClass bool) string {
+// widenedCategory writes \p{name} (\P{name} when negated), standing outside a class, with
+// the characters newerCategories adds to or takes from it; see widenCategories.
+func widenedCategory(name string, negated bool) string {
+	escape := `\p{` + name + `}`
+	if negated {
+		escape = `\P{` + name + `}`
+	}
+	keep, drop := categoryChanges(name, negated)
+	switch {
+	case keep == "" && drop == "":
+		return escape
+	case drop == "":
+		return "[" + escape + keep + "]"
+	}
+	return "[" + escape + keep + "-[" + drop + "]]"
+}
+
+// categoryChanges returns, as class items, the characters newerCategories adds to \p{name}
+// (keep) and those it takes from it (drop); negated, the other way round, for \P{name}.
+func categoryChanges(name string, negated bool) (keep, drop string) {
 	table := unicode.Categories[name]
 	var added, removed classItems
 	for _, c := range newerCategories {
@@ -176,19 +244,10 @@ func widenedCategory(name string, negated, inClass bool) string {
 			}
 		}
 	}
-	escape, keep, drop := `\p{`+name+`}`, added.String(), removed.String()
 	if negated {
-		escape, keep, drop = `\P{`+name+`}`, drop, keep
+		return removed.String(), added.String()
 	}
-	switch {
-	case keep == "" && drop == "":
-		return escape
-	case inClass:
-		return escape + keep
-	case drop == "":
-		return "[" + escape + keep + "]"
-	}
-	return "[" + escape + keep + "-[" + drop + "]]"
+	return added.String(), removed.String()
 }
 
 // classItems writes code points, added in increasing order, as the items of a character

@@ -195,6 +195,14 @@ func TestWidenCategoriesReadsThePattern(t *testing.T) {
 		{`^[a\-[\p{L}]\p{L}$`, "[" + garay, true}, // an escaped '-' is no subtraction: '[' is a character
 		{`^[a\-[\p{L}]\p{L}$`, garay + garay, true},
 		{`^\p{Greek}$`, "α", true}, // scripts stay as they are
+		// What a class gains goes first in it, so no '-' beside the escape makes a range of it.
+		{`^[\p{P}-z]+$`, "-z!\U0001E5FF", true},
+		{`^[\p{P}-z]+$`, "y", false},
+		{`^[\p{M}-.]+$`, ".-\u0897", true},
+		{`^[\p{P}-\p{S}]+$`, "-!+\U0001CC00\U0001E5FF", true},
+		{`^[]-a]$`, "_", true}, // a ']' first, written \], still begins a range
+		{"(?x) ^ a # a comment's [ opens nothing\n \\P{Mn} $", "ab", true},
+		{`^\c[\p{L}$`, "\x1b" + garay, true}, // \c[ is ESC, no class
 		{`^[^\r\n\p{L}\p{N}]?\p{L}+$`, " " + garay + garay, true},
 	} {
 		re, err := regexp2.Compile(widenCategories(c.pattern), regexp2.None)
