@@ -33,11 +33,17 @@ if ! grep -q 'authorization' "$conf"; then
 	echo "$0: $conf holds no authorization block (is it empty?): restore it from git" >&2
 	exit 1
 fi
+if ! grep -q 'TINKERFLEET_JOBS' "$conf"; then
+	echo "$0: $conf names no stream of the default prefix: it is this script's output for another prefix; run it on the auth.conf from git" >&2
+	exit 1
+fi
 stem=$(printf '%s' "$prefix" | tr 'a-z-' 'A-Z_')  # stream names
 bucket=$(printf '%s' "$prefix" | tr '-' '_')       # bucket names
-sed -e "s/TINKERFLEET_/${stem}_/g" \
-	-e "s/tinkerfleet_\(batches\|backoff\)/${bucket}_\1/g" \
-	-e "s/\"tinkerfleet\.\(jobs\|results\|dead\)\./\"${prefix}.\1./g" \
+# sed -E: alternation in a basic expression (\|) is GNU's only, and macOS's sed would leave the
+# bucket and subject names as they were.
+sed -E -e "s/TINKERFLEET_/${stem}_/g" \
+	-e "s/tinkerfleet_(batches|backoff)/${bucket}_\1/g" \
+	-e "s/\"tinkerfleet\.(jobs|results|dead)\./\"${prefix}.\1./g" \
 	-e "s/\"tinkerfleet\.held\"/\"${prefix}.held\"/g" \
 	-e "1s/.*/# Users and per-role permissions of a tinkerfleet cluster, for the prefix \"${prefix}\" (made by/" \
 	-e "2s/.*/# deploy\/nats\/auth-for-prefix.sh from auth.conf, which is written for the default prefix)./" -e 3d \

@@ -375,6 +375,17 @@ func TestAuthForPrefixRefusesToWriteTheFileItReads(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "the file it reads") {
 		t.Fatalf("writing into its input: %v, %s", err, out)
 	}
+	// Its own output for another prefix names none of the default prefix's streams: renaming
+	// again would change the header only.
+	renamed := filepath.Join(t.TempDir(), "auth.conf")
+	out, err = exec.Command("bash", "-c", `"$0" acme-ml > "$1"`, script, renamed).CombinedOutput()
+	if err != nil {
+		t.Fatalf("auth-for-prefix.sh acme-ml: %v, %s", err, out)
+	}
+	out, err = exec.Command("bash", "-c", `"$0" beta "$1" > /dev/null`, script, renamed).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "names no stream of the default prefix") {
+		t.Fatalf("renaming its own output again: %v, %s", err, out)
+	}
 	// The file is now empty, as the shell left it: a second run on it fails too.
 	out, err = exec.Command("bash", script, "acme-ml", conf).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "holds no authorization block") {
