@@ -135,7 +135,17 @@ func (m *addedMatcher) split(s string, skipSpecial bool, emit func(segment)) {
 	}
 }
 
-func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
+// isWordRune reports whether r is a word character where HF looks for a single_word token's
+// boundaries: the Rust regex crate's \w (Alphabetic, marks, decimal digits, connector
+// punctuation, the joiners), with HF's Unicode 16.0 categories (newerCategories). Go's letters
+// and digits alone left out 7,882 of them: combining marks (the accent of an NFD "é"),
+// letter numbers, "‿", and what 16.0 added.
+func isWordRune(r rune) bool {
+	if cat := newerCategory(r); cat != "" {
+		return cat[0] == 'L' || cat[0] == 'M' || cat == "Nd" || cat == "Nl" || cat == "Pc"
+	}
+	return unicode.In(r, unicode.L, unicode.M, unicode.Nd, unicode.Nl, unicode.Pc, unicode.Other_Alphabetic, unicode.Join_Control)
+}
 
 func endsWithWord(s string) bool {
 	r, _ := utf8.DecodeLastRuneInString(s)

@@ -2,9 +2,11 @@ package tokenizer
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -216,5 +218,59 @@ func TestWidenCategoriesReadsThePattern(t *testing.T) {
 	}
 	if got := widenCategories(`\p{Zs}\s+(?!\S)`); got != `\p{Zs}\s+(?!\S)` {
 		t.Errorf("a pattern with no category HF's tables change was rewritten to %q", got)
+	}
+}
+
+// TestSingleWordBoundaryIsHFs: isWordRune, which decides where a single_word added token may
+// match, takes for a word character what HF does, on every code point
+// (testdata/tokenizer/hf-word-chars.txt, HF's answers).
+func TestSingleWordBoundaryIsHFs(t *testing.T) {
+	t.Parallel()
+	f, err := os.Open(filepath.Join(testdataDir(t), "hf-word-chars.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hf := make(map[rune]bool, 150_000)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var lo, hi rune
+		if _, err := fmt.Sscanf(strings.Replace(sc.Text(), "..", " ", 1), "%x %x", &lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		for r := lo; r <= hi; r++ {
+			hf[r] = true
+		}
+	}
+	var wrong []string
+	eachCodePoint(func(r rune) {
+		if isWordRune(r) != hf[r] {
+			wrong = append(wrong, fmt.Sprintf("U+%04X: %v, HF's %v", r, isWordRune(r), hf[r]))
+		}
+	})
+	if len(wrong) > 0 {
+		t.Errorf("%d code points are word characters where HF's are not, or the other way round; first %s", len(wrong), strings.Join(wrong[:min(len(wrong), 10)], "\n"))
+	}
+	// As the tokenizer uses it: a single_word token after a combining mark is inside a word.
+	var tj map[string]any
+	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
+		t.Fatal(err)
+	}
+	added := append(tj["added_tokens"].([]any), map[string]any{"id": 151669, "content": "kqz",
+		"single_word": true, "lstrip": false, "rstrip": false, "normalized": false, "special": false})
+	tok := qwen3With(t, "added_tokens", added)
+	for _, c := range []struct {
+		text string
+		want []int
+	}{ // HF's ids
+		{"e\u0301kqz", []int{74373, 80, 89}},
+		{"\u093Fkqz", []int{38851, 74, 80, 89}},
+		{"\U00010D4Akqz", []int{123934, 113, 232, 74, 80, 89}},
+		{"kqz\U0002EBF0", []int{74, 80, 89, 172, 106, 107, 108}},
+		{"x kqz", []int{87, 220, 151669}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.want) {
+			t.Errorf("Encode(%+q) = %v, HF's %v", c.text, got, c.want)
+		}
 	}
 }
