@@ -32,17 +32,23 @@ type templateSpecialRef struct {
 	IDs []int `json:"ids"`
 }
 
-// setPostProcessor reads the special tokens p adds before and after a single text. Types that
-// add none (ByteLevel) and types this package does not know add none here either.
+// setPostProcessor reads the special tokens p adds before and after a single text. ByteLevel
+// adds none. A type this package does not know is refused, and so is a Sequence of two that
+// add tokens: HF's second one puts its tokens around the first's, each pair in its own way.
 func (t *Tokenizer) setPostProcessor(p *postProcessor) error {
 	if p == nil {
 		return nil
 	}
 	switch p.Type {
+	case "ByteLevel":
 	case "Sequence":
 		for _, q := range p.Processors {
+			added := len(t.textPrefix) + len(t.textSuffix)
 			if err := t.setPostProcessor(q); err != nil {
 				return err
+			}
+			if added > 0 && len(t.textPrefix)+len(t.textSuffix) > added {
+				return fmt.Errorf("parse tokenizer.json: unsupported post_processor Sequence of two processors that add tokens")
 			}
 		}
 	case "TemplateProcessing":
@@ -50,6 +56,9 @@ func (t *Tokenizer) setPostProcessor(p *postProcessor) error {
 		for _, piece := range p.Single {
 			switch {
 			case piece.Sequence != nil:
+				if piece.Sequence.ID != "A" {
+					return fmt.Errorf("parse tokenizer.json: post_processor's single template holds sequence %q; a single text is A", piece.Sequence.ID)
+				}
 				if seen {
 					return fmt.Errorf("parse tokenizer.json: post_processor's single template holds the text twice")
 				}
@@ -77,6 +86,8 @@ func (t *Tokenizer) setPostProcessor(p *postProcessor) error {
 		}
 		t.textPrefix = append(t.textPrefix, cls)
 		t.textSuffix = append(t.textSuffix, sep)
+	default:
+		return fmt.Errorf("parse tokenizer.json: unsupported post_processor %q", p.Type)
 	}
 	return nil
 }

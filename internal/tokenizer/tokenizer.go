@@ -20,6 +20,7 @@ type Tokenizer struct {
 	forms          []norm.Form   // normalizer steps, in order
 	split          splitter      // pre-tokenizer Split (or ByteLevel's own regex)
 	addPrefixSpace bool          // ByteLevel add_prefix_space
+	byteLevel      bool          // the pre-tokenizer has a ByteLevel step (the last one)
 	rawAdded       *addedMatcher // added tokens matched before normalization
 	normAdded      *addedMatcher // added tokens with normalized=true
 	model          *bpe
@@ -160,8 +161,8 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if t.split == nil {
 		return nil, errors.New("parse tokenizer.json: pre_tokenizer has no Split or ByteLevel with use_regex; only byte-level BPE is supported")
 	}
-	if f.Decoder == nil || !hasByteLevel(f.Decoder) {
-		return nil, errors.New("parse tokenizer.json: decoder is not ByteLevel; only byte-level BPE is supported")
+	if err := checkDecoder(f.Decoder); err != nil {
+		return nil, err
 	}
 	tokens, err := t.setModel(f.Model)
 	if err != nil {
@@ -181,16 +182,28 @@ func Parse(data []byte) (*Tokenizer, error) {
 	return t, nil
 }
 
-func hasByteLevel(c *component) bool {
-	if c.Type == "ByteLevel" {
-		return true
+// checkDecoder accepts a ByteLevel decoder, alone or in a Sequence of ByteLevel steps: Decode
+// does what it does. Any other step (Replace, Strip, ...) would change what HF's decode
+// gives, and is refused rather than left out.
+func checkDecoder(c *component) error {
+	if c == nil {
+		return errors.New("parse tokenizer.json: no decoder; only byte-level BPE (a ByteLevel decoder) is supported")
 	}
-	for _, d := range c.Decoders {
-		if hasByteLevel(d) {
-			return true
+	switch c.Type {
+	case "ByteLevel":
+		return nil
+	case "Sequence":
+		if len(c.Decoders) == 0 {
+			return errors.New("parse tokenizer.json: decoder is an empty Sequence; only byte-level BPE (a ByteLevel decoder) is supported")
 		}
+		for _, d := range c.Decoders {
+			if err := checkDecoder(d); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return false
+	return fmt.Errorf("parse tokenizer.json: unsupported decoder %q; only ByteLevel decoding is supported", c.Type)
 }
 
 func (t *Tokenizer) setNormalizer(c *component) error {
@@ -222,6 +235,10 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 	if c == nil {
 		return errors.New("parse tokenizer.json: no pre_tokenizer")
 	}
+	if t.byteLevel {
+		// HF's later steps would see the byte-level characters (Ġ, Ã©), not the text.
+		return fmt.Errorf("parse tokenizer.json: unsupported pre_tokenizer %q after a ByteLevel one", c.Type)
+	}
 	switch c.Type {
 	case "Sequence":
 		for _, p := range c.Pretokenizers {
@@ -251,6 +268,11 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 		}
 		t.split = chain(t.split, sp)
 	case "ByteLevel":
+		if c.AddPrefixSpace && t.split != nil {
+			// HF adds the space to every piece the Split cut, not once to the text.
+			return errors.New("parse tokenizer.json: unsupported ByteLevel add_prefix_space after a Split")
+		}
+		t.byteLevel = true
 		t.addPrefixSpace = c.AddPrefixSpace
 		if c.UseRegex == nil || *c.UseRegex {
 			sp, err := splitterFor(PatternGPT2)
@@ -358,7 +380,7 @@ func (t *Tokenizer) setAdded(toks []*addedToken, model tokenList) error {
 		t.added[a.Content] = a
 		n = max(n, a.ID+1)
 		addedBytes[a.ID], _ = appendByteLevelDecoded(nil, []byte(a.Content))
-		if a.Normalized && len(t.forms) > 0 {
+		if a.Normalized { // matched after normalizing, even with no normalizer: HF matches these second
 			c := *a
 			c.Content = t.normalize(a.Content)
 			normed = append(normed, &c)

@@ -1,0 +1,104 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// qwen3JSONWith is Qwen3's tokenizer.json with the given fields replaced, and extra added
+// tokens after its own.
+func qwen3JSONWith(t *testing.T, fields map[string]any, extra ...map[string]any) []byte {
+	t.Helper()
+	var tj map[string]any
+	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range fields {
+		tj[k] = v
+	}
+	for _, a := range extra {
+		tj["added_tokens"] = append(tj["added_tokens"].([]any), a)
+	}
+	data, err := json.Marshal(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// addedTok is an added token of tokenizer.json, its flags false but those named.
+func addedTok(id int, content string, flags ...string) map[string]any {
+	a := map[string]any{"id": id, "content": content, "single_word": false, "lstrip": false,
+		"rstrip": false, "normalized": false, "special": false}
+	for _, f := range flags {
+		a[f] = true
+	}
+	return a
+}
+
+// TestNormalizedAddedTokensWithoutANormalizer: HF matches normalized added tokens in a second
+// pass, over what the others left, also when there is no normalizer (DeepSeek V3 has an empty
+// Sequence and 15 such tokens); a one-pass match gave other ids where the two kinds overlap.
+// The ids are HF's for the same file.
+func TestNormalizedAddedTokensWithoutANormalizer(t *testing.T) {
+	t.Parallel()
+	for _, norm := range []any{nil, map[string]any{"type": "Sequence", "normalizers": []any{}}} {
+		tok, err := Parse(qwen3JSONWith(t, map[string]any{"normalizer": norm},
+			addedTok(151669, "[[ab", "normalized"), addedTok(151670, "ab]]"),
+			addedTok(151671, "<qq"), addedTok(151672, "kqz>", "normalized", "single_word")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for text, want := range map[string][]int{"[[ab]]": {15505, 151670}, "<qqkqz>": {151671, 151672}} {
+			if got := tok.Encode(text); !slices.Equal(got, want) {
+				t.Errorf("normalizer %v: Encode(%q) = %v, HF's %v", norm, text, got, want)
+			}
+		}
+	}
+}
+
+// TestTokenizerJSONThatWouldDifferIsRefused: steps whose effect the package does not follow
+// are refused with an error naming them, rather than left out: each gave other ids or text
+// than HF's for the same file.
+func TestTokenizerJSONThatWouldDifferIsRefused(t *testing.T) {
+	t.Parallel()
+	split := map[string]any{"type": "Split", "pattern": map[string]any{"Regex": PatternQwen2}, "behavior": "Isolated", "invert": false}
+	byteLevel := func(prefix bool) map[string]any {
+		return map[string]any{"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": false, "use_regex": false}
+	}
+	template := func(single ...any) map[string]any {
+		return map[string]any{"type": "TemplateProcessing", "single": single, "pair": []any{},
+			"special_tokens": map[string]any{"<|im_start|>": map[string]any{"id": "<|im_start|>", "ids": []int{151644}, "tokens": []string{"<|im_start|>"}}}}
+	}
+	special := map[string]any{"SpecialToken": map[string]any{"id": "<|im_start|>", "type_id": 0}}
+	for _, c := range []struct {
+		name   string
+		fields map[string]any
+		want   string
+	}{
+		{"add_prefix_space after a Split", map[string]any{"pre_tokenizer": map[string]any{"type": "Sequence",
+			"pretokenizers": []any{split, byteLevel(true)}}}, "add_prefix_space after a Split"},
+		{"a Split after ByteLevel", map[string]any{"pre_tokenizer": map[string]any{"type": "Sequence",
+			"pretokenizers": []any{byteLevel(false), split}}}, `pre_tokenizer "Split" after a ByteLevel`},
+		{"a Replace decoder", map[string]any{"decoder": map[string]any{"type": "Sequence", "decoders": []any{
+			map[string]any{"type": "Replace", "pattern": map[string]any{"String": "Ġ"}, "content": "_"}, byteLevel(false)}}}, `decoder "Replace"`},
+		{"two post-processors that add tokens", map[string]any{"post_processor": map[string]any{"type": "Sequence", "processors": []any{
+			template(special, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}),
+			map[string]any{"type": "BertProcessing", "cls": []any{"<|im_start|>", 151644}, "sep": []any{"<|im_end|>", 151645}}}}},
+			"Sequence of two processors that add tokens"},
+		{"an unknown post-processor", map[string]any{"post_processor": map[string]any{"type": "Frobnicate"}}, `post_processor "Frobnicate"`},
+		{"sequence B in the single template", map[string]any{"post_processor": template(map[string]any{"Sequence": map[string]any{"id": "B", "type_id": 0}})},
+			`holds sequence "B"`},
+	} {
+		_, err := Parse(qwen3JSONWith(t, c.fields))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.want)
+		}
+	}
+	// What the models served have still parses: a ByteLevel decoder, alone or in a Sequence.
+	if _, err := Parse(qwen3JSONWith(t, map[string]any{"decoder": map[string]any{"type": "Sequence", "decoders": []any{byteLevel(false)}}})); err != nil {
+		t.Errorf("a Sequence of one ByteLevel decoder: %v", err)
+	}
+}
