@@ -115,6 +115,7 @@ func (m *addedMatcher) split(s string, skipSpecial bool, emit func(segment)) {
 				mStart -= w
 			}
 		}
+		next := mEnd // HF's scan goes on from the token's own end, not after what rstrip takes
 		if tok.RStrip {
 			for mEnd < len(s) {
 				r, w := utf8.DecodeRuneInString(s[mEnd:])
@@ -128,7 +129,9 @@ func (m *addedMatcher) split(s string, skipSpecial bool, emit func(segment)) {
 			emit(segment{text: s[start:mStart]})
 		}
 		emit(segment{text: s[mStart:mEnd], tok: tok})
-		start, i = mEnd, mEnd
+		// A token found in the whitespace rstrip took (" <sp>" after "<r>" and a space) is
+		// still emitted, as HF's Aho-Corasick scan finds it.
+		start, i = mEnd, next
 	}
 	if start < len(s) {
 		emit(segment{text: s[start:]})

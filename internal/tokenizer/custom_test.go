@@ -102,3 +102,19 @@ func TestTokenizerJSONThatWouldDifferIsRefused(t *testing.T) {
 		t.Errorf("a Sequence of one ByteLevel decoder: %v", err)
 	}
 }
+
+// TestAnAddedTokenInTheSpaceRstripTakes: HF finds added tokens over the whole text and then
+// strips; a token that begins in the whitespace an rstrip token took is still found. The ids
+// are HF's for the same file.
+func TestAnAddedTokenInTheSpaceRstripTakes(t *testing.T) {
+	t.Parallel()
+	tok, err := Parse(qwen3JSONWith(t, nil, addedTok(151669, "<r>", "rstrip"), addedTok(151670, " <sp>"), addedTok(151671, "\n\n<nl>")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for text, want := range map[string][]int{"<r> <sp>": {151669, 151670}, "<r>\n\n<nl>": {151669, 151671}, "<r>  x": {151669, 87}, "<r>   <sp> <r>": {151669, 151670, 220, 151669}} {
+		if got := tok.Encode(text); !slices.Equal(got, want) {
+			t.Errorf("Encode(%q) = %v, HF's %v", text, got, want)
+		}
+	}
+}
