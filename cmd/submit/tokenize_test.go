@@ -43,7 +43,7 @@ func TestTokenizeEncodeCountDecode(t *testing.T) {
 }
 
 // miniTokenizer writes a byte-level BPE tokenizer.json with the 256 byte
-// tokens (id = byte value), merges "h e" and "he l", and <|end|> = 300.
+// tokens (id = byte value), merges "h e" and "he l", and <|end|> = 258, after them as HF numbers added tokens.
 func miniTokenizer(t *testing.T) string {
 	var vocab = map[string]int{}
 	n := 0
@@ -57,7 +57,7 @@ func miniTokenizer(t *testing.T) string {
 	}
 	vocab["he"], vocab["hel"] = 256, 257
 	data, err := json.Marshal(map[string]any{
-		"added_tokens": []map[string]any{{"id": 300, "content": "<|end|>", "special": true}},
+		"added_tokens": []map[string]any{{"id": 258, "content": "<|end|>", "special": true}},
 		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []map[string]any{
 			{"type": "Split", "pattern": map[string]any{"Regex": tokenizer.PatternQwen2}, "behavior": "Isolated"},
 			{"type": "ByteLevel", "use_regex": false},
@@ -77,7 +77,7 @@ func miniTokenizer(t *testing.T) string {
 
 func TestTokenizeModes(t *testing.T) {
 	p := miniTokenizer(t)
-	if got, _ := runTok(t, "help<|end|>\n\nhe", "--tokenizer", p); got != "[257,112,300]\n[]\n[256]\n" {
+	if got, _ := runTok(t, "help<|end|>\n\nhe", "--tokenizer", p); got != "[257,112,258]\n[]\n[256]\n" {
 		t.Errorf("encode = %q", got)
 	}
 	if got, _ := runTok(t, "help<|end|>\n\nhe", "--tokenizer", p, "--count"); got != "3\n0\n1\n" {
@@ -86,7 +86,7 @@ func TestTokenizeModes(t *testing.T) {
 	if got, _ := runTok(t, `"a\nb"`+"\n", "--tokenizer", p, "--json"); got != "[97,10,98]\n" {
 		t.Errorf("json input = %q", got)
 	}
-	ids := "[257,112,300]\n[97,10,98]\n"
+	ids := "[257,112,258]\n[97,10,98]\n"
 	if got, _ := runTok(t, ids, "--tokenizer", p, "--decode"); got != "\"help<|end|>\"\n\"a\\nb\"\n" {
 		t.Errorf("decode = %q", got)
 	}

@@ -118,3 +118,29 @@ func TestAnAddedTokenInTheSpaceRstripTakes(t *testing.T) {
 		}
 	}
 }
+
+// TestAddedTokenIDsAreHFs: HF gives an added token its vocab id when the vocab holds it, else
+// the next id after the added tokens before it, whatever tokenizer.json says (it only warns).
+// A file whose ids are others is refused: with them, "hello" was 151669 where HF's is 14990,
+// and an added token at id 1000 hid the vocab's token there from Decode.
+func TestAddedTokenIDsAreHFs(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		tok  map[string]any
+		want string // in the error; "" for none
+	}{
+		{addedTok(151669, "<ok>"), ""},
+		{addedTok(151669, "hello"), `added token "hello" has id 151669, and HF tokenizers gives it 14990`},
+		{addedTok(160000, "<gap>"), `added token "<gap>" has id 160000, and HF tokenizers gives it 151669`},
+		{addedTok(1000, "<zz>"), `added token "<zz>" has id 1000, and HF tokenizers gives it 151669`},
+		{addedTok(151670, "<|im_end|>"), `added token "<|im_end|>" has id 151670, and HF tokenizers gives it 151645`}, // listed twice
+	} {
+		_, err := Parse(qwen3JSONWith(t, nil, c.tok))
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v: %v", c.tok["content"], err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: %v, want an error saying %s", c.tok["content"], err, c.want)
+		}
+	}
+}

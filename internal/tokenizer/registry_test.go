@@ -27,9 +27,9 @@ func miniTokenizerJSON(t testing.TB) []byte {
 	vocab["he"], vocab["ll"], vocab["hell"] = 256, 257, 258
 	doc := map[string]any{
 		"added_tokens": []map[string]any{
-			{"id": 300, "content": "<|end|>", "special": true},
-			{"id": 301, "content": "[W]", "special": false, "single_word": true},
-			{"id": 302, "content": "[L]", "special": false, "lstrip": true, "rstrip": true},
+			{"id": 259, "content": "<|end|>", "special": true},
+			{"id": 260, "content": "[W]", "special": false, "single_word": true},
+			{"id": 261, "content": "[L]", "special": false, "lstrip": true, "rstrip": true},
 		},
 		"normalizer": map[string]any{"type": "NFC"},
 		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []map[string]any{
@@ -56,16 +56,16 @@ func TestMiniTokenizerAddedTokenFlags(t *testing.T) {
 		want []int
 	}{
 		{"hello", []int{258, 'o'}},
-		{"hello<|end|>", []int{258, 'o', 300}},
-		{"a [W] b", []int{'a', ' ', 301, ' ', 'b'}}, // single word: matched
+		{"hello<|end|>", []int{258, 'o', 259}},
+		{"a [W] b", []int{'a', ' ', 260, ' ', 'b'}}, // single word: matched
 		{"a[W]b", []int{'a', '[', 'W', ']', 'b'}},   // inside a word: not a token
-		{"a  [L]  b", []int{'a', 302, 'b'}},         // lstrip and rstrip eat the spaces
+		{"a  [L]  b", []int{'a', 261, 'b'}},         // lstrip and rstrip eat the spaces
 	} {
 		if got := tok.Encode(tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("Encode(%q) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
-	if got := tok.EncodeText("<|end|>"); slices.Contains(got, 300) {
+	if got := tok.EncodeText("<|end|>"); slices.Contains(got, 259) {
 		t.Errorf("EncodeText recognised a special token: %v", got)
 	}
 	// Rust's from_utf8_lossy: one U+FFFD per maximal invalid subpart.

@@ -366,6 +366,9 @@ func (t *Tokenizer) setModel(m *bpeModel) (tokenList, error) {
 // setAdded sets the added tokens and the bytes of every id: the model's tokens' with the
 // added tokens' over them.
 func (t *Tokenizer) setAdded(toks []*addedToken, model tokenList) error {
+	if err := t.checkAddedIDs(toks, len(model.ids)); err != nil {
+		return err
+	}
 	t.added = make(map[string]*addedToken, len(toks))
 	n := 0 // one more than the largest id
 	for _, id := range model.ids {
@@ -407,6 +410,50 @@ func (t *Tokenizer) setAdded(toks []*addedToken, model tokenList) error {
 	t.rawAdded = newAddedMatcher(raw)
 	t.normAdded = newAddedMatcher(normed)
 	return nil
+}
+
+// checkAddedIDs refuses added tokens whose ids in tokenizer.json are not those HF gives them.
+// HF does not read them (it warns when they differ): an added token the vocab holds gets its
+// vocab id, and any other the next id after the largest added so far, at least the vocab's
+// size; a content listed twice keeps its first id. The files of the models served agree.
+func (t *Tokenizer) checkAddedIDs(toks []*addedToken, vocabSize int) error {
+	given := make(map[string]int, len(toks))
+	largest := -1
+	for _, a := range toks {
+		if a.ID < 0 || a.ID > maxTokenID {
+			return fmt.Errorf("parse tokenizer.json: added token %q has id %d, outside 0..%d", a.Content, a.ID, maxTokenID)
+		}
+		if a.Content == "" {
+			continue
+		}
+		id, seen := given[a.Content]
+		switch {
+		case seen:
+		case t.vocabID(a.Content) >= 0:
+			id = t.vocabID(a.Content)
+		case largest >= vocabSize:
+			id = largest + 1
+		default:
+			id = vocabSize
+		}
+		if id != a.ID {
+			return fmt.Errorf("parse tokenizer.json: added token %q has id %d, and HF tokenizers gives it %d (its vocab id, or the next after the added tokens before it)", a.Content, a.ID, id)
+		}
+		given[a.Content] = id
+		largest = max(largest, id)
+	}
+	return nil
+}
+
+// vocabID returns the id of the model token written content in tokenizer.json's vocab, or -1.
+// The vocab holds a key by its bytes: those it stands for in the byte-level alphabet, or its
+// own when it is not written in it (DeepSeek's "<｜begin▁of▁sentence｜>"), as readVocab did.
+func (t *Tokenizer) vocabID(content string) int {
+	b, _ := appendByteLevelDecoded(nil, []byte(content))
+	if id, ok := t.model.vocab.id(string(b)); ok {
+		return int(id)
+	}
+	return -1
 }
 
 func (t *Tokenizer) normalize(s string) string {
