@@ -60,16 +60,7 @@ func TestAPostProcessorNamingAMissingTokenIsRefused(t *testing.T) {
 // qwen3With is Qwen3's tokenizer with field of its tokenizer.json set to value.
 func qwen3With(t testing.TB, field string, value any) *Tokenizer {
 	t.Helper()
-	var tj map[string]any
-	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
-		t.Fatal(err)
-	}
-	tj[field] = value
-	data, err := json.Marshal(tj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := Parse(data)
+	tok, err := Parse(qwen3JSONWith(t, map[string]any{field: value}))
 	if err != nil {
 		t.Fatal(err)
 	}
