@@ -115,8 +115,9 @@ func inCategory(cat, name string) bool {
 // U+1171E, and [\P{Lu}] the new capitals. What a class gains goes first in it, ended by
 // \p{Cs} (surrogates, which no text holds), so that no '-' written before or after the escape
 // makes a range of it: [\p{P}-z] stays punctuation, '-' or 'z'. A ']' first in a class is
-// written \] for that. Scripts, blocks and every other escape are left as they are, and so is a
-// comment of (?x).
+// written \] for that. Scripts, blocks and every other escape are left as they are, and so are
+// comments: (?#...), and those of (?x), which is taken to last until a (?-x) (not only to the
+// end of the group it opens).
 func widenCategories(pattern string) string {
 	out := make([]byte, 0, len(pattern))
 	type class struct {
@@ -174,10 +175,22 @@ func widenCategories(pattern string) string {
 			}
 		case c == '-' && inClass:
 			dash = true
+		case c == '(' && !inClass && strings.HasPrefix(pattern[i:], "(?#"):
+			end := strings.IndexByte(pattern[i:], ')') // an inline comment: nothing in it counts
+			if end < 0 {
+				end = len(pattern) - i - 1
+			}
+			out = append(out, pattern[i:i+end+1]...)
+			i += end + 1
+			continue
 		case c == '(' && !inClass && strings.HasPrefix(pattern[i:], "(?"):
-			if end := strings.IndexAny(pattern[i+2:], ":)"); end >= 0 {
-				on, _, _ := strings.Cut(pattern[i+2:i+2+end], "-")
-				comments = comments || strings.Contains(on, "x")
+			// Only a group of option letters, (?x) or (?i-x:, sets or clears x: not (?!, (?<name>.
+			if n := strings.IndexAny(pattern[i+2:], ":)"); n >= 0 {
+				flags := pattern[i+2 : i+2+n]
+				if strings.Trim(flags, "imnsx-") == "" {
+					on, off, _ := strings.Cut(flags, "-")
+					comments = (comments || strings.Contains(on, "x")) && !strings.Contains(off, "x")
+				}
 			}
 		case c == '#' && !inClass && comments:
 			end := strings.IndexByte(pattern[i:], '\n')

@@ -231,6 +231,11 @@ func TestWidenCategoriesReadsThePattern(t *testing.T) {
 		{`^[]-a]$`, "_", true}, // a ']' first, written \], still begins a range
 		{"(?x) ^ a # a comment's [ opens nothing\n \\P{Mn} $", "ab", true},
 		{`^\c[\p{L}$`, "\x1b" + garay, true}, // \c[ is ESC, no class
+		// Only an option group turns (?x) on: not a look-ahead, a name or a comment holding x.
+		{`^(?!\x7f)#\p{L}+$`, "#a" + garay, true},
+		{`^(?<ax>0x)|^#\p{L}+$`, "#a" + garay, true},
+		{`^(?#[x)#\p{L}+$`, "#a" + garay, true},
+		{"(?x) ^ # a comment\n (?-x)#\\p{L}+$", "#a" + garay, true},
 		{`^[^\r\n\p{L}\p{N}]?\p{L}+$`, " " + garay + garay, true},
 	} {
 		re, err := regexp2.Compile(widenCategories(c.pattern), regexp2.None)
