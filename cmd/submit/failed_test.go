@@ -126,6 +126,11 @@ func TestFailedWritesTheLinesOfErrorsAsTheyWere(t *testing.T) {
 		}
 	}
 
+	// A device takes them too (it cannot be synced, and need not be).
+	if _, _, err := f.submit(ctx, "failed", batch, "-o", os.DevNull); err != nil {
+		t.Errorf("failed -o %s: %v", os.DevNull, err)
+	}
+
 	// Written over the batch's own input, the lines would be gone before they were read.
 	before, err := os.ReadFile(in)
 	if err != nil {

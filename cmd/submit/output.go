@@ -43,15 +43,18 @@ func (o *outputFile) Flush() error {
 
 // Close ends the compressed stream, then syncs and closes the file. A stream nothing was
 // written to is not ended either, so that it adds nothing to the file: a file the run created
-// stays empty, for the caller to remove (removeIfEmpty).
+// stays empty, for the caller to remove (removeIfEmpty). Only a regular file is synced: a pipe
+// or a device (failed -o /dev/stdout) refuses fsync, and holds nothing to keep.
 func (o *outputFile) Close() error {
 	end := o.end
 	if !o.written {
 		end = o.discard
 	}
 	err := end()
-	if serr := o.file.Sync(); err == nil {
-		err = serr
+	if fi, serr := o.file.Stat(); serr == nil && fi.Mode().IsRegular() {
+		if serr := o.file.Sync(); err == nil {
+			err = serr
+		}
 	}
 	if cerr := o.file.Close(); err == nil {
 		err = cerr

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -111,6 +112,15 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if o.batchID != "" {
 		if err := queue.ValidateBatchID(o.batchID); err != nil {
 			return err
+		}
+		// The commands on one batch look for a sim-… batch in the simulated store of a local
+		// data directory: there, the id must say truly where the batch is.
+		local := o.conn.conn.URL == "" || o.conn.local
+		if local && o.local.simulate != strings.HasPrefix(o.batchID, simulatedBatchPrefix) {
+			if o.local.simulate {
+				return fmt.Errorf("--batch-id %q: a --simulate batch's id begins with %q (status and the others look for it by that): %w", o.batchID, simulatedBatchPrefix, errUsage)
+			}
+			return fmt.Errorf("--batch-id %q: an id beginning with %q names a --simulate batch: %w", o.batchID, simulatedBatchPrefix, errUsage)
 		}
 	}
 

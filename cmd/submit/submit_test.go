@@ -1026,6 +1026,20 @@ func TestSimulatedRunsSayWhereTheyAre(t *testing.T) {
 	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--simulate samples in this process") {
 		t.Fatalf("--simulate with --nats-url: %v, want a refusal", err)
 	}
+	// A local batch's id says which store it is in: the commands on one batch look for a
+	// sim-… batch in the simulated one.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--local", "--batch-id", "sim-eval"}, "names a --simulate batch"},
+		{[]string{"--local", "--simulate", "--batch-id", "eval"}, `a --simulate batch's id begins with "sim-"`},
+	} {
+		args := append(append(c.args, "--data-dir", data, "--dry-run"), "../../examples/prompts.jsonl")
+		if err := run(context.Background(), args, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want a refusal saying %s", c.args, err, c.want)
+		}
+	}
 	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl"}, env); err != nil {
 		t.Fatal(err)
 	}
@@ -1204,7 +1218,7 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	// first 429, it holds jobs that wait for room or for the pause to end.
 	ctx, interrupt := interruptAtFirstResult(out)
 	defer interrupt()
-	if err := run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--batch-id", "b-handed", "--progress", "none", in, "-o", out}, env); !errors.Is(err, errInterrupted) {
+	if err := run(ctx, []string{"--local", "--simulate", "--data-dir", data, "--batch-id", "sim-handed", "--progress", "none", in, "-o", out}, env); !errors.Is(err, errInterrupted) {
 		t.Fatalf("interrupted run: %v", err)
 	}
 
@@ -1214,7 +1228,7 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	}
 	t.Cleanup(emb.Shutdown)
 	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
-	stored, err := q.ResultsStored(context.Background(), "b-handed")
+	stored, err := q.ResultsStored(context.Background(), "sim-handed")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1364,7 +1378,7 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	const n, stored = 30, 10
 	in := writeLines(t, jobLines(n))
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
-	args := []string{"--data-dir", data, "--batch-id", "b-killed", "--ack-wait", "10m", "--progress", "none", in}
+	args := []string{"--data-dir", data, "--batch-id", "sim-killed", "--ack-wait", "10m", "--progress", "none", in}
 	data = simulatedDataDir(data) // the rerun below is a --simulate run
 
 	// The killed run: the batch published, its jobs delivered to a worker that dies with them.
@@ -1392,13 +1406,13 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	for msg := range batch.Messages() {
 		// It stored the results of the last few, and died before it acked them.
 		if held++; held > n-stored {
-			res := jobs.Result{CustomID: msg.Headers().Get(queue.HeaderCustomID), BatchID: "b-killed", Status: jobs.StatusOK,
+			res := jobs.Result{CustomID: msg.Headers().Get(queue.HeaderCustomID), BatchID: "sim-killed", Status: jobs.StatusOK,
 				Model: "Qwen/Qwen3-8B", Samples: []jobs.Sample{{Text: "sampled by the killed run"}}}
 			data, err := res.AppendJSON(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := q.ResultMsg(nil, codec, "b-killed", res.CustomID, string(res.Status), queue.Tokens{}, data, 0)
+			m, err := q.ResultMsg(nil, codec, "sim-killed", res.CustomID, string(res.Status), queue.Tokens{}, data, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
