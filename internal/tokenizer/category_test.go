@@ -29,31 +29,40 @@ func categoryIndex(t *testing.T, name string) uint8 {
 	return uint8(i)
 }
 
-// hfCategories reads testdata/tokenizer/hf-unicode-categories.txt: the general category HF's
-// regex engine gives each code point.
-func hfCategories(t *testing.T) []uint8 {
+// eachRange calls f with each line of testdata/tokenizer/name: "FIRST..LAST" in hex, and what
+// follows on the line (a category, or nothing).
+func eachRange(t *testing.T, name string, f func(lo, hi rune, rest string)) {
 	t.Helper()
-	f, err := os.Open(filepath.Join(testdataDir(t), "hf-unicode-categories.txt"))
+	file, err := os.Open(filepath.Join(testdataDir(t), name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	cats := make([]uint8, unicode.MaxRune+1)
-	sc := bufio.NewScanner(f)
+	defer file.Close()
+	sc := bufio.NewScanner(file)
 	for line := 1; sc.Scan(); line++ {
+		span, rest, _ := strings.Cut(sc.Text(), " ")
 		var lo, hi rune
-		var cat string
-		if _, err := fmt.Sscanf(strings.Replace(sc.Text(), "..", " ", 1), "%x %x %s", &lo, &hi, &cat); err != nil {
-			t.Fatalf("hf-unicode-categories.txt line %d: %v", line, err)
+		if _, err := fmt.Sscanf(strings.Replace(span, "..", " ", 1), "%x %x", &lo, &hi); err != nil {
+			t.Fatalf("%s line %d: %v", name, line, err)
 		}
-		i := categoryIndex(t, cat)
-		for r := lo; r <= hi; r++ {
-			cats[r] = i
-		}
+		f(lo, hi, rest)
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// hfCategories reads testdata/tokenizer/hf-unicode-categories.txt: the general category HF's
+// regex engine gives each code point.
+func hfCategories(t *testing.T) []uint8 {
+	t.Helper()
+	cats := make([]uint8, unicode.MaxRune+1)
+	eachRange(t, "hf-unicode-categories.txt", func(lo, hi rune, cat string) {
+		i := categoryIndex(t, cat)
+		for r := lo; r <= hi; r++ {
+			cats[r] = i
+		}
+	})
 	return cats
 }
 
@@ -257,22 +266,12 @@ func TestWidenCategoriesReadsThePattern(t *testing.T) {
 // (testdata/tokenizer/hf-word-chars.txt, HF's answers).
 func TestSingleWordBoundaryIsHFs(t *testing.T) {
 	t.Parallel()
-	f, err := os.Open(filepath.Join(testdataDir(t), "hf-word-chars.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	hf := make([]bool, unicode.MaxRune+1)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var lo, hi rune
-		if _, err := fmt.Sscanf(strings.Replace(sc.Text(), "..", " ", 1), "%x %x", &lo, &hi); err != nil {
-			t.Fatal(err)
-		}
+	eachRange(t, "hf-word-chars.txt", func(lo, hi rune, _ string) {
 		for r := lo; r <= hi; r++ {
 			hf[r] = true
 		}
-	}
+	})
 	var wrong []string
 	eachCodePoint(func(r rune) {
 		if isWordRune(r) != hf[r] {
