@@ -80,13 +80,7 @@ func newerCategory(r rune) string {
 		return "" // most characters: CJK punctuation, most emoji, ...
 	}
 	i, found := slices.BinarySearchFunc(newerCategories, r, func(c categorized, r rune) int {
-		switch {
-		case c.hi < r:
-			return -1
-		case c.lo > r:
-			return 1
-		}
-		return 0
+		return compareRange(c.lo, c.hi, r)
 	})
 	if !found {
 		return ""

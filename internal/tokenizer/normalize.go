@@ -58,15 +58,21 @@ func holdsUnknownToHF(s string) bool {
 // or decomposition (see unknownToHFRanges).
 func unknownToHF(r rune) bool {
 	_, found := slices.BinarySearchFunc(unknownToHFRanges, r, func(rg runeRange, r rune) int {
-		switch {
-		case rg.hi < r:
-			return -1
-		case rg.lo > r:
-			return 1
-		}
-		return 0
+		return compareRange(rg.lo, rg.hi, r)
 	})
 	return found
+}
+
+// compareRange orders the range lo..hi against r for a binary search over sorted ranges: -1
+// when the range lies below r, 1 above it, 0 when it holds r.
+func compareRange(lo, hi, r rune) int {
+	switch {
+	case hi < r:
+		return -1
+	case lo > r:
+		return 1
+	}
+	return 0
 }
 
 // runeRange is the code points lo to hi, both included.

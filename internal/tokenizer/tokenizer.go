@@ -427,10 +427,14 @@ func (t *Tokenizer) checkAddedIDs(toks []*addedToken, vocabSize int) error {
 			continue
 		}
 		id, seen := given[a.Content]
+		inVocab := -1
+		if !seen {
+			inVocab = t.vocabID(a.Content)
+		}
 		switch {
 		case seen:
-		case t.vocabID(a.Content) >= 0:
-			id = t.vocabID(a.Content)
+		case inVocab >= 0:
+			id = inVocab
 		case largest >= vocabSize:
 			id = largest + 1
 		default:
