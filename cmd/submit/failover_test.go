@@ -11,7 +11,6 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
-	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
 // TestSubmitRidesOutTheJobsLeaderStopping: the node that leads the jobs stream of a
@@ -34,7 +33,7 @@ func submitThroughFailover(t *testing.T, onLeader bool) {
 	const total = 10000
 	c := fleettest.StartCluster(t, 3)
 	qcfg := queue.Config{Replicas: 3, AckWait: 4 * time.Second}
-	f := &fleet{t: t, qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, qcfg: qcfg, tok: builtinTokens()}
 	f.sim, f.url = fleettest.Sim(t, tinkersim.Config{Capacity: 512, BaseLatency: 5 * time.Millisecond})
 	admin := c.Connect(t, 0, "admin", qcfg) // sets the streams up: their leaders are known now
 	for i := range c.Len() {

@@ -21,7 +21,6 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
-	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 	"github.com/tinkerfleet/tinkerfleet/internal/worker"
 )
 
@@ -222,7 +221,7 @@ func TestStatusSaysWhatHoldsUpABatch(t *testing.T) {
 func TestAWorkerHoldingResultsOnAFullServerIsNotTakenForGone(t *testing.T) {
 	t.Parallel()
 	srv := natsServer(t, server.Options{JetStreamMaxStore: 1 << 20})
-	f := &fleet{t: t, nats: srv.ClientURL(), tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, nats: srv.ClientURL(), tok: builtinTokens()}
 	f.sim, f.url = fleettest.Sim(t, tinkersim.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -40,9 +40,15 @@ type fleet struct {
 	tok  *tokenizer.Registry
 }
 
+// builtinTokens is the registry of the built-in tokenizers that the test fleets' workers
+// share: loading Qwen3's takes about 5 s of CPU under -race, paid once, not once per fleet.
+var builtinTokens = sync.OnceValue(func() *tokenizer.Registry {
+	return tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+})
+
 func newFleet(t *testing.T, qcfg queue.Config, simCfg tinkersim.Config) *fleet {
 	t.Helper()
-	f := &fleet{t: t, nats: fleettest.NATS(t).ClientURL(), qcfg: qcfg, tok: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	f := &fleet{t: t, nats: fleettest.NATS(t).ClientURL(), qcfg: qcfg, tok: builtinTokens()}
 	f.sim, f.url = fleettest.Sim(t, simCfg)
 	return f
 }

@@ -44,11 +44,18 @@ type testBundle struct {
 	results *queue.Queue // a queue on its own connection, for the test's reads
 }
 
+// builtinTokens is the registry of the built-in tokenizers that the tests share: loading
+// Qwen3's takes about 5 s of CPU under -race, and 40 tests each loading it took a fair part
+// of the package's time on CI's two cores, and made every test's first sample seconds late.
+var builtinTokens = sync.OnceValue(func() *tokenizer.Registry {
+	return tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+})
+
 func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
 	t.Helper()
 	b := &testBundle{emb: fleettest.NATS(t), qcfg: qcfg}
 	b.sim, b.simURL = fleettest.Sim(t, sim)
-	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+	b.tokens = builtinTokens()
 	b.results = b.connect(t)
 	return b
 }
@@ -738,6 +745,11 @@ func TestFullResultsStreamHoldsSamplesUntilThereIsRoom(t *testing.T) {
 	for i := range n {
 		js = append(js, jobs.Job{CustomID: fmt.Sprintf("job-%04d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2, i}, NumSamples: 1,
 			Params: jobs.SamplingParams{MaxTokens: intp(4)}})
+	}
+	// Loaded first: a job still loading it (seconds under -race and load; CI's run here saw
+	// none sampled in the 10 s below) is not sampled yet.
+	if _, err := b.tokens.ForModel(context.Background(), js[0].Model); err != nil {
+		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
 	w := b.open(t, b.connect(t), Config{Concurrency: slots, Registerer: reg})
