@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -371,28 +373,9 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	if len(rest) > 0 {
 		return fmt.Errorf("list takes no arguments, not %q (submit status BATCH tells of one batch): %w", rest, errUsage)
 	}
-	sess, err := open(ctx, o, env)
+	batches, err := listBatches(ctx, o, env)
 	if err != nil {
 		return err
-	}
-	defer sess.close()
-	ms, err := sess.q.Manifests(ctx)
-	if err != nil {
-		return err
-	}
-	// The jobs first: a job leaves the queue only once its result is stored.
-	waiting, err := jobsWaitingAll(ctx, sess.q)
-	if err != nil {
-		return err
-	}
-	counts, err := countResults(ctx, sess.q, ms)
-	if err != nil {
-		return err
-	}
-	batches := make([]listedBatch, len(ms))
-	for i, m := range ms {
-		queued := int(waiting[sess.q.Names.JobSubject(m.BatchID)])
-		batches[i] = listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i]), Lost: lost(m, queued, counts[i])}
 	}
 	if asJSON {
 		enc := json.NewEncoder(env.stdout)
@@ -418,6 +401,64 @@ func runList(ctx context.Context, args []string, env *environment) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%s\n", b.BatchID, b.Status, b.Jobs, b.Results, done, b.Rejected, b.CreatedAt.Local().Format(time.DateTime))
 	}
 	return tw.Flush()
+}
+
+// listBatches lists the batches of o's store and, for a local store, those of its --simulate
+// runs, kept in a store of their own (simulatedDataDir): a newcomer who ran the README's
+// first command finds that batch here too, by its sim- id, which the other commands take.
+func listBatches(ctx context.Context, o connOptions, env *environment) ([]listedBatch, error) {
+	batches, err := listStore(ctx, o, env)
+	local := o.conn.URL == "" || o.local
+	if !local || filepath.Base(filepath.Clean(o.dataDir)) == "simulated" {
+		return batches, err
+	}
+	sim := o
+	sim.dataDir = simulatedDataDir(o.dataDir)
+	if fi, serr := os.Stat(sim.dataDir); serr != nil || !fi.IsDir() {
+		return batches, err // no --simulate run here
+	}
+	if err != nil && !errors.Is(err, queue.ErrNoDataDir) {
+		return nil, err
+	}
+	simulated, serr := listStore(ctx, sim, env)
+	switch {
+	case serr == nil:
+		return append(batches, simulated...), nil
+	case errors.Is(serr, queue.ErrNoDataDir) && err == nil:
+		return batches, nil
+	case errors.Is(serr, queue.ErrNoDataDir):
+		return nil, err // neither store holds anything: the first error says where to look
+	default:
+		return nil, fmt.Errorf("the --simulate runs' batches in %s: %w", sim.dataDir, serr)
+	}
+}
+
+// listStore lists the batches of one store.
+func listStore(ctx context.Context, o connOptions, env *environment) ([]listedBatch, error) {
+	sess, err := open(ctx, o, env)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.close()
+	ms, err := sess.q.Manifests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The jobs first: a job leaves the queue only once its result is stored.
+	waiting, err := jobsWaitingAll(ctx, sess.q)
+	if err != nil {
+		return nil, err
+	}
+	counts, err := countResults(ctx, sess.q, ms)
+	if err != nil {
+		return nil, err
+	}
+	batches := make([]listedBatch, len(ms))
+	for i, m := range ms {
+		queued := int(waiting[sess.q.Names.JobSubject(m.BatchID)])
+		batches[i] = listedBatch{Manifest: m, Results: counts[i], Done: batchDone(m, counts[i]), Lost: lost(m, queued, counts[i])}
+	}
+	return batches, nil
 }
 
 // countResults counts the results stored for each batch of ms, listCounters at a time: each

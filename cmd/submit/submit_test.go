@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1008,6 +1009,10 @@ func TestARealRunAfterASimulatedOneSamplesAgain(t *testing.T) {
 	if !strings.HasPrefix(simID, simulatedBatchPrefix) {
 		t.Fatalf("the simulated batch is %q, want an id that says so", simID)
 	}
+	// list shows both, the simulated one by its sim- id.
+	if got := listedIDs(t, data); len(got) != 2 || !slices.Contains(got, simID) || strings.HasPrefix(got[0], simulatedBatchPrefix) {
+		t.Errorf("list: %q, want the real batch and then %s", got, simID)
+	}
 	var status bytes.Buffer
 	statusEnv := *quiet
 	statusEnv.stdout = &status
@@ -1049,10 +1054,33 @@ func TestSimulatedRunsSayWhereTheyAre(t *testing.T) {
 	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl"}, env); err != nil {
 		t.Fatal(err)
 	}
-	err = run(context.Background(), []string{"list", "--data-dir", data}, env)
+	err = run(context.Background(), []string{"status", "--data-dir", data, "b-0123456789abcdef"}, env)
 	if !errors.Is(err, queue.ErrNoDataDir) || !strings.Contains(err.Error(), "--simulate runs keep theirs in "+simulatedDataDir(data)) {
-		t.Fatalf("list where only a simulated run was: %v, want it to name the simulated store", err)
+		t.Fatalf("status of a real batch where only a simulated run was: %v, want it to name the simulated store", err)
 	}
+	// list lists the simulated batches, here the only ones.
+	if got := listedIDs(t, data); len(got) != 1 || !strings.HasPrefix(got[0], simulatedBatchPrefix) {
+		t.Fatalf("list where only a simulated run was: %q, want its batch", got)
+	}
+}
+
+// listedIDs runs submit list --json on the local store data and returns the batch ids listed.
+func listedIDs(t *testing.T, data string) []string {
+	t.Helper()
+	var out bytes.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: io.Discard}
+	if err := run(context.Background(), []string{"list", "--json", "--data-dir", data}, env); err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var ids []string
+	for line := range bytes.Lines(out.Bytes()) {
+		var b listedBatch
+		if err := json.Unmarshal(line, &b); err != nil {
+			t.Fatalf("list --json line %q: %v", line, err)
+		}
+		ids = append(ids, b.BatchID)
+	}
+	return ids
 }
 
 // TestARefusedRunLeavesNoEmptyOutputFile: submit creates the -o file before publishing, to
