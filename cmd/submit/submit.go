@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,9 +64,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	o.local.register(s)
 	o.progress.register(s)
 	s.String(&o.batchID, "batch-id", "TINKERFLEET_BATCH_ID", "", "batch id (default: derived from the input's digest, so re-running the same files is the same batch)")
-	s.Bool(&o.skipInvalid, "skip-invalid", "TINKERFLEET_SKIP_INVALID", false, "publish the valid lines and write the rejected ones to --rejects")
+	s.Bool(&o.skipInvalid, "skip-invalid", "TINKERFLEET_SKIP_INVALID", false, "publish the valid lines and write a JSON line per invalid one (its file, line, field and problem) to --rejects")
 	s.Bool(&o.dryRun, "dry-run", "TINKERFLEET_DRY_RUN", false, "validate the lines and print what they would ask of the service (jobs, samples and prompt tokens per model); publish nothing, need no NATS server")
-	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file for rejected lines with --skip-invalid (default BATCH.rejects.jsonl)")
+	s.String(&o.rejects, "rejects", "TINKERFLEET_REJECTS", "", "file of the invalid lines' problems, one JSON line each, with --skip-invalid (default BATCH.rejects.jsonl; schemas/rejects.schema.json)")
 	s.Bool(&o.wait, "wait", "TINKERFLEET_WAIT", false, "wait until every job has a result")
 	fs.StringVar(&o.output, "o", "", "write the results to this JSONL file (.zst, .gz: compressed; implies --wait)")
 	s.PositiveDuration(&o.storeWait, "store-wait", "TINKERFLEET_STORE_WAIT", 15*time.Second,
@@ -170,18 +172,13 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		return fmt.Errorf("%d of %d lines are invalid (nothing was published; fix them or use --skip-invalid): %w",
 			scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
 	}
-	if scan.rejected > 0 && !o.dryRun {
-		path := o.rejects
-		if path == "" {
-			path = o.batchID + ".rejects.jsonl"
+	if o.skipInvalid && !o.dryRun {
+		if err := writeRejects(rejectsTmp, o.rejects, o.batchID+".rejects.jsonl", scan.rejected > 0); err != nil {
+			return err
 		}
-		if err := rejectsTmp.Close(); err != nil {
-			return fmt.Errorf("rejects file: %w", err)
+		if scan.rejected > 0 {
+			fmt.Fprintf(env.stderr, "%s skipped; written to %s\n", plural(scan.rejected, "invalid line"), cmp.Or(o.rejects, o.batchID+".rejects.jsonl"))
 		}
-		if err := os.Rename(rejectsTmp.Name(), path); err != nil {
-			return fmt.Errorf("rejects file: %w", err)
-		}
-		fmt.Fprintf(env.stderr, "%s skipped; written to %s\n", plural(scan.rejected, "invalid line"), path)
 	}
 	if scan.accepted == 0 {
 		return fmt.Errorf("no valid lines to publish: %w", errInvalidInput)
@@ -325,6 +322,27 @@ type scanResult struct {
 	accepted, rejected int
 	digest             string // hex sha256 over the input files, in order
 	longest            int    // the longest valid line, in bytes
+}
+
+// writeRejects puts tmp, the rejects written, in place: at named (--rejects), or at
+// defaultPath. A file is written whenever some line was rejected or --rejects names one, an
+// empty one when none was, so that a script never reads an earlier run's rejects as this
+// run's; the default file is emptied only where an earlier run left one, and not made for
+// nothing.
+func writeRejects(tmp *os.File, named, defaultPath string, rejected bool) error {
+	path := cmp.Or(named, defaultPath)
+	if !rejected && named == "" {
+		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("rejects file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rejects file: %w", err)
+	}
+	return nil
 }
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,

@@ -378,6 +378,49 @@ func TestBadInputPublishesNothingUnlessSkipped(t *testing.T) {
 	if got, err := os.Stat(rejects); err != nil || got.Mode().Perm() != want.Mode().Perm() {
 		t.Fatalf("rejects file mode %v (%v), want %v as os.Create makes", got.Mode().Perm(), err, want.Mode().Perm())
 	}
+	// A later run with no line to reject empties it: a script reads no earlier run's rejects
+	// as its own.
+	if _, stderr, err := f.submit(ctx, "--skip-invalid", "--rejects", rejects, writeLines(t, jobLines(2)), "-o", filepath.Join(dir, "valid.jsonl")); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	if data, err := os.ReadFile(rejects); err != nil || len(data) != 0 {
+		t.Fatalf("rejects file after a run with no invalid line: %q (%v), want it empty", data, err)
+	}
+}
+
+// TestTheDefaultRejectsFileIsMadeOnlyForRejects: BATCH.rejects.jsonl is written when a line
+// was rejected, emptied when an earlier run left one, and not made for nothing.
+func TestTheDefaultRejectsFileIsMadeOnlyForRejects(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tmp := func(content string) *os.File {
+		f, err := os.CreateTemp(dir, ".rejects-*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(content); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	path := filepath.Join(dir, "b-1.rejects.jsonl")
+	if err := writeRejects(tmp(""), "", path, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("no line rejected, and %s was made (%v)", path, err)
+	}
+	for _, c := range []struct {
+		content  string
+		rejected bool
+	}{{"{\"line\":1}\n", true}, {"", false}} {
+		if err := writeRejects(tmp(c.content), "", path, c.rejected); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := os.ReadFile(path); err != nil || string(data) != c.content {
+			t.Fatalf("rejected %v: %s holds %q (%v), want %q", c.rejected, path, data, err, c.content)
+		}
+	}
 }
 
 func TestEmptyFileIsAnError(t *testing.T) {
