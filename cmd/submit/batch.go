@@ -172,8 +172,15 @@ func status(ctx context.Context, q *queue.Queue, batch string, alone bool) (batc
 	s.waiting, s.missing, s.alone = st.Waiting, m.Jobs-st.Results, alone
 	_, st.Activity = s.why(statusLookBack)
 	if a := s.attendance; a != nil {
-		st.Workers = &workerCount{Running: len(a.Running), Hosts: make([]string, 0, len(a.Running))}
-		for _, p := range a.Running {
+		running := a.Running
+		if alone {
+			// No worker can reach a server of this command's own: a recent note is one a
+			// worker left as it crashed with the run that held the store, and counts for
+			// PresenceWindow, but runs no more.
+			running = nil
+		}
+		st.Workers = &workerCount{Running: len(running), Hosts: make([]string, 0, len(running))}
+		for _, p := range running {
 			st.Workers.Hosts = append(st.Workers.Hosts, cmp.Or(p.Host, "?"))
 		}
 		slices.Sort(st.Workers.Hosts)

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -1425,7 +1426,20 @@ func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
 	if err := run(context.Background(), []string{"--nats-url", emb.ClientURL(), "--batch-id", "b-alone", "--progress", "none", in}, env); err != nil {
 		t.Fatalf("publishing: %v", err)
 	}
-	fleettest.Queue(t, emb.ClientURL(), queue.Config{}) // a worker set the consumer up, and left
+	// A worker set the consumer up and crashed with the run that held the store, leaving a
+	// presence note that counts for 15 s.
+	crashed := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	fleet, err := backoff.Open(context.Background(), crashed.JS, backoff.Config{Bucket: crashed.Names.BackoffBucket(), Account: backoff.AccountKey("https://tinker.example", "tml-k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.Close()
+	if err := crashed.NotePresence("crashed", queue.Presence{Host: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := crashed.JS.Conn().Flush(); err != nil { // the note is not waited for
+		t.Fatal(err)
+	}
 	emb.Shutdown()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -1439,8 +1453,17 @@ func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
 	if err := run(ctx, []string{"status", "--data-dir", data, "b-alone"}, &environment{getenv: env.getenv, stdout: &status, stderr: io.Discard}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(status.String(), "5 jobs wait, and no worker can take them: the NATS server runs in this command") {
+	if !strings.Contains(status.String(), "5 jobs wait, and no worker can take them: the NATS server runs in this command") ||
+		!strings.Contains(status.String(), "none running") {
 		t.Fatalf("status with no worker:\n%s", status.String())
+	}
+	status.Reset()
+	if err := run(ctx, []string{"status", "--json", "--data-dir", data, "b-alone"}, &environment{getenv: env.getenv, stdout: &status, stderr: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	var st batchStatus
+	if err := json.Unmarshal(status.Bytes(), &st); err != nil || st.Workers == nil || st.Workers.Running != 0 || len(st.Workers.Hosts) != 0 {
+		t.Fatalf("status --json with no worker: %s (%v), want none running", status.String(), err)
 	}
 }
 
