@@ -219,6 +219,9 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 			}
 			w.board, learned.settled = board, make(chan measure, 1)
 			w.closers = append(w.closers, func() {
+				if w.natsDown() {
+					return // the delete would wait out its timeout; the report ages out of the rounds, as a crashed worker's does
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
 				_ = board.Close(ctx)
@@ -327,6 +330,14 @@ func (h *sessionHealth) observe(e tinker.Event) {
 	case e.Kind == tinker.EventRequest && e.Endpoint == "session_heartbeat" && e.StatusCode/100 == 2:
 		h.failingSince.Store(0)
 	}
+}
+
+// natsDown reports whether the worker's NATS connection is down (reconnecting or closed): a
+// request or KV write would only wait out its timeout, and one left for the reconnect is lost
+// with the process. A stop skips what can be left undone then.
+func (w *Worker) natsDown() bool {
+	nc := w.cfg.Queue.JS.Conn()
+	return nc != nil && !nc.IsConnected()
 }
 
 // NATSHeard reports an error while the NATS server has not answered this worker's pings for

@@ -48,6 +48,9 @@ func (w *Worker) attend(ctx context.Context, period time.Duration) {
 	for {
 		select {
 		case <-ctx.Done():
+			if w.natsDown() {
+				return // the note ages out (queue.PresenceWindow) rather than hold the stop
+			}
 			// The worker stops: say so at once rather than let the note age out.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()

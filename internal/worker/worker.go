@@ -130,7 +130,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx)) // outlives the grace period
 	defer stopAlive()
-	flush := w.cfg.Queue.JS.Conn().FlushTimeout
+	// The flushes end when aliveCtx does: with the server down, a flush waits out its timeout
+	// (up to AckWait/3), which held Run past the grace period by as much.
+	nc := w.cfg.Queue.JS.Conn()
+	flush := func(timeout time.Duration) error {
+		fctx, cancel := context.WithTimeout(aliveCtx, timeout)
+		defer cancel()
+		return nc.FlushWithContext(fctx)
+	}
 	bg.Go(func() { w.alive.keepAlive(aliveCtx, w.cfg.Queue.Config.AckWait/3, w.link.again, flush) })
 	bg.Go(func() { w.link.probe(aliveCtx, flush) })
 	// Present to readers (submit) until Run returns, grace period included.

@@ -1,0 +1,104 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/share"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// TestAStopWithNATSDownTakesTheGracePeriodAndLittleMore: a worker stopped while its NATS
+// server is down, with samples in flight and a report on the capacity share board, returns
+// from Run and Close within the grace period and a few seconds. It took the grace period
+// plus up to 15 s: a keep-alive flush waiting out AckWait/3 (10 s), the presence note's
+// removal (2 s) and the board's delete in Close (5 s), each waiting for a server that was
+// not there; past docker compose's stop grace (deploy/compose.yaml).
+func TestAStopWithNATSDownTakesTheGracePeriodAndLittleMore(t *testing.T) {
+	t.Parallel()
+	// Longer than the 5 s a KV watcher's Stop waits with the server down (nats.go), which
+	// overlaps it: the bound below is then the grace period's own.
+	const grace = 6 * time.Second
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: time.Hour})
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, CapacityTTL: time.Minute, ShutdownGrace: grace})
+	// A report on the board, as after a 429: Close takes it off when it can.
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	if _, err := w.board.Split(sctx, share.Report{Peak: 4, Want: 4}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	publishJobs(t, b.results, "down", tokenJobs("down-", 5))
+	fleettest.Eventually(t, time.Minute, "five samples in flight", func() bool { return b.sim.Stats().SamplesAccepted >= 5 })
+
+	b.emb.Shutdown()
+	nc := w.cfg.Queue.JS.Conn()
+	fleettest.Eventually(t, 10*time.Second, "the worker to lose its NATS server", func() bool { return !nc.IsConnected() })
+	began := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute")
+	}
+	ran := time.Since(began)
+	w.Close()
+	took := time.Since(began)
+	t.Logf("Run returned after %v, Close after %v more", ran.Round(time.Millisecond), (took - ran).Round(time.Millisecond))
+	if limit := grace + 5*time.Second; took > limit {
+		t.Fatalf("the stop took %v with NATS down and a %v grace period, want at most %v", took.Round(time.Millisecond), grace, limit)
+	}
+}
+
+// TestAStopWithNATSUpStillSettlesAndLeaves: with the server up, the same stop stores and acks
+// the results of the samples in flight, removes the worker's presence note and takes its
+// report off the share board (what a stop with NATS down leaves undone).
+func TestAStopWithNATSUpStillSettlesAndLeaves(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8, BaseLatency: 1500 * time.Millisecond})
+	w := b.open(t, b.connect(t), Config{Concurrency: 8, CapacityTTL: time.Minute, ShutdownGrace: 20 * time.Second})
+	ctx := context.Background()
+	if _, err := w.board.Split(ctx, share.Report{Peak: 4, Want: 4}); err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, w)
+	publishJobs(t, b.results, "up", tokenJobs("up-", 5))
+	fleettest.Eventually(t, time.Minute, "five samples in flight", func() bool { return b.sim.Stats().SamplesAccepted >= 5 })
+	stop()
+	w.Close()
+	if res := waitResults(t, b.results, "up", 5, 10*time.Second); len(res) != 5 {
+		t.Fatalf("%d results stored, want the 5 in flight at the stop", len(res))
+	}
+	if got := fetchWithin(t, b.results, 5, 2*time.Second); got != 0 {
+		t.Fatalf("%d jobs left to work again, want every one acked", got)
+	}
+	a, _, err := b.results.Present(ctx, queue.PresenceWindow, queue.PresenceWindow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range a.Running {
+		if p.Worker == w.id {
+			t.Errorf("the stopped worker's presence note is still there: %+v", p)
+		}
+	}
+	kv, err := b.results.JS.KeyValue(ctx, b.results.Names.BackoffBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := backoff.AccountKey(b.simURL, fleettest.APIKey) + ".share." + w.id
+	if _, err := kv.Get(ctx, key); err != jetstream.ErrKeyDeleted && err != jetstream.ErrKeyNotFound {
+		t.Errorf("the stopped worker's share report: %v, want it deleted", err)
+	}
+}
