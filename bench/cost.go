@@ -583,7 +583,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 		jobMsgs, group = jobMsgs[:0], group[:0]
 		var encodeErr error
 		_, err := puller.Pull(ctx, fetchMax, time.Second, func(msg jetstream.Msg) {
-			id := msg.Headers().Get(queue.HeaderCustomID)
+			id := queue.CustomID(msg.Headers())
 			out, err := q.ResultMsg(outs[len(group)], codec, batch, id, string(jobs.StatusOK), tokens, data, 0)
 			if err != nil {
 				encodeErr = err

@@ -81,8 +81,16 @@ func (n Names) BatchFromJobSubject(subject string) string {
 
 // MsgID is the Nats-Msg-Id of a job: batch and custom id, so that publishing the same job
 // twice is dropped by the jobs stream's duplicate window. (A result needs none: its stream
-// keeps the first result on each job's subject and refuses any other.)
-func MsgID(batch, customID string) string { return batch + "/" + customID }
+// keeps the first result on each job's subject and refuses any other.) A custom id that ends
+// with a space is named by its JobToken after a "#", which no batch id holds: nats.go trims
+// a header value's spaces, and "b/x " would have been "b/x", another job's, whose duplicate
+// the stream dropped.
+func MsgID(batch, customID string) string {
+	if strings.HasSuffix(customID, " ") {
+		return batch + "#" + JobToken(customID)
+	}
+	return batch + "/" + customID
+}
 
 // ValidateBatchID reports whether id can serve as a batch id: it becomes a subject token.
 func ValidateBatchID(id string) error {

@@ -21,8 +21,12 @@ const (
 	// HeaderStatus carries a result's status (ok, error, cancelled), so that counting results
 	// needs no payload.
 	HeaderStatus = "Tinkerfleet-Status"
-	// HeaderCustomID carries the custom id of a job or result.
+	// HeaderCustomID carries the custom id of a job or result (read it with CustomID).
 	HeaderCustomID = "Tinkerfleet-Custom-Id"
+	// HeaderCustomIDBracketed says that HeaderCustomID holds its custom id between brackets:
+	// nats.go trims the spaces around a header value, and a custom id may begin or end with
+	// spaces (see setCustomID).
+	HeaderCustomIDBracketed = "Tinkerfleet-Custom-Id-Bracketed"
 	// HeaderDeadReason says why a payload was dead-lettered.
 	HeaderDeadReason = "Tinkerfleet-Dead-Reason"
 	// HeaderTokens carries an ok result's token counts (Tokens), so that totals need no
@@ -119,6 +123,29 @@ func (c *Codec) encode(msg *nats.Msg, subject string, data []byte) {
 // message for every job it settles.
 func setHeader(h nats.Header, key, value string) { h[key] = append(h[key][:0], value) }
 
+// setCustomID puts customID in h. nats.go trims the spaces around a header value
+// (textproto.TrimString, on sending and on reading), so a custom id that begins or ends with
+// one goes between brackets, and HeaderCustomIDBracketed says so: "x " and "x" are two jobs,
+// and " y" would have reached its worker as "y", which took the job for not the message's.
+func setCustomID(h nats.Header, customID string) {
+	if customID != "" && (customID[0] == ' ' || customID[len(customID)-1] == ' ') {
+		setHeader(h, HeaderCustomID, "["+customID+"]")
+		setHeader(h, HeaderCustomIDBracketed, "1")
+		return
+	}
+	setHeader(h, HeaderCustomID, customID)
+	delete(h, HeaderCustomIDBracketed) // a header map reused for another message
+}
+
+// CustomID is the custom id a job or result message's header h carries.
+func CustomID(h nats.Header) string {
+	id := h.Get(HeaderCustomID)
+	if len(id) >= 2 && h.Get(HeaderCustomIDBracketed) != "" {
+		return id[1 : len(id)-1]
+	}
+	return id
+}
+
 // Decode returns the payload of a message, decompressing it when its header says so.
 func (c *Codec) Decode(header nats.Header, data []byte) ([]byte, error) {
 	switch enc := header.Get(HeaderContentEncoding); enc {
@@ -165,7 +192,7 @@ func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status s
 	}
 	codec.encode(msg, q.Names.ResultSubject(batch, customID), data)
 	setHeader(msg.Header, HeaderStatus, status)
-	setHeader(msg.Header, HeaderCustomID, customID)
+	setCustomID(msg.Header, customID)
 	if tokens == (Tokens{}) {
 		delete(msg.Header, HeaderTokens)
 	} else {
@@ -189,7 +216,7 @@ func (q *Queue) PublishResult(ctx context.Context, msg *nats.Msg) (first bool, e
 		if ResultStored(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("publish result of %s: %w", msg.Header.Get(HeaderCustomID), err)
+		return false, fmt.Errorf("publish result of %s: %w", CustomID(msg.Header), err)
 	}
 	return true, nil
 }
@@ -277,7 +304,7 @@ const readAhead = 1024
 // published before (a resumed submit), so the job may already have a result.
 func (q *Queue) PublishJobAsync(batch, customID string, data []byte, republished bool) (jetstream.PubAckFuture, error) {
 	msg := nats.NewMsg(q.Names.JobSubject(batch))
-	msg.Header.Set(HeaderCustomID, customID)
+	setCustomID(msg.Header, customID)
 	if republished {
 		msg.Header.Set(HeaderRepublished, "1")
 	}
@@ -291,8 +318,8 @@ func (q *Queue) PublishJobAsync(batch, customID string, data []byte, republished
 
 // JobHeaderRoom is the most the headers of a job message, and of its dead-letter copy, take
 // of the server's max payload: a Nats-Msg-Id of a batch id (up to 64 bytes) and a custom_id
-// (up to 256), the custom_id again, the republished mark or the dead reason (maxDeadReason),
-// and the header block's framing. A job whose payload fits the max payload less this room is
+// (up to 256), the custom_id again (bracketed, with its mark, if spaces begin or end it), the
+// republished mark or the dead reason (maxDeadReason), and the header block's framing. A job whose payload fits the max payload less this room is
 // stored, and so is its copy if it is dead-lettered.
 const JobHeaderRoom = 1024
 
@@ -304,7 +331,7 @@ const maxDeadReason = 256
 // maxDeadReason bytes).
 func (q *Queue) PublishDead(ctx context.Context, batch, customID, reason string, data []byte) error {
 	msg := nats.NewMsg(q.Names.DeadSubject(batch))
-	msg.Header.Set(HeaderCustomID, customID)
+	setCustomID(msg.Header, customID)
 	msg.Header.Set(HeaderDeadReason, clip(reason, maxDeadReason))
 	msg.Data = data
 	if _, err := q.JS.PublishMsg(ctx, msg, jetstream.WithMsgID("dead/"+MsgID(batch, customID))); err != nil {

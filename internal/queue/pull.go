@@ -369,10 +369,10 @@ func HandBack(ctx context.Context, msg jetstream.Msg) error {
 // letter's handler finds it gone). Only if that fails as well does an error say so.
 func (q *Queue) PublishAgain(ctx context.Context, msg jetstream.Msg) error {
 	batch := q.Names.BatchFromJobSubject(msg.Subject())
-	customID := msg.Headers().Get(HeaderCustomID)
+	customID := CustomID(msg.Headers())
 	seq, _ := StreamSeq(msg)
 	again := nats.NewMsg(msg.Subject())
-	again.Header.Set(HeaderCustomID, customID)
+	setCustomID(again.Header, customID)
 	again.Header.Set(HeaderRepublished, "1")
 	again.Data = msg.Data()
 	// A Nats-Msg-Id of its own: the job's first one may still be in the duplicate window. It

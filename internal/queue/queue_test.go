@@ -493,8 +493,17 @@ func TestStreamFlagsReachTheStreams(t *testing.T) {
 func TestTheLargestJobsDeadLetterCopyFits(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
+	// The longest custom ids: a plain one, and one that a space begins, which its headers
+	// carry bracketed, with the mark that says so, beside the longest Nats-Msg-Id.
+	for _, customID := range []string{strings.Repeat("c", 256), " " + strings.Repeat("c", 255)} {
+		largestJobAndDeadCopy(t, b, customID)
+	}
+}
+
+func largestJobAndDeadCopy(t *testing.T, b *testBundle, customID string) {
+	t.Helper()
 	ctx := context.Background()
-	batch, customID := strings.Repeat("b", 64), strings.Repeat("c", 256)
+	batch := strings.Repeat("b", 64)
 	data := bytes.Repeat([]byte("x"), int(b.nc.MaxPayload())-JobHeaderRoom)
 	fut, err := b.q.PublishJobAsync(batch, customID, data, true)
 	if err != nil {
@@ -518,6 +527,65 @@ func TestTheLargestJobsDeadLetterCopyFits(t *testing.T) {
 	got := dead.Header.Get(HeaderDeadReason)
 	if len(dead.Data) != len(data) || len(got) > maxDeadReason+len("…") || !utf8.ValidString(got) || !strings.HasPrefix(reason, strings.TrimSuffix(got, "…")) {
 		t.Errorf("dead copy: %d bytes of %d, reason %d bytes (%q…)", len(dead.Data), len(data), len(got), got[:min(len(got), 20)])
+	}
+	if got := CustomID(dead.Header); got != customID {
+		t.Errorf("dead copy of %q: custom id %q", customID, got)
+	}
+}
+
+// TestCustomIDsWithSpacesAroundThemKeepTheirIdentity: nats.go trims the spaces around a
+// header value, and a custom id may begin or end with spaces: "x " was dropped as a duplicate
+// of "x" (their Nats-Msg-Ids were one), and " y" reached its worker as "y". Each is a job of
+// its own, and its messages (job, copy published again, result) carry it whole.
+func TestCustomIDsWithSpacesAroundThemKeepTheirIdentity(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	codec := newCodec(t, 0)
+	ids := []string{"x", "x ", " y", "   ", "[z]"}
+	for _, id := range ids {
+		f, err := b.q.PublishJobAsync("b1", id, []byte(id), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				t.Errorf("job %q was dropped as another job's duplicate", id)
+			}
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	for i, id := range ids {
+		raw, err := b.q.Jobs.GetMsg(ctx, uint64(i+1))
+		if err != nil {
+			t.Fatalf("job %q: %v", id, err)
+		}
+		if got := CustomID(raw.Header); got != id || string(raw.Data) != id {
+			t.Errorf("job %q is stored as %q (payload %q)", id, got, raw.Data)
+		}
+		msg, err := b.q.ResultMsg(nil, codec, "b1", id, "ok", Tokens{}, []byte("{}"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.q.PublishResult(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", id))
+		if err != nil || CustomID(res.Header) != id {
+			t.Errorf("result of %q: %v, custom id %q", id, err, CustomID(res.Header))
+		}
+	}
+	// A header map reused for a plain id loses the mark.
+	h := nats.Header{}
+	setCustomID(h, " y")
+	setCustomID(h, "[z]")
+	if got := CustomID(h); got != "[z]" {
+		t.Errorf("a reused header: %q, want [z]", got)
 	}
 }
 

@@ -147,7 +147,7 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 			errs[i] = late
 		}
 		if errs[i] != nil {
-			errs[i] = fmt.Errorf("publish result of %s: %w", msgs[i].Header.Get(HeaderCustomID), errs[i])
+			errs[i] = fmt.Errorf("publish result of %s: %w", CustomID(msgs[i].Header), errs[i])
 		}
 	}
 	if late != nil {

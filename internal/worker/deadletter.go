@@ -155,7 +155,7 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 		return fmt.Errorf("read job %d: %w", adv.StreamSeq, err)
 	}
 	batch := q.Names.BatchFromJobSubject(raw.Subject)
-	customID := raw.Header.Get(queue.HeaderCustomID)
+	customID := queue.CustomID(raw.Header)
 	done, err := q.HasResult(ctx, batch, customID)
 	if err != nil {
 		return err

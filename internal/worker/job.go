@@ -48,7 +48,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 	start := time.Now()
 	names := w.cfg.Queue.Names
 	batch := names.BatchFromJobSubject(msg.Subject())
-	customID := msg.Headers().Get(queue.HeaderCustomID)
+	customID := queue.CustomID(msg.Headers())
 	delivered := queue.NumDelivered(msg)
 	log := func() *slog.Logger { return w.jobLog(batch, customID, delivered) }
 	if batch == "" {

@@ -183,6 +183,27 @@ func tokenJobs(prefix string, n int) []jobs.Job {
 	return js
 }
 
+// TestCustomIDsWithSpacesAroundThemAreSampledEach: "x" and "x " are two jobs, and " y" is
+// " y". nats.go trims the spaces around header values: the second was dropped as the first's
+// duplicate, and the third ended as invalid_job ("custom_id does not match the message
+// header"), though every line was valid.
+func TestCustomIDsWithSpacesAroundThemAreSampledEach(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
+	var js []jobs.Job
+	for i, id := range []string{"x", "x ", " y", "   "} {
+		js = append(js, jobs.Job{CustomID: id, Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, i}, NumSamples: 1})
+	}
+	publishJobs(t, b.results, "spaced", js)
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+	got := waitResults(t, b.results, "spaced", len(js), 30*time.Second)
+	for _, j := range js {
+		if r, ok := got[j.CustomID]; !ok || r.Status != jobs.StatusOK {
+			t.Errorf("job %q: %+v, want an ok result", j.CustomID, r)
+		}
+	}
+}
+
 func TestWorkerRunsPromptChatAndTokenJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 8})
