@@ -61,6 +61,13 @@ func (k APIKey) Validate() error {
 	if !strings.HasPrefix(s, "tml-") && !strings.HasPrefix(s, "eyJ") {
 		return errors.New("tinker: API key must start with the 'tml-' prefix (or be a JWT starting with 'eyJ')")
 	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			// net/http would refuse it as a header value on every request, which the client
+			// retries as a connection error.
+			return errors.New("tinker: API key holds a line break or control character (several lines in TINKER_API_KEY_FILE?)")
+		}
+	}
 	return nil
 }
 

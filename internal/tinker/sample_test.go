@@ -9,8 +9,10 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -664,5 +666,68 @@ func TestSampleValidation(t *testing.T) {
 	}
 	if len(f.requests("asample")) != 0 {
 		t.Fatal("invalid request was sent")
+	}
+}
+
+// TestAReplyThatOnlyDeclaresItsSizeTakesNoMemoryForIt: a reply that declares a large
+// Content-Length (under 64 MiB) made readBody allocate all of it before a byte arrived: 16
+// such polls held 1 GB though the peer sent nothing, and a worker runs up to 400 polls, none
+// of them counted by its result memory. Memory is taken as bytes arrive now.
+func TestAReplyThatOnlyDeclaresItsSizeTakesNoMemoryForIt(t *testing.T) {
+	const n = 16
+	const declared = 63 << 20
+	f := newFake(t)
+	release := make(chan struct{})
+	var polls atomic.Int32
+	f.set("retrieve_future", func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		polls.Add(1)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Header().Set("Content-Length", "66060288") // 63 MiB, nothing sent
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	c, _, _ := dial(t, f, func(c *Config) { c.Timing.PollTimeout = 5 * time.Second; c.Timing.Clock = nil })
+	s := sampler(t, c)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { _, _ = s.Sample(ctx, basicRequest()) })
+	}
+	for deadline := time.Now().Add(30 * time.Second); polls.Load() < n && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // the clients read the headers
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	cancel() // the samples end here: a body cut short would be polled again
+	close(release)
+	wg.Wait()
+	grew := int64(during.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d polls, each declaring %d MiB and sending 0 bytes: heap grew by %d MiB", n, declared>>20, grew>>20)
+	if grew > 256<<20 {
+		t.Fatalf("heap grew by %d MiB for replies that sent no byte", grew>>20)
+	}
+}
+
+// TestAFailedFuturesMessageHasNoCredential: a failed future's message that echoes the
+// credential (the API key, or a JWT) is scrubbed as an error reply's body is: the worker
+// writes it into the result line (failed_future).
+func TestAFailedFuturesMessageHasNoCredential(t *testing.T) {
+	msg := `{"error":"request by key ` + string(testKey) + ` with token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln failed","category":"user"}`
+	_, _, _, _, err := runSample(t, nil, jsonReply(200, msg))
+	var rf *RequestFailedError
+	if !errors.As(err, &rf) {
+		t.Fatalf("want a failed future, got %v", err)
+	}
+	if strings.Contains(err.Error(), string(testKey)) || strings.Contains(err.Error(), "eyJhbGci") {
+		t.Fatalf("credential in the error: %v", err)
 	}
 }

@@ -431,7 +431,7 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 				if json.Unmarshal(pr.Error, &str) == nil {
 					msg = str
 				}
-				return nil, &RequestFailedError{Category: parseCategory(pr.Category), Message: msg, RequestID: requestID}
+				return nil, &RequestFailedError{Category: parseCategory(pr.Category), Message: c.redact(msg), RequestID: requestID}
 			default:
 				resp, err := decodeSampleResponseJSON(r.body)
 				if err != nil {

@@ -213,7 +213,9 @@ func readBody(resp *http.Response, limit int64) ([]byte, error) {
 	if resp.ContentLength > limit {
 		return nil, errReplyTooLarge
 	}
-	if resp.ContentLength > 0 && resp.ContentLength < 64<<20 {
+	// Trust a declared length only as far as a small buffer: a peer that declares 63 MiB
+	// and sends nothing must not make every poll hold 63 MiB.
+	if resp.ContentLength > 0 && resp.ContentLength <= maxPrealloc {
 		b := make([]byte, resp.ContentLength)
 		if _, err := io.ReadFull(resp.Body, b); err != nil {
 			return nil, err
@@ -226,6 +228,9 @@ func readBody(resp *http.Response, limit int64) ([]byte, error) {
 	}
 	return b, err
 }
+
+// maxPrealloc is the largest declared Content-Length readBody allocates before reading.
+const maxPrealloc = 1 << 20
 
 // errReplyTooLarge is readBody's error for a body over Timing.MaxReplyBytes.
 var errReplyTooLarge = errors.New("reply too large")

@@ -350,3 +350,22 @@ func hugeTopK() []byte {
 	topk = protowire.AppendVarint(protowire.AppendTag(topk, fieldTopKPromptLength, protowire.VarintType), 1<<31)
 	return protowire.AppendBytes(protowire.AppendTag(nil, fieldRespTopK, protowire.BytesType), topk)
 }
+
+// TestAKeyFileOfTwoLinesIsRefused: a key file holding two keys (a rotation appended to the
+// mounted secret) or a control character is refused, without quoting the key. It passed
+// Validate, and every request then failed inside net/http ("invalid header field value for
+// X-Api-Key"), which the client retried as a connection error (§6.2) for minutes.
+func TestAKeyFileOfTwoLinesIsRefused(t *testing.T) {
+	for _, content := range []string{"tml-aaa\ntml-bbb\n", "tml-aa\x01a\n"} {
+		path := t.TempDir() + "/key"
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		k, err := APIKeyFromFile(path)
+		if err == nil {
+			t.Errorf("key file %q accepted as %q", content, string(k))
+		} else if strings.Contains(err.Error(), "aaa") {
+			t.Errorf("error quotes the key: %v", err)
+		}
+	}
+}
