@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -262,6 +263,17 @@ func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, s
 	return out, nil
 }
 
+// resultStart reports whether b, the first bytes of a line, can begin a result line: every
+// line tinkerfleet writes starts with one of these (jobs.Result.AppendJSON, the OpenAI form).
+func resultStart(b []byte) bool {
+	for _, p := range []string{`{"custom_id":`, `{"id":"batch_req_`} {
+		if bytes.HasPrefix(b, []byte(p)) || strings.HasPrefix(p, string(b)) {
+			return true
+		}
+	}
+	return false
+}
+
 // outputRead is what readOutput found: how many whole lines, and whether a last line was
 // cut short.
 type outputRead struct {
@@ -278,6 +290,11 @@ func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum
 	var keep int64
 	br := bufio.NewReaderSize(r, 1<<20)
 	for {
+		if head, _ := br.Peek(len(`{"id":"batch_req_`)); len(head) > 0 && !resultStart(head) {
+			// Not a result line, whole or cut: refused before it is read (it may be a large
+			// file that is no results file at all, and has no line end to stop a read).
+			return lines, keep, fmt.Errorf("%s holds a line that is not a result (line %d); give another -o file: %w", path, lines.whole+1, errNotResults)
+		}
 		line, err := br.ReadBytes('\n')
 		if errors.Is(err, io.EOF) {
 			lines.cut = len(line) > 0 // dropped by the caller

@@ -217,3 +217,26 @@ func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 		t.Errorf("a plain file named .gz: %v", err)
 	}
 }
+
+// TestAnOutputFileWithoutALineEndIsLeftAlone: -o naming an existing file that is no results
+// file is refused, also when it has no line end: its whole content was taken for a result
+// line a crash cut short, and the file was truncated to nothing (a 1 GiB one read whole
+// first). A line that cannot begin a result is refused before it is read.
+func TestAnOutputFileWithoutALineEndIsLeftAlone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.json")
+	const content = `{"important": "config written without a final newline"}`
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := openOutput(path, "b-1", map[queue.JobKey]bool{}, &summary{})
+	if out != nil {
+		out.Close()
+	}
+	got, _ := os.ReadFile(path)
+	if string(got) != content {
+		t.Fatalf("the file was changed to %q (err %v)", got, err)
+	}
+	if !errors.Is(err, errNotResults) {
+		t.Fatalf("want errNotResults, got %v", err)
+	}
+}
