@@ -48,11 +48,14 @@ func (w *Worker) attend(ctx context.Context, period time.Duration) {
 	for {
 		select {
 		case <-ctx.Done():
+			// The worker stops: say so at once rather than let the note age out. With the
+			// connection down, a reconnect (ReconnectWait 250 ms and its jitter) still lands
+			// the removal, and a server gone for longer holds the stop a second at most.
+			budget := 2 * time.Second
 			if w.natsDown() {
-				return // the note ages out (queue.PresenceWindow) rather than hold the stop
+				budget = time.Second
 			}
-			// The worker stops: say so at once rather than let the note age out.
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 			defer cancel()
 			if err := w.cfg.Queue.ForgetPresence(fctx, w.id); err != nil {
 				w.log.Debug("forget presence", "err", err)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -100,5 +101,58 @@ func TestAStopWithNATSUpStillSettlesAndLeaves(t *testing.T) {
 	key := backoff.AccountKey(b.simURL, fleettest.APIKey) + ".share." + w.id
 	if _, err := kv.Get(ctx, key); err != jetstream.ErrKeyDeleted && err != jetstream.ErrKeyNotFound {
 		t.Errorf("the stopped worker's share report: %v, want it deleted", err)
+	}
+}
+
+// TestAStopDuringABriefReconnectStillRemovesThePresenceNote: a worker stopped while its
+// connection reconnects to a server back within a fraction of a second (a rolling restart, a
+// failover) still removes its presence note, which the reconnect lands: skipped whenever the
+// connection was down, it left status counting the stopped worker running for 15 s.
+func TestAStopDuringABriefReconnectStillRemovesThePresenceNote(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := emb.Server().Addr().(*net.TCPAddr).Port
+	b := &testBundle{emb: emb, tokens: builtinTokens()}
+	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	w := b.open(t, b.connect(t), Config{Concurrency: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	present := func(q *queue.Queue) bool {
+		a, _, err := q.Present(context.Background(), queue.PresenceWindow, queue.PresenceWindow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range a.Running {
+			if p.Worker == w.id {
+				return true
+			}
+		}
+		return false
+	}
+	probe := b.connect(t)
+	fleettest.Eventually(t, 10*time.Second, "the worker's presence note", func() bool { return present(probe) })
+
+	emb.Shutdown()
+	nc := w.cfg.Queue.JS.Conn()
+	fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
+	cancel() // the stop, while reconnecting
+	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	b.emb = emb
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	fleettest.Eventually(t, 10*time.Second, "the worker to reconnect", nc.IsConnected)
+	if present(b.connect(t)) {
+		t.Errorf("the stopped worker's presence note is still there after a reconnect of well under a second: status counts it running for up to %v", queue.PresenceWindow)
 	}
 }

@@ -1786,7 +1786,7 @@ func TestWatchesFollowARestartedServer(t *testing.T) {
 	}
 	t.Cleanup(func() { emb.Shutdown() })
 	port := emb.Server().Addr().(*net.TCPAddr).Port
-	b := &testBundle{emb: emb, tokens: tokenizer.NewRegistry(tokenizer.Options{Offline: true})}
+	b := &testBundle{emb: emb, tokens: builtinTokens()}
 	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
 	w := b.open(t, b.connect(t), Config{Concurrency: 4, CapacityTTL: time.Minute})
 	run(t, w)
