@@ -48,6 +48,11 @@ func (o *connOptions) register(s *envflag.Set) {
 // in the data directory, so that no simulated batch is taken for a real one.
 func simulatedDataDir(dataDir string) string { return filepath.Join(dataDir, "simulated") }
 
+// isSimulatedDataDir reports whether dataDir is a simulated store (simulatedDataDir) itself.
+func isSimulatedDataDir(dataDir string) bool {
+	return filepath.Base(filepath.Clean(dataDir)) == "simulated"
+}
+
 // simulatedBatchPrefix begins the batch id a --simulate run gives its input ("b-" a real
 // run's): the same file simulated first, then sampled for real, makes two batches, and a
 // results file of one is refused as the other's -o. It also tells the commands on one batch
@@ -57,7 +62,7 @@ const simulatedBatchPrefix = "sim-"
 // storeOf is the data directory of batch: the simulated store for a simulated batch, unless
 // dataDir names it already.
 func storeOf(dataDir, batch string) string {
-	if strings.HasPrefix(batch, simulatedBatchPrefix) && filepath.Base(filepath.Clean(dataDir)) != "simulated" {
+	if strings.HasPrefix(batch, simulatedBatchPrefix) && !isSimulatedDataDir(dataDir) {
 		return simulatedDataDir(dataDir)
 	}
 	return dataDir

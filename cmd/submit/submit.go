@@ -173,11 +173,12 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 			scan.rejected, scan.rejected+scan.accepted, errInvalidInput)
 	}
 	if o.skipInvalid && !o.dryRun {
-		if err := writeRejects(rejectsTmp, o.rejects, o.batchID+".rejects.jsonl", scan.rejected > 0); err != nil {
+		path := cmp.Or(o.rejects, o.batchID+".rejects.jsonl")
+		if err := writeRejects(rejectsTmp, path, o.rejects != "", scan.rejected > 0); err != nil {
 			return err
 		}
 		if scan.rejected > 0 {
-			fmt.Fprintf(env.stderr, "%s skipped; written to %s\n", plural(scan.rejected, "invalid line"), cmp.Or(o.rejects, o.batchID+".rejects.jsonl"))
+			fmt.Fprintf(env.stderr, "%s skipped; written to %s\n", plural(scan.rejected, "invalid line"), path)
 		}
 	}
 	if scan.accepted == 0 {
@@ -324,14 +325,13 @@ type scanResult struct {
 	longest            int    // the longest valid line, in bytes
 }
 
-// writeRejects puts tmp, the rejects written, in place: at named (--rejects), or at
-// defaultPath. A file is written whenever some line was rejected or --rejects names one, an
-// empty one when none was, so that a script never reads an earlier run's rejects as this
-// run's; the default file is emptied only where an earlier run left one, and not made for
-// nothing.
-func writeRejects(tmp *os.File, named, defaultPath string, rejected bool) error {
-	path := cmp.Or(named, defaultPath)
-	if !rejected && named == "" {
+// writeRejects puts tmp, the rejects written, in place at path: --rejects when named says so,
+// or else the default file. A file is written whenever some line was rejected or --rejects
+// names one, an empty one when none was, so that a script never reads an earlier run's
+// rejects as this run's; the default file is emptied only where an earlier run left one, and
+// not made for nothing.
+func writeRejects(tmp *os.File, path string, named, rejected bool) error {
+	if !rejected && !named {
 		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}

@@ -405,7 +405,7 @@ func TestTheDefaultRejectsFileIsMadeOnlyForRejects(t *testing.T) {
 		return f
 	}
 	path := filepath.Join(dir, "b-1.rejects.jsonl")
-	if err := writeRejects(tmp(""), "", path, false); err != nil {
+	if err := writeRejects(tmp(""), path, false, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
@@ -415,7 +415,7 @@ func TestTheDefaultRejectsFileIsMadeOnlyForRejects(t *testing.T) {
 		content  string
 		rejected bool
 	}{{"{\"line\":1}\n", true}, {"", false}} {
-		if err := writeRejects(tmp(c.content), "", path, c.rejected); err != nil {
+		if err := writeRejects(tmp(c.content), path, false, c.rejected); err != nil {
 			t.Fatal(err)
 		}
 		if data, err := os.ReadFile(path); err != nil || string(data) != c.content {

@@ -319,8 +319,9 @@ func (q *Queue) PublishJobAsync(batch, customID string, data []byte, republished
 // JobHeaderRoom is the most the headers of a job message, and of its dead-letter copy, take
 // of the server's max payload: a Nats-Msg-Id of a batch id (up to 64 bytes) and a custom_id
 // (up to 256), the custom_id again (bracketed, with its mark, if spaces begin or end it), the
-// republished mark or the dead reason (maxDeadReason), and the header block's framing. A job whose payload fits the max payload less this room is
-// stored, and so is its copy if it is dead-lettered.
+// republished mark or the dead reason (maxDeadReason), and the header block's framing. A job
+// whose payload fits the max payload less this room is stored, and so is its copy if it is
+// dead-lettered.
 const JobHeaderRoom = 1024
 
 // maxDeadReason bounds the reason a dead-letter copy carries, in bytes, so that the copy fits
