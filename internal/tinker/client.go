@@ -53,7 +53,6 @@ type Client struct {
 
 	billingMu     sync.Mutex
 	billingFirst  time.Time
-	billingLast   time.Time
 	billingLogged time.Time
 
 	closeOnce sync.Once

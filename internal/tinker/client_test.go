@@ -549,3 +549,66 @@ func TestCloudflareAccessHeadersGoOnEveryRequest(t *testing.T) {
 		t.Fatalf("the secret printed: %s", s)
 	}
 }
+
+// TestABare400IsRetriedOnAFreshConnection: a 400 without a body is a connection-level
+// rejection, retried as a connection error on a fresh connection, as the SDK replaces that
+// pool client (§1.4); the retry went down the very connection that was rejected.
+func TestABare400IsRetriedOnAFreshConnection(t *testing.T) {
+	f := newFake(t)
+	var mu sync.Mutex
+	var addrs []string
+	rec := func(r reply) reply {
+		return func(w http.ResponseWriter, req *http.Request, body []byte) {
+			mu.Lock()
+			addrs = append(addrs, req.RemoteAddr)
+			mu.Unlock()
+			r(w, req, body)
+		}
+	}
+	f.push("create_sampling_session", rec(bareStatus(400)))
+	f.set("create_sampling_session", rec(jsonReply(200, `{"sampling_session_id":"sess-1:sample:0"}`)))
+	c, _, _ := dial(t, f, nil)
+	if _, err := c.NewSampler(testCtx(t), SamplerSpec{BaseModel: "Qwen/Qwen3-8B"}); err != nil {
+		t.Fatalf("NewSampler: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(addrs) != 2 {
+		t.Fatalf("want the bare 400 and one retry, got %d requests", len(addrs))
+	}
+	if addrs[0] == addrs[1] {
+		t.Fatalf("the retry after a bare 400 reused the rejected connection %s; §1.4 wants a fresh one", addrs[0])
+	}
+}
+
+// TestABillingIncidentEndsWhenNo402WasLoggedFor300s: an incident resets when no 402 was
+// logged for 300 s (§2.3; the SDK's last-logged time moves at most every 60 s, and not once
+// the window is over). The client counted from the last 402 seen, so 402s that kept coming
+// past the window failed every call at once, where the SDK pauses again after 5 minutes.
+func TestABillingIncidentEndsWhenNo402WasLoggedFor300s(t *testing.T) {
+	f := newFake(t)
+	f.set("client/config", jsonReply(200, `{"billing_exception_max_pause_duration_sec": 100}`))
+	f.set("get_server_capabilities", jsonReply(200, `{"supported_models":[]}`))
+	c, fc, _ := dial(t, f, nil)
+	t0 := fc.Now()
+	at := func(d time.Duration) {
+		fc.mu.Lock()
+		fc.now = t0.Add(d)
+		fc.mu.Unlock()
+	}
+	pay := jsonReply(402, `{"detail":"payment required"}`)
+	// t=0: first 402 of the incident, logged. t=50 s: a 402, not logged (< 60 s since).
+	for _, d := range []time.Duration{0, 50 * time.Second} {
+		at(d)
+		f.push("get_server_capabilities", pay)
+		if _, err := c.Capabilities(testCtx(t)); err != nil {
+			t.Fatalf("402 at %s inside the window: %v", d, err)
+		}
+	}
+	// t=320 s: 320 s since the last *logged* 402 → a new incident, whose window is open.
+	at(320 * time.Second)
+	f.push("get_server_capabilities", pay)
+	if _, err := c.Capabilities(testCtx(t)); err != nil {
+		t.Fatalf("402 at 320 s (no 402 logged for 320 s: a new incident per §2.3) was fatal: %v", err)
+	}
+}

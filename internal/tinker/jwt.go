@@ -73,7 +73,14 @@ func (c *Client) startAuth(ctx context.Context) error {
 	case c.flags.CredentialDefaultSource == "credential_cmd":
 		return errors.New(`tinker: the server requires credentials from a command (credential_default_source "credential_cmd"): set TINKER_CREDENTIAL_CMD to a command that prints a valid credential (§2.2)`)
 	}
-	tok, exp, err := c.exchangeJWT(ctx)
+	// SDK 0.25.0: execute_with_retries(self._default_auth.init): the 300 s loop of §6.2.
+	var tok APIKey
+	var exp time.Time
+	err := c.withRetries(ctx, "auth/token", "", nil, func(ctx context.Context) error {
+		var err error
+		tok, exp, err = c.exchangeJWT(ctx)
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package tinker
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -428,4 +429,33 @@ func TestJWTNeverLeaks(t *testing.T) {
 	if string(cur) != tok || fmt.Sprint(cur) != "eyJ"+redactedText {
 		t.Fatalf("the stored JWT prints as %v", cur)
 	}
+}
+
+// TestTheStartupJWTExchangeRetriesInTheSubmitLoop: the SDK runs the start-up JWT exchange
+// in the 300 s loop of §6.2, on top of the 10 HTTP retries (InternalClientHolder.__init__,
+// SDK 0.25.0; §3's table lists only the latter). Dial gave up after the HTTP retries, about a
+// minute of auth/token outage, where the SDK starts.
+func TestTheStartupJWTExchangeRetriesInTheSubmitLoop(t *testing.T) {
+	f, _ := jwtFake(t, hourLife)
+	unavailable := jsonReply(503, `{"detail":"unavailable"}`)
+	for range 12 { // 1 + 10 HTTP retries, then one more: the 300 s loop's second try
+		f.push("auth/token", unavailable)
+	}
+	fc := newFakeClock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, Config{BaseURL: f.url(), APIKey: testKey, Timing: Timing{Clock: fc, HeartbeatInterval: time.Hour}})
+	if err != nil {
+		t.Fatalf("Dial failed after %d auth/token requests over %s of (virtual) retries: %v",
+			len(f.requests("auth/token")), sum(fc.Sleeps()), err)
+	}
+	_ = c.Close()
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var s time.Duration
+	for _, d := range ds {
+		s += d
+	}
+	return s
 }

@@ -111,7 +111,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		_ = resp.Body.Close()
 		if err == nil && r.status == http.StatusBadRequest && bare {
 			// §1.4: a 400 without Content-Length (or "0") is a connection-level
-			// rejection, retried as a connection error while the budget lasts.
+			// rejection, retried as a connection error while the budget lasts. The SDK
+			// replaces the pool client, so the retry goes out on a fresh connection.
+			c.hc.CloseIdleConnections()
 			if c.bare400.Add(-1) >= 0 {
 				err = errors.New("bare HTTP 400 without a body (connection-level rejection)")
 				r = nil
@@ -429,15 +431,18 @@ func submitBackoff(attempt int, base, max time.Duration) time.Duration {
 func (c *Client) billingPause(endpoint, samplerID string) bool {
 	now := c.clock.Now()
 	c.billingMu.Lock()
-	if c.billingFirst.IsZero() || now.Sub(c.billingLast) > 300*time.Second {
-		c.billingFirst = now
-		c.billingLogged = time.Time{}
+	// §2.3 / SDK _should_pause_on_billing: the incident ends when no 402 was *logged* for
+	// 300 s; a 402 past the window neither logs nor moves that time.
+	if !c.billingLogged.IsZero() && now.Sub(c.billingLogged) > 300*time.Second {
+		c.billingFirst, c.billingLogged = time.Time{}, time.Time{}
 	}
-	c.billingLast = now
-	open := now.Sub(c.billingFirst) <= c.flags.BillingExceptionMaxPauseDuration
+	open := c.billingFirst.IsZero() || now.Sub(c.billingFirst) <= c.flags.BillingExceptionMaxPauseDuration
 	logIt := open && (c.billingLogged.IsZero() || now.Sub(c.billingLogged) >= 60*time.Second)
 	if logIt {
 		c.billingLogged = now
+	}
+	if open && c.billingFirst.IsZero() {
+		c.billingFirst = now
 	}
 	c.billingMu.Unlock()
 	if logIt {
