@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -266,8 +265,8 @@ func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, s
 // resultStart reports whether b, the first bytes of a line, can begin a result line: every
 // line tinkerfleet writes starts with one of these (jobs.Result.AppendJSON, the OpenAI form).
 func resultStart(b []byte) bool {
-	for _, p := range []string{`{"custom_id":`, `{"id":"batch_req_`} {
-		if bytes.HasPrefix(b, []byte(p)) || strings.HasPrefix(p, string(b)) {
+	for _, p := range [...]string{`{"custom_id":`, `{"id":"batch_req_`} {
+		if n := min(len(b), len(p)); string(b[:n]) == p[:n] { // either is the other's prefix
 			return true
 		}
 	}

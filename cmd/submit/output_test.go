@@ -240,3 +240,21 @@ func TestAnOutputFileWithoutALineEndIsLeftAlone(t *testing.T) {
 		t.Fatalf("want errNotResults, got %v", err)
 	}
 }
+
+// TestResultStartTakesEveryBeginningOfAResultLine: a line is refused on its first bytes only
+// when no result line begins so; a result line cut short after a few bytes is one.
+func TestResultStartTakesEveryBeginningOfAResultLine(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		head string
+		want bool
+	}{
+		{`{"custom_id":"a","batch_id"`, true}, {`{"id":"batch_req_0123456789`, true},
+		{`{`, true}, {`{"cus`, true}, {`{"id":"ba`, true},
+		{`{"important":`, false}, {`[`, false}, {"\n", false}, {`{"id":"x"`, false}, {`{"custom_id" :`, false},
+	} {
+		if got := resultStart([]byte(c.head)); got != c.want {
+			t.Errorf("resultStart(%q) = %v, want %v", c.head, got, c.want)
+		}
+	}
+}
