@@ -110,8 +110,13 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		auth++
 		opts = append(opts, nats.Token(cfg.Token))
 	}
+	if urlHasCredentials(cfg.URL) {
+		// nats.go takes them over any of the others, silently: a --nats-password beside
+		// them was ignored.
+		auth++
+	}
 	if auth > 1 {
-		return nil, errors.New("nats: give one of credentials file, nkey, user/password or token")
+		return nil, errors.New("nats: give one of credentials file, nkey, user/password or token (a user or token in the server URL counts as one)")
 	}
 	if cfg.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(cfg.TLSCA))
@@ -179,6 +184,21 @@ func unreachable(err error) bool {
 
 // redactURLs returns a comma-separated list of server URLs for a log line, with any user
 // information (a password, or a token given as the user name) replaced.
+// urlHasCredentials reports whether a URL of list (comma-separated, as nats.go takes them)
+// holds a user or token.
+func urlHasCredentials(list string) bool {
+	for raw := range strings.SplitSeq(list, ",") {
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // as nats.go reads "host:port"
+		}
+		if u, err := url.Parse(raw); err == nil && u.User != nil {
+			return true
+		}
+	}
+	return false
+}
+
 func redactURLs(list string) string {
 	urls := strings.Split(list, ",")
 	for i, raw := range urls {

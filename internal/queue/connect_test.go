@@ -62,6 +62,17 @@ func TestConnectWithUserPasswordAndToken(t *testing.T) {
 	if _, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: "x", Token: "y"}); err == nil {
 		t.Fatal("two kinds of credentials at once were accepted")
 	}
+	// Credentials in the URL are one kind too: nats.go took them over a password beside them,
+	// without a word.
+	inURL := strings.Replace(s.ClientURL(), "nats://", "nats://fleet:s3cret@", 1)
+	if _, err := Connect(ConnectConfig{URL: "nats://127.0.0.1:1, " + inURL, Password: "wrong"}); err == nil || !strings.Contains(err.Error(), "a user or token in the server URL counts as one") {
+		t.Fatalf("credentials in the URL beside a password: %v, want a refusal", err)
+	}
+	nc, err = Connect(ConnectConfig{URL: inURL})
+	if err != nil {
+		t.Fatalf("credentials in the URL alone: %v", err)
+	}
+	nc.Close()
 	tok := startServer(t, &server.Options{Authorization: "tok-123"})
 	nc, err = Connect(ConnectConfig{URL: tok.ClientURL(), Token: "tok-123"})
 	if err != nil {
