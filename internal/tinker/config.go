@@ -126,8 +126,11 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) error {
 type Timing struct {
 	Clock Clock // nil: the real clock
 
-	RequestTimeout    time.Duration // 60 s, per HTTP request (§1.3)
-	PollTimeout       time.Duration // 45 s, per retrieve_future request (§1.3)
+	// A request's timeout bounds the wait for its reply's headers, then restarts with each
+	// piece of the body, as httpx's read timeout does (§1.3).
+	RequestTimeout time.Duration // 60 s, per HTTP request (§1.3)
+	PollTimeout    time.Duration // 45 s, per retrieve_future request (§1.3)
+
 	HeartbeatInterval time.Duration // 10 s (§3.4)
 	HeartbeatTimeout  time.Duration // 10 s (§3.4)
 	HeartbeatWarn     time.Duration // 120 s without a successful heartbeat → warning (§3.4)

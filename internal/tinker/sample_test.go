@@ -252,6 +252,58 @@ func TestPollTimeoutIsConnectionBackoff(t *testing.T) {
 	}
 }
 
+// TestAPollsTimeoutRestartsWithEachPieceOfItsBody: a result that comes slowly, each piece
+// well within the poll timeout, is read to its end though the whole takes more than twice
+// the timeout (httpx's read timeout, §1.3); re-polling it would cut it off again each time.
+// A body that stops coming still ends at the timeout.
+func TestAPollsTimeoutRestartsWithEachPieceOfItsBody(t *testing.T) {
+	const timeout = time.Second
+	const pieces = 12 // one each timeout/5: 2.4 s in all
+	result := encodeResponse(simpleResponse())
+	if len(result) < pieces {
+		t.Fatalf("a result of %d bytes cannot come in %d pieces", len(result), pieces)
+	}
+	trickle := func(stallAfter int) reply {
+		return func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.WriteHeader(200)
+			size := (len(result) + pieces - 1) / pieces
+			for i, rest := 0, result; len(rest) > 0; i++ {
+				if i == stallAfter {
+					<-r.Context().Done()
+					return
+				}
+				n := min(size, len(rest))
+				_, _ = w.Write(rest[:n])
+				w.(http.Flusher).Flush()
+				rest = rest[n:]
+				select {
+				case <-time.After(timeout / 5):
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+	}
+	slow := func(c *Config) { c.Timing.PollTimeout = timeout }
+
+	res, f, fc, _, err := runSample(t, slow, trickle(-1))
+	if err != nil || !reflect.DeepEqual(res.Response, simpleResponse()) {
+		t.Fatalf("a slow result: %+v, %v", res, err)
+	}
+	if polls := len(f.requests("retrieve_future")); polls != 1 || len(fc.Sleeps()) != 0 {
+		t.Fatalf("a slow result took %d polls and sleeps %v; want it read by its one poll", polls, fc.Sleeps())
+	}
+
+	res, f, fc, _, err = runSample(t, slow, trickle(pieces/2))
+	if err != nil || res.Response == nil {
+		t.Fatal(err)
+	}
+	if polls := len(f.requests("retrieve_future")); polls != 2 || len(fc.Sleeps()) != 1 {
+		t.Fatalf("a result that stopped coming: %d polls, sleeps %v; want it timed out and polled again", polls, fc.Sleeps())
+	}
+}
+
 func TestPoll400Budget(t *testing.T) {
 	bad := jsonReply(400, `{"detail":"bad"}`)
 	res, _, fc, _, err := runSample(t, nil, bad, bad, bad)

@@ -65,8 +65,8 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if timeout == 0 {
 		timeout = c.t.RequestTimeout
 	}
-	rctx, cancel := withRequestTimeout(ctx, timeout)
-	defer cancel()
+	rctx, timer := withRequestTimeout(ctx, timeout)
+	defer timer.stop()
 	var body io.Reader
 	if cl.body != nil {
 		body = bytes.NewReader(cl.body)
@@ -105,6 +105,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	var r *response
 	if err == nil {
 		r = &response{status: resp.StatusCode, header: resp.Header}
+		// The timeout restarts with each piece of the body, as httpx's read timeout
+		// does (§1.3): a large result over a slow link is not cut off while it comes.
+		resp.Body = &restartingBody{ReadCloser: resp.Body, timer: timer}
 		r.body, err = readBody(resp, c.t.MaxReplyBytes)
 		// A reply the transport decompressed lost its Content-Length, and had a body.
 		bare := resp.ContentLength <= 0 && !resp.Uncompressed
@@ -162,15 +165,16 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 // would throw its answer away, and a poll's answer lost so is a sample paid for twice once
 // the service has let its future go (410, §4.2). So a timer that fires more than lateSlack
 // after its time gives the request lateSlack more, each time it comes late. The context has
-// no Deadline: it ends by cancellation, which dials, handshakes and reads all heed.
-func withRequestTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+// no Deadline: it ends by cancellation, which dials, handshakes and reads all heed. The
+// returned timer's restart puts the timeout off again; its stop ends the context.
+func withRequestTimeout(ctx context.Context, timeout time.Duration) (context.Context, *requestTimer) {
 	rctx, cancel := context.WithCancelCause(ctx)
-	rt := &requestTimer{cancel: cancel}
+	rt := &requestTimer{cancel: cancel, timeout: timeout}
 	rt.mu.Lock()
 	rt.due = time.Now().Add(timeout)
 	rt.timer = time.AfterFunc(timeout, rt.fire)
 	rt.mu.Unlock()
-	return rctx, rt.stop
+	return rctx, rt
 }
 
 // lateSlack is how late a request's timer may fire before withRequestTimeout takes the
@@ -181,6 +185,7 @@ const lateSlack = time.Second
 // requestTimer ends a request at its timeout (withRequestTimeout).
 type requestTimer struct {
 	mu      sync.Mutex
+	timeout time.Duration
 	due     time.Time
 	timer   *time.Timer
 	stopped bool // the request ended: a firing that waited for mu must not re-arm the timer
@@ -193,12 +198,25 @@ func (rt *requestTimer) fire() {
 	if rt.stopped {
 		return
 	}
-	if now := time.Now(); now.Sub(rt.due) > lateSlack {
+	now := time.Now()
+	switch {
+	case now.Before(rt.due): // restarted since it was armed
+		rt.timer.Reset(rt.due.Sub(now))
+		return
+	case now.Sub(rt.due) > lateSlack:
 		rt.due = now.Add(lateSlack)
 		rt.timer.Reset(lateSlack)
 		return
 	}
 	rt.cancel(context.DeadlineExceeded)
+}
+
+// restart puts the timeout off to a whole timeout from now. The timer is not re-armed
+// here: fire finds the later due time and waits for it, so a restart costs a lock.
+func (rt *requestTimer) restart() {
+	rt.mu.Lock()
+	rt.due = time.Now().Add(rt.timeout)
+	rt.mu.Unlock()
 }
 
 func (rt *requestTimer) stop() {
@@ -207,6 +225,20 @@ func (rt *requestTimer) stop() {
 	rt.timer.Stop()
 	rt.mu.Unlock()
 	rt.cancel(context.Canceled)
+}
+
+// restartingBody restarts a request's timer with each read that brings some of the body.
+type restartingBody struct {
+	io.ReadCloser
+	timer *requestTimer
+}
+
+func (b *restartingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.timer.restart()
+	}
+	return n, err
 }
 
 // readBody reads a reply's body, at most limit bytes of it: a longer one is errReplyTooLarge,
