@@ -110,3 +110,11 @@ func BenchmarkEncodeGptOss(b *testing.B) { benchEncode(b, gptOss(b)) }
 func BenchmarkEncodeGptOssRegexp2(b *testing.B) {
 	benchEncode(b, withRegexSplitter(b, gptOss(b), PatternO200k))
 }
+
+// BenchmarkEncodeDeepSeekV3 encodes the 1 MB text with DeepSeek V3's three chained Split
+// patterns, cut by hand; BenchmarkEncodeDeepSeekV3Regexp2 with regexp2, the fallback.
+func BenchmarkEncodeDeepSeekV3(b *testing.B) { benchEncode(b, deepseekV3(b)) }
+
+func BenchmarkEncodeDeepSeekV3Regexp2(b *testing.B) {
+	benchEncode(b, withRegexSplitters(b, deepseekV3(b), PatternDeepSeekDigits, PatternDeepSeekCJK, PatternDeepSeekWords))
+}

@@ -27,7 +27,12 @@ func randomText(r *rand.Rand, n int) string {
 		"\u200b", "🚀", "👍🏽", "\xff", "\xe2\x82", "\v", "\f", "\u0085", "\u2028", "x", "y1", "<", "<|", "|>",
 		// for o200k's case-aware words: capitals, title case, modifier letters, lone marks
 		// (a mark is in both word classes but not a letter), a slash after punctuation.
-		"A", "AB", "aB", "Ab", "'S", "ǅ", "ʰ", "\u0301", "\u0903", "\u20dd", "ß", "Ω", "ω", "/", "-/"}
+		"A", "AB", "aB", "Ab", "'S", "ǅ", "ʰ", "\u0301", "\u0903", "\u20dd", "ß", "Ω", "ω", "/", "-/",
+		// for DeepSeek V3's patterns: kana, the ends of its CJK range, punctuation against
+		// symbols, digit runs, controls, and characters of Unicode 16.0 (a Garay digit and
+		// letter, U+1171E, a symbol, a punctuation mark and a mark).
+		"あ", "カ", "ー", "・", "\u9fa5", "\u9fa6", "\u4e00", "\u4dff", "$", "^", "`", "+", "€", "©", "12345", "\x00",
+		"\u200d", "\ufeff", "\U00010D40", "\U00010D4A", "\U0001171E", "\u2427", "\u1b4e", "a\u0897", " -", "_a", "(a", "é.", " €", ".\n", "!\r\n"}
 	var b strings.Builder
 	for b.Len() < n {
 		b.WriteString(alphabet[r.IntN(len(alphabet))])
@@ -67,7 +72,9 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 		name    string
 		pattern string
 		fast    splitter
-	}{{"qwen2", PatternQwen2, scanner{maxDigits: 1}}, {"llama3", PatternLlama3, scanner{maxDigits: 3}}, {"o200k", PatternO200k, o200kScanner{}}} {
+	}{{"qwen2", PatternQwen2, scanner{maxDigits: 1}}, {"llama3", PatternLlama3, scanner{maxDigits: 3}}, {"o200k", PatternO200k, o200kScanner{}},
+		{"deepseek-digits", PatternDeepSeekDigits, deepSeekDigits{}}, {"deepseek-cjk", PatternDeepSeekCJK, deepSeekCJK{}},
+		{"deepseek-words", PatternDeepSeekWords, deepSeekWords{}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			re, err := newRegexSplitter(tc.pattern)
 			if err != nil {
@@ -91,13 +98,23 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 
 // withRegexSplitter returns a copy of tok that splits with regexp2.
 func withRegexSplitter(t testing.TB, tok *Tokenizer, pattern string) *Tokenizer {
+	return withRegexSplitters(t, tok, pattern)
+}
+
+// withRegexSplitters returns a copy of tok that splits with regexp2, by each pattern in
+// turn, as a Sequence of Splits does.
+func withRegexSplitters(t testing.TB, tok *Tokenizer, patterns ...string) *Tokenizer {
 	t.Helper()
-	re, err := newRegexSplitter(pattern)
-	if err != nil {
-		t.Fatal(err)
+	var sp splitter
+	for _, p := range patterns {
+		re, err := newRegexSplitter(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp = chain(sp, re)
 	}
 	c := *tok
-	c.split = re
+	c.split = sp
 	return &c
 }
 
@@ -105,9 +122,9 @@ func withRegexSplitter(t testing.TB, tok *Tokenizer, pattern string) *Tokenizer 
 // regex, expects the same ids, and expects Decode to give the text back.
 func TestEncodeCorpusRoundTrip(t *testing.T) {
 	corpus := buildCorpus(t, 200_000)
-	check := func(t *testing.T, tok *Tokenizer, pattern string) {
+	check := func(t *testing.T, tok *Tokenizer, patterns ...string) {
 		ids := tok.Encode(corpus)
-		slow := withRegexSplitter(t, tok, pattern).Encode(corpus)
+		slow := withRegexSplitters(t, tok, patterns...).Encode(corpus)
 		if !slices.Equal(ids, slow) {
 			t.Fatalf("scanner and regexp2 give different ids (%d vs %d tokens)", len(ids), len(slow))
 		}
@@ -121,6 +138,9 @@ func TestEncodeCorpusRoundTrip(t *testing.T) {
 	t.Run("qwen3", func(t *testing.T) { check(t, qwen3(t), PatternQwen2) })
 	t.Run("llama3", func(t *testing.T) { check(t, llama3(t), PatternLlama3) })
 	t.Run("gpt-oss", func(t *testing.T) { check(t, gptOss(t), PatternO200k) })
+	t.Run("deepseek-v3", func(t *testing.T) {
+		check(t, deepseekV3(t), PatternDeepSeekDigits, PatternDeepSeekCJK, PatternDeepSeekWords)
+	})
 }
 
 // TestMergeLinearEqualsHeap checks the short-piece merge loop against HF's

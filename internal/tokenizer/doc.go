@@ -9,7 +9,7 @@
 //     single_word, lstrip, rstrip and normalized);
 //  2. the rest is normalized (NFC for Qwen, with HF's Unicode 9.0 tables and
 //     no limit on a run of combining marks: normalize.go) and split by the pre-tokenizer
-//     pattern; the Qwen2, Llama 3 and o200k (gpt-oss) patterns, which need
+//     pattern; the Qwen2, Llama 3, o200k (gpt-oss) and DeepSeek V3 patterns, which need
 //     look-ahead or backtracking, run on hand-written scanners proved equal to
 //     the regex (regexp2 is the fallback for any other pattern); both know the
 //     characters Unicode 16.0 added, as HF's regex engine does (category.go);

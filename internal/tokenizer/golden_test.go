@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -48,13 +49,20 @@ func TestGoldenQwen3NFKC(t *testing.T) {
 }
 
 // DeepSeek V3 pre-tokenizes with a Sequence of three Splits (digits, CJK runs, words),
-// which exercises the chained splitters and the regexp2 fallback.
+// which exercises the chained splitters: the hand-written ones, and regexp2, the fallback for
+// patterns no scanner knows.
 func TestGoldenDeepSeekV3(t *testing.T) {
-	checkGolden(t, deepseekV3(t), "deepseek_v3-golden.jsonl")
+	tok := deepseekV3(t)
+	if want := (chained{deepSeekDigits{}, deepSeekCJK{}, deepSeekWords{}}); !reflect.DeepEqual(tok.split, want) {
+		t.Fatalf("the file's patterns split with %#v, want the scanners %#v", tok.split, want)
+	}
+	checkGolden(t, tok, "deepseek_v3-golden.jsonl")
+	viaRegexp2 := withRegexSplitters(t, tok, PatternDeepSeekDigits, PatternDeepSeekCJK, PatternDeepSeekWords)
+	checkGolden(t, viaRegexp2, "deepseek_v3-golden.jsonl")
 }
 
 // gpt-oss pre-tokenizes with o200k's pattern (case-aware words, digit runs of up to
-// three), which runs on the regexp2 fallback.
+// three), which its hand-written scanner cuts.
 func TestGoldenGptOss(t *testing.T) { checkGolden(t, gptOss(t), "gpt-oss-golden.jsonl") }
 
 // TestCommittedQwen3Checksum checks that the committed .zst decompresses to

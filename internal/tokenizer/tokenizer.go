@@ -287,8 +287,8 @@ func (t *Tokenizer) setPreTokenizer(c *component) error {
 	return nil
 }
 
-// splitterFor picks the hand-written scanner for the three known patterns and
-// regexp2 for anything else.
+// splitterFor picks the hand-written scanner for the known patterns (Qwen2, Llama 3,
+// o200k and DeepSeek V3's three) and regexp2 for anything else.
 func splitterFor(pattern string) (splitter, error) {
 	switch pattern {
 	case PatternQwen2:
@@ -297,6 +297,12 @@ func splitterFor(pattern string) (splitter, error) {
 		return scanner{maxDigits: 3}, nil
 	case PatternO200k:
 		return o200kScanner{}, nil
+	case PatternDeepSeekDigits:
+		return deepSeekDigits{}, nil
+	case PatternDeepSeekCJK:
+		return deepSeekCJK{}, nil
+	case PatternDeepSeekWords:
+		return deepSeekWords{}, nil
 	}
 	return newRegexSplitter(pattern)
 }
