@@ -86,7 +86,7 @@ func BenchmarkSampleRoundTrip(b *testing.B) {
 // to subtract loopback HTTP and server cost from BenchmarkSampleRoundTrip.
 func BenchmarkRawHTTPBaseline(b *testing.B) {
 	srv := benchServer(b)
-	hc := defaultHTTPClient(nil)
+	hc := &http.Client{Transport: defaultTransport(nil)}
 	req := benchRequest()
 	body, _ := appendSampleRequest(nil, &req, "s:sample:0", 1)
 	poll := pollBody("s:sample:0:1", true)

@@ -31,6 +31,7 @@ type Client struct {
 	cf        CloudflareAccess       // sent on every request; zero: none
 	hc        *http.Client
 	ownHC     bool
+	pool      *poolTransport // the default client's transport, replaced after a bare 400 (§1.4); nil with Config.HTTPClient
 	log       *slog.Logger
 	disp      Dispatcher
 	onEvent   func(Event)
@@ -121,7 +122,8 @@ func newClient(cfg Config) (*Client, error) {
 		c.cmd = &credentialCmd{cmd: cmd}
 	}
 	if c.hc == nil {
-		c.hc, c.ownHC = defaultHTTPClient(cfg.RootCAs), true
+		c.pool = newPoolTransport(defaultTransport(cfg.RootCAs))
+		c.hc, c.ownHC = &http.Client{Transport: c.pool}, true
 	}
 	c.hc = keepCredentialHome(c.hc)
 	if c.log == nil {
@@ -137,7 +139,7 @@ func newClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-func defaultHTTPClient(roots *x509.CertPool) *http.Client {
+func defaultTransport(roots *x509.CertPool) *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if roots != nil {
 		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
@@ -153,7 +155,46 @@ func defaultHTTPClient(roots *x509.CertPool) *http.Client {
 	// when the pong is h2PingAfter late, it ends 10-20 s after its last frame; its requests
 	// then fail as connection errors, which are tried again on a new connection (§6.2).
 	tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: h2PingAfter, PingTimeout: h2PingAfter}
-	return &http.Client{Transport: tr}
+	return tr
+}
+
+// poolTransport is the default client's transport: one pool of connections that a bare 400
+// replaces by a fresh one, as the SDK replaces the pool client that met it (§1.4). Closing
+// the idle connections alone is not enough over HTTP/2: every request shares one
+// connection, which is not idle while any other request (a long poll) is in flight, so the
+// retry went down the very connection that was rejected. The old pool's requests in flight
+// finish on it; its connections close as they fall idle (IdleConnTimeout).
+type poolTransport struct {
+	mu  sync.Mutex
+	cur atomic.Pointer[http.Transport]
+	gen atomic.Uint64 // bumped by each replacement
+}
+
+func newPoolTransport(tr *http.Transport) *poolTransport {
+	p := &poolTransport{}
+	p.cur.Store(tr)
+	return p
+}
+
+func (p *poolTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return p.cur.Load().RoundTrip(r)
+}
+
+// CloseIdleConnections closes the current pool's idle connections (http.Client's closeIdler).
+func (p *poolTransport) CloseIdleConnections() { p.cur.Load().CloseIdleConnections() }
+
+// replace puts a fresh pool in place of the one of generation gen (read before the rejected
+// request was sent), unless another bare 400 has replaced it already.
+func (p *poolTransport) replace(gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen.Load() != gen {
+		return
+	}
+	old := p.cur.Load()
+	p.cur.Store(old.Clone())
+	p.gen.Add(1)
+	old.CloseIdleConnections()
 }
 
 // keepCredentialHome returns a copy of hc that follows a redirect (§1.4: the SDK does) only

@@ -100,6 +100,10 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if cl.header != nil {
 		cl.header(h)
 	}
+	var gen uint64
+	if c.pool != nil {
+		gen = c.pool.gen.Load()
+	}
 	start := time.Now()
 	resp, err := c.hc.Do(req)
 	var r *response
@@ -116,7 +120,11 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 			// §1.4: a 400 without Content-Length (or "0") is a connection-level
 			// rejection, retried as a connection error while the budget lasts. The SDK
 			// replaces the pool client, so the retry goes out on a fresh connection.
-			c.hc.CloseIdleConnections()
+			if c.pool != nil {
+				c.pool.replace(gen)
+			} else {
+				c.hc.CloseIdleConnections()
+			}
 			if c.bare400.Add(-1) >= 0 {
 				err = errors.New("bare HTTP 400 without a body (connection-level rejection)")
 				r = nil
