@@ -122,7 +122,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.BoolVar(&c.JWTAuth, "jwt-auth", false, "JWT exchange (§2.2): client/config says pjwt_auth_enabled, POST auth/token swaps an API key for a JWT, and every other API endpoint requires that JWT in X-API-Key")
 	fs.DurationVar(&c.JWTLifetime, "jwt-lifetime", time.Hour, "validity of the JWTs minted with -jwt-auth")
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (0 or negative: none)")
-	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|slow_heartbeat|slow_accept|401|403), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s")
+	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|drop|slow_heartbeat|slow_accept|401|403), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s; kind=drop,endpoints=auth/token,duration=2m (a JWT exchange outage)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.Usage = func() {

@@ -96,7 +96,9 @@
 // ClearFaults, the cmd's -fault flags (ParseFault) or POST /admin/faults. Each has a window
 // (Start, Duration), an optional Rate drawn from an RNG seeded with Config.Seed, so a given
 // request sequence is reproducible, and an optional Count of requests it hits (Count 1 on a
-// 429: a lone 429). Server.Stats (GET /admin/stats) reports requests by
+// 429: a lone 429). Kinds that answer with a status (429, 402, 5xx, 408, bare_400) or with
+// nothing (drop: a connection error) may name any API endpoint: endpoints auth/token is an
+// outage of the JWT exchange. Server.Stats (GET /admin/stats) reports requests by
 // endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
 // concurrency, the TCP connections accepted (whether a client keeps its connections, §1.4)
 // and, for every 429, 402, 401 and pause window, how many asample calls arrived inside it.

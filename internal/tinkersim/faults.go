@@ -44,6 +44,13 @@ const (
 	// FaultBare400 answers 400 with no body and Content-Length 0, the "Cloudflare reject" of
 	// §1.4; default endpoints asample and retrieve_future.
 	FaultBare400 FaultKind = "bare_400"
+	// FaultDrop answers nothing: the server drops the request (HTTP/1.1 closes the connection,
+	// HTTP/2 resets the stream), which a client sees as a connection error, the class §4.2
+	// and §6.2 retry with their own waits: a load balancer or a service that is down. Counted
+	// in Stats.Requests under status 0. Default endpoints asample and retrieve_future; with
+	// endpoints auth/token it is an outage of the JWT exchange (§2.2), which Dial retries in
+	// the loop of §6.2.
+	FaultDrop FaultKind = "drop"
 	// FaultSlowHeartbeat delays session_heartbeat replies by Fault.Delay (§3.4).
 	FaultSlowHeartbeat FaultKind = "slow_heartbeat"
 	// FaultSlowAccept delays the reply to an accepted asample by Fault.Delay; the sample holds
@@ -108,6 +115,7 @@ var defaultEndpoints = map[FaultKind][]string{
 	FaultNeverComplete:   {epAsample},
 	FaultFailed:          {epAsample},
 	FaultBare400:         {epAsample, epRetrieveFuture},
+	FaultDrop:            {epAsample, epRetrieveFuture},
 	FaultSlowHeartbeat:   {epHeartbeat},
 	FaultSlowAccept:      {epAsample},
 	FaultUnauthorized:    {"*"},

@@ -119,6 +119,32 @@ func TestFaultServerErrorAndBare400(t *testing.T) {
 	}
 }
 
+// TestFaultDrop: a dropped request gets no reply at all, a connection error for the client,
+// on the endpoints named (here auth/token, an outage of the JWT exchange) and nowhere else,
+// counted under status 0.
+func TestFaultDrop(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{JWTAuth: true})
+	mustInject(t, h.srv, Fault{Kind: FaultDrop, Endpoints: []string{"auth/token"}, Count: 2})
+	for range 2 {
+		req, _ := http.NewRequest("POST", h.base+"/api/v1/auth/token", strings.NewReader("{}"))
+		req.Header.Set("X-API-Key", testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("dropped auth/token answered %d", resp.StatusCode)
+		}
+	}
+	mustStatus(t, h.do("POST", "/api/v1/client/config", `{"sdk_version":"0.25.0"}`), 200)
+	mustStatus(t, h.do("POST", "/api/v1/auth/token", "{}"), 200) // the count is spent
+	if st := h.srv.Stats(); st.Requests["auth/token"][0] != 2 || st.Requests["auth/token"][200] != 1 {
+		t.Fatalf("auth/token replies %v, want 2 dropped and 1 ok", st.Requests["auth/token"])
+	}
+	if _, err := ParseFault("kind=drop,endpoints=auth/token,duration=30s", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestFaultPollTimeoutsAndTryAgain(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Config{LongPollWait: time.Hour})

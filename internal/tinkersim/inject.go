@@ -188,10 +188,10 @@ func (s *Server) countAsampleInWindows(now time.Time) {
 }
 
 // genericFault answers the request with an injected 429, 402, 5xx, bare 400 or 408 when one
-// hits; it reports whether it did. requestID fills the try_again body of a 408 on polls.
+// hits, or drops it (FaultDrop: it does not return then); it reports whether it did. requestID fills the try_again body of a 408 on polls.
 func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string, now time.Time) bool {
 	s.mu.Lock()
-	a := s.hitLocked(endpoint, now, FaultBare400, FaultServerError, FaultRateLimit, FaultPaymentRequired, FaultTimeout)
+	a := s.hitLocked(endpoint, now, FaultBare400, FaultDrop, FaultServerError, FaultRateLimit, FaultPaymentRequired, FaultTimeout)
 	var (
 		logID    string
 		tryAgain tryAgain
@@ -208,6 +208,13 @@ func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string,
 		return false
 	}
 	switch a.f.Kind {
+	case FaultDrop:
+		if rec, ok := w.(*statusRecorder); ok {
+			rec.drop()
+		}
+		// net/http closes an HTTP/1.1 connection, or resets an HTTP/2 stream, without a reply
+		// and without logging.
+		panic(http.ErrAbortHandler)
 	case FaultBare400:
 		// §1.4: no body and Content-Length 0, the shape the SDK treats as a Cloudflare reject.
 		w.Header().Set("Content-Length", "0")

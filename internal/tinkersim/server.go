@@ -292,6 +292,17 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+// drop counts a request answered with nothing (FaultDrop) under status 0, and keeps
+// ServeHTTP from writing a 200 for it.
+func (r *statusRecorder) drop() {
+	if r.status == 0 {
+		r.status = -1
+		r.s.mu.Lock()
+		r.s.st.record(r.endpoint, 0)
+		r.s.mu.Unlock()
+	}
+}
+
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)

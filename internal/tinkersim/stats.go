@@ -7,7 +7,8 @@ import (
 
 // Stats is what the server saw since it started or was last reset.
 type Stats struct {
-	// Requests counts replies by endpoint name and HTTP status, e.g. Requests["asample"][429].
+	// Requests counts replies by endpoint name and HTTP status, e.g. Requests["asample"][429];
+	// status 0 counts the requests dropped without a reply (FaultDrop).
 	Requests map[string]map[int]int64 `json:"requests"`
 	// SamplesAccepted counts asample calls that created a new future.
 	SamplesAccepted int64 `json:"samples_accepted"`
