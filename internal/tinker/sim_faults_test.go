@@ -3,8 +3,10 @@ package tinker_test
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,4 +161,272 @@ func TestSimBare400RetryGoesOutOnANewConnection(t *testing.T) {
 			<-held
 		})
 	}
+}
+
+// faultEnv is a simulator behind an httptest server whose client the test dials itself
+// (Dial may be what fails), recording the client's events.
+type faultEnv struct {
+	sim *tinkersim.Server
+	url string
+
+	mu     sync.Mutex
+	events []tinker.Event
+}
+
+func newFaultEnv(t *testing.T, cfg tinkersim.Config) *faultEnv {
+	t.Helper()
+	cfg.APIKeys = []string{simKey}
+	if cfg.LongPollWait == 0 {
+		cfg.LongPollWait = 100 * time.Millisecond
+	}
+	sim, err := tinkersim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(sim)
+	t.Cleanup(func() { ts.Close(); sim.Close() })
+	return &faultEnv{sim: sim, url: ts.URL}
+}
+
+// dial dials with the delays of the retry layers cut to milliseconds.
+func (e *faultEnv) dial(ctx context.Context, timing tinker.Timing) (*tinker.Client, error) {
+	d := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	d(&timing.HTTPRetryBase, 5*time.Millisecond)
+	d(&timing.HTTPRetryMax, 20*time.Millisecond)
+	d(&timing.SubmitRetryBase, 20*time.Millisecond)
+	d(&timing.SubmitRetryMax, 100*time.Millisecond)
+	d(&timing.SampleRetryBase, 10*time.Millisecond)
+	d(&timing.SampleRetryMax, 50*time.Millisecond)
+	d(&timing.BackoffSmall, 20*time.Millisecond)
+	d(&timing.BillingRetry, 20*time.Millisecond)
+	return tinker.Dial(ctx, tinker.Config{BaseURL: e.url, APIKey: simKey, Timing: timing,
+		OnEvent: func(ev tinker.Event) {
+			e.mu.Lock()
+			e.events = append(e.events, ev)
+			e.mu.Unlock()
+		}})
+}
+
+func (e *faultEnv) eventsOf(k tinker.EventKind, endpoint string) []tinker.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []tinker.Event
+	for _, ev := range e.events {
+		if ev.Kind == k && (endpoint == "" || ev.Endpoint == endpoint) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestSimStartupJWTExchangeOutage: an outage of auth/token while Dial exchanges the key for a
+// JWT (§2 step 2, §2.2), as 503s or as dropped connections, is retried in the loop of §6.2
+// (HTTP retries turned off here, so that the loop alone does it): Dial gets through an
+// outage shorter than the loop's deadline and then samples with the JWT; one longer fails
+// Dial once the deadline has passed, with the outage's error; a refused key (401) is not
+// retried at all.
+func TestSimStartupJWTExchangeOutage(t *testing.T) {
+	t.Parallel()
+	outages := []struct {
+		name string
+		kind tinkersim.FaultKind
+		seen func(tinkersim.Stats) int64
+	}{
+		{"503", tinkersim.FaultServerError, func(st tinkersim.Stats) int64 { return st.Requests["auth/token"][503] }},
+		{"drop", tinkersim.FaultDrop, func(st tinkersim.Stats) int64 { return st.Requests["auth/token"][0] }},
+	}
+	for _, o := range outages {
+		t.Run(o.name+" shorter than the deadline", func(t *testing.T) {
+			t.Parallel()
+			e := newFaultEnv(t, tinkersim.Config{JWTAuth: true, Faults: []tinkersim.Fault{
+				{Kind: o.kind, Status: 503 * boolInt(o.kind == tinkersim.FaultServerError), Endpoints: []string{"auth/token"}, Duration: 400 * time.Millisecond}}})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			c, err := e.dial(ctx, tinker.Timing{HTTPMaxRetries: -1, SubmitRetryDeadline: 10 * time.Second})
+			if err != nil {
+				t.Fatalf("Dial through a %s outage of auth/token: %v", o.name, err)
+			}
+			defer c.Close()
+			st := e.sim.Stats()
+			if o.seen(st) < 2 || st.Requests["auth/token"][200] != 1 || time.Since(start) < 400*time.Millisecond {
+				t.Fatalf("auth/token replies %v after %s: want the outage met more than once, then one JWT", st.Requests["auth/token"], time.Since(start))
+			}
+			// Go's transport may itself send a request with an X-Idempotency-Key again once
+			// when its reused connection closes, so the simulator can see more drops than tries.
+			if r := e.eventsOf(tinker.EventRetry, "auth/token"); len(r) < 2 || int64(len(r)) > o.seen(st) || r[0].Layer != tinker.LayerSubmit {
+				t.Fatalf("retry events %+v: want one of the §6.2 loop per failed exchange", r)
+			}
+			s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Sample(ctx, simRequest(3)); err != nil {
+				t.Fatalf("sample with the JWT: %v", err)
+			}
+			if st := e.sim.Stats(); st.JWTRejections != 0 {
+				t.Fatalf("%d requests refused for their JWT", st.JWTRejections)
+			}
+		})
+		t.Run(o.name+" longer than the deadline", func(t *testing.T) {
+			t.Parallel()
+			e := newFaultEnv(t, tinkersim.Config{JWTAuth: true, Faults: []tinkersim.Fault{
+				{Kind: o.kind, Status: 503 * boolInt(o.kind == tinkersim.FaultServerError), Endpoints: []string{"auth/token"}}}})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			const deadline = 500 * time.Millisecond
+			start := time.Now()
+			c, err := e.dial(ctx, tinker.Timing{HTTPMaxRetries: -1, SubmitRetryDeadline: deadline})
+			took := time.Since(start)
+			if err == nil {
+				c.Close()
+				t.Fatal("Dial succeeded through an endless auth/token outage")
+			}
+			var se *tinker.StatusError
+			var ce *tinker.ConnectionError
+			if o.kind == tinkersim.FaultServerError && (!errors.As(err, &se) || se.StatusCode != 503) ||
+				o.kind == tinkersim.FaultDrop && !errors.As(err, &ce) {
+				t.Fatalf("Dial: %v (%T), want the outage's error", err, err)
+			}
+			// Waits 20, 40, 80, 100, 100… ms, the last cut to the deadline: then one more try.
+			if took < deadline || took > deadline+2*time.Second || o.seen(e.sim.Stats()) < 5 {
+				t.Fatalf("Dial gave up after %s and %d tries, want just past %s", took, o.seen(e.sim.Stats()), deadline)
+			}
+		})
+	}
+	t.Run("401 is not retried", func(t *testing.T) {
+		t.Parallel()
+		e := newFaultEnv(t, tinkersim.Config{JWTAuth: true, Faults: []tinkersim.Fault{
+			{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"auth/token"}}}})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := e.dial(ctx, tinker.Timing{SubmitRetryDeadline: 10 * time.Second})
+		var se *tinker.StatusError
+		if err == nil {
+			c.Close()
+		}
+		if !errors.As(err, &se) || se.StatusCode != 401 || e.sim.Stats().Requests["auth/token"][401] != 1 {
+			t.Fatalf("Dial: %v after auth/token replies %v, want one 401, not retried", err, e.sim.Stats().Requests["auth/token"])
+		}
+	})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// billingWindow is the client/config flag billing_exception_max_pause_duration_sec (§3.1).
+func billingWindow(d time.Duration) map[string]any {
+	return map[string]any{"billing_exception_max_pause_duration_sec": d.Seconds()}
+}
+
+// TestSimBillingPause: 402s (§2.3) against the simulator, the window cut to a fraction of a
+// second through client/config. A 402 on asample inside the window backs the sample off as a
+// 429 does, same attempt and seq_id, and the sample goes through once the 402s stop; 402s
+// that go on past the window fail the sample with the 402, not retried, and from then on a
+// 402 fails at once (the incident lasts until no 402 was logged for 300 s); on a poll, the
+// same after sleeps of BillingRetry.
+func TestSimBillingPause(t *testing.T) {
+	t.Parallel()
+	t.Run("402s that stop inside the window", func(t *testing.T) {
+		t.Parallel()
+		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(10 * time.Second), Faults: []tinkersim.Fault{
+			{Kind: tinkersim.FaultPaymentRequired, Duration: 300 * time.Millisecond}}})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := e.dial(ctx, tinker.Timing{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Sample(ctx, simRequest(4))
+		if err != nil {
+			t.Fatalf("sample across a billing pause inside the window: %v", err)
+		}
+		checkSequences(t, res.Response, 1, 16)
+		st := e.sim.Stats()
+		if st.Requests["asample"][402] < 2 || res.Attempts != 1 || res.Submissions < 3 || st.SamplesAccepted != 1 {
+			t.Fatalf("%d 402s, %d attempts, %d submissions, %d futures: want the one attempt (one seq_id) paused and sent again",
+				st.Requests["asample"][402], res.Attempts, res.Submissions, st.SamplesAccepted)
+		}
+		if len(e.eventsOf(tinker.EventBillingPaused, "asample")) == 0 {
+			t.Fatal("no billing pause event")
+		}
+	})
+	t.Run("402s past the window on asample", func(t *testing.T) {
+		t.Parallel()
+		const window = 500 * time.Millisecond
+		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(window)})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := e.dial(ctx, tinker.Timing{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPaymentRequired}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = s.Sample(ctx, simRequest(5))
+		took := time.Since(start)
+		var se *tinker.StatusError
+		if !errors.As(err, &se) || se.StatusCode != 402 || tinker.IsRetryable(err) {
+			t.Fatalf("sample under endless 402s: %v, want the 402, not retryable", err)
+		}
+		n := e.sim.Stats().Requests["asample"][402]
+		if took < window || took > window+2*time.Second || n < 3 {
+			t.Fatalf("the 402 became fatal after %s and %d 402s, want just past the %s window", took, n, window)
+		}
+		// The incident goes on: the next 402 fails at once, without a pause.
+		if _, err = s.Sample(ctx, simRequest(6)); !errors.As(err, &se) || se.StatusCode != 402 ||
+			e.sim.Stats().Requests["asample"][402] != n+1 {
+			t.Fatalf("a 402 after the window: %v after %d more 402s, want it fatal at once", err, e.sim.Stats().Requests["asample"][402]-n)
+		}
+	})
+	t.Run("402s past the window on polls", func(t *testing.T) {
+		t.Parallel()
+		const window = 500 * time.Millisecond
+		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(window)})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := e.dial(ctx, tinker.Timing{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPaymentRequired, Endpoints: []string{"retrieve_future"}}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = s.Sample(ctx, simRequest(7))
+		took := time.Since(start)
+		if err == nil || tinker.IsRetryable(err) || !strings.Contains(err.Error(), "402") {
+			t.Fatalf("sample whose polls meet endless 402s: %v, want a fatal 402", err)
+		}
+		st := e.sim.Stats()
+		if took < window || took > window+2*time.Second || st.Requests["retrieve_future"][402] < 3 || st.SamplesAccepted != 1 {
+			t.Fatalf("fatal after %s, %d 402 polls, %d futures: want one future polled through the %s window",
+				took, st.Requests["retrieve_future"][402], st.SamplesAccepted, window)
+		}
+	})
 }
