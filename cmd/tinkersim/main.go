@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -121,6 +122,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.BoolVar(&c.DisableDynamicConfig, "no-dynamic-config", false, "answer 404 to client/dynamic_config")
 	fs.BoolVar(&c.JWTAuth, "jwt-auth", false, "JWT exchange (§2.2): client/config says pjwt_auth_enabled, POST auth/token swaps an API key for a JWT, and every other API endpoint requires that JWT in X-API-Key")
 	fs.DurationVar(&c.JWTLifetime, "jwt-lifetime", time.Hour, "validity of the JWTs minted with -jwt-auth")
+	clientConfig := fs.String("client-config", "", `JSON object of client/config flags (§3.1) replacing or adding to the defaults, e.g. {"billing_exception_max_pause_duration_sec": 60}: a 402 fault (-fault kind=402) then outlasts the client's billing window (§2.3) within a minute, not an hour`)
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (0 or negative: none)")
 	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|drop|slow_heartbeat|slow_accept|401|403), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, endpoints (a+b). E.g. kind=429,start=30s,duration=10s; kind=drop,endpoints=auth/token,duration=2m (a JWT exchange outage)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
@@ -161,6 +163,13 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 			return nil, fmt.Errorf("-model %q: want name=max_context_length", m)
 		}
 		c.Models = append(c.Models, tinkersim.Model{Name: name, MaxContextLength: n})
+	}
+	if *clientConfig != "" {
+		dec := json.NewDecoder(strings.NewReader(*clientConfig))
+		dec.UseNumber()
+		if err := dec.Decode(&c.ClientConfig); err != nil || c.ClientConfig == nil || dec.More() {
+			return nil, fmt.Errorf("-client-config %q: want one JSON object", *clientConfig)
+		}
 	}
 	now := time.Now()
 	for _, spec := range faults {

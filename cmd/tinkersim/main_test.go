@@ -40,10 +40,30 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	for _, name := range []string{"addr", "api-key", "admin-token", "capacity", "base-latency", "per-token-latency",
 		"long-poll-wait", "retry-after", "result-ttl", "read-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
 		"stop-token-prob", "default-max-tokens", "max-num-samples", "metadata-threshold", "no-dynamic-config",
-		"training-runs", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "jwt-auth", "jwt-lifetime",
+		"training-runs", "client-config", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "jwt-auth", "jwt-lifetime",
 		"TINKERSIM_API_KEYS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
+		}
+	}
+}
+
+// TestClientConfigFlag: -client-config sets client/config flags, so that a 402 fault can
+// outlast a billing window (§2.3) that the client reads from there.
+func TestClientConfigFlag(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags([]string{"-client-config", `{"billing_exception_max_pause_duration_sec": 2.5, "sample_no_retries": true}`,
+		"-fault", "kind=402"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := o.cfg.ClientConfig["billing_exception_max_pause_duration_sec"].(json.Number); !ok || v.String() != "2.5" ||
+		o.cfg.ClientConfig["sample_no_retries"] != true || len(o.cfg.Faults) != 1 {
+		t.Fatalf("client config %v, faults %v", o.cfg.ClientConfig, o.cfg.Faults)
+	}
+	for _, bad := range []string{"[1]", "null", "{", `{"a":1} {}`, "3"} {
+		if _, err := parseFlags([]string{"-client-config", bad}, env(nil), io.Discard); err == nil {
+			t.Errorf("-client-config %s accepted", bad)
 		}
 	}
 }
