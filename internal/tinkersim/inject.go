@@ -188,7 +188,8 @@ func (s *Server) countAsampleInWindows(now time.Time) {
 }
 
 // genericFault answers the request with an injected 429, 402, 5xx, bare 400 or 408 when one
-// hits, or drops it (FaultDrop: it does not return then); it reports whether it did. requestID fills the try_again body of a 408 on polls.
+// hits, or drops it (FaultDrop: it does not return then); it reports whether it did.
+// requestID fills the try_again body of a 408 on polls.
 func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string, now time.Time) bool {
 	s.mu.Lock()
 	a := s.hitLocked(endpoint, now, FaultBare400, FaultDrop, FaultServerError, FaultRateLimit, FaultPaymentRequired, FaultTimeout)
