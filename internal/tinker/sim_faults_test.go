@@ -211,6 +211,21 @@ func (e *faultEnv) dial(ctx context.Context, timing tinker.Timing) (*tinker.Clie
 		}})
 }
 
+// sampler dials as dial does and opens a sampler of Qwen3-8B; the client closes with the test.
+func (e *faultEnv) sampler(t *testing.T, ctx context.Context) *tinker.Sampler {
+	t.Helper()
+	c, err := e.dial(ctx, tinker.Timing{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func (e *faultEnv) eventsOf(k tinker.EventKind, endpoint string) []tinker.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -293,7 +308,7 @@ func TestSimStartupJWTExchangeOutage(t *testing.T) {
 				t.Fatalf("Dial: %v (%T), want the outage's error", err, err)
 			}
 			// Waits 20, 40, 80, 100, 100… ms, the last cut to the deadline: then one more try.
-			if took < deadline || took > deadline+2*time.Second || o.seen(e.sim.Stats()) < 5 {
+			if took < deadline || took > deadline+5*time.Second || o.seen(e.sim.Stats()) < 5 {
 				t.Fatalf("Dial gave up after %s and %d tries, want just past %s", took, o.seen(e.sim.Stats()), deadline)
 			}
 		})
@@ -341,15 +356,7 @@ func TestSimBillingPause(t *testing.T) {
 			{Kind: tinkersim.FaultPaymentRequired, Duration: 300 * time.Millisecond}}})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := e.dial(ctx, tinker.Timing{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := e.sampler(t, ctx)
 		res, err := s.Sample(ctx, simRequest(4))
 		if err != nil {
 			t.Fatalf("sample across a billing pause inside the window: %v", err)
@@ -370,27 +377,19 @@ func TestSimBillingPause(t *testing.T) {
 		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(window)})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := e.dial(ctx, tinker.Timing{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := e.sampler(t, ctx)
 		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPaymentRequired}); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_, err = s.Sample(ctx, simRequest(5))
+		_, err := s.Sample(ctx, simRequest(5))
 		took := time.Since(start)
 		var se *tinker.StatusError
 		if !errors.As(err, &se) || se.StatusCode != 402 || tinker.IsRetryable(err) {
 			t.Fatalf("sample under endless 402s: %v, want the 402, not retryable", err)
 		}
 		n := e.sim.Stats().Requests["asample"][402]
-		if took < window || took > window+2*time.Second || n < 3 {
+		if took < window || took > window+5*time.Second || n < 3 {
 			t.Fatalf("the 402 became fatal after %s and %d 402s, want just past the %s window", took, n, window)
 		}
 		// The incident goes on: the next 402 fails at once, without a pause.
@@ -405,26 +404,18 @@ func TestSimBillingPause(t *testing.T) {
 		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(window)})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := e.dial(ctx, tinker.Timing{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := e.sampler(t, ctx)
 		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPaymentRequired, Endpoints: []string{"retrieve_future"}}); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_, err = s.Sample(ctx, simRequest(7))
+		_, err := s.Sample(ctx, simRequest(7))
 		took := time.Since(start)
 		if err == nil || tinker.IsRetryable(err) || !strings.Contains(err.Error(), "402") {
 			t.Fatalf("sample whose polls meet endless 402s: %v, want a fatal 402", err)
 		}
 		st := e.sim.Stats()
-		if took < window || took > window+2*time.Second || st.Requests["retrieve_future"][402] < 3 || st.SamplesAccepted != 1 {
+		if took < window || took > window+5*time.Second || st.Requests["retrieve_future"][402] < 3 || st.SamplesAccepted != 1 {
 			t.Fatalf("fatal after %s, %d 402 polls, %d futures: want one future polled through the %s window",
 				took, st.Requests["retrieve_future"][402], st.SamplesAccepted, window)
 		}
