@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -144,6 +145,19 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var running atomic.Pointer[worker.Worker]
+	// Until the worker is open, which registers its own metrics, tinkerfleet_nats_connected
+	// says whether NATS was reached: a worker that waits for it (a mistyped host waits for
+	// ever) shows 0, which the alert on a worker cut off from NATS reads, rather than nothing.
+	var conn atomic.Pointer[nats.Conn]
+	connecting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tinkerfleet_nats_connected", Help: "1 while the worker's NATS connection is up; 0 while it is being made again.",
+	}, func() float64 {
+		if nc := conn.Load(); nc != nil && nc.IsConnected() {
+			return 1
+		}
+		return 0
+	})
+	reg.MustRegister(connecting)
 	if o.metricsAddr != "" && o.metricsAddr != "off" { // off: an empty variable reads as unset
 		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load)
 		if err != nil {
@@ -169,6 +183,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 	defer nc.Close()
+	conn.Store(nc)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -197,6 +212,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 
+	reg.Unregister(connecting) // worker.Open registers the worker's own
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
 	tokOpts.Dir = o.tokenizerDir
 	w, err := worker.Open(ctx, worker.Config{

@@ -289,6 +289,11 @@ func TestRunWaitsForNATS(t *testing.T) {
 	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
 		t.Errorf("GET /readyz while waiting for NATS: %d %q, want 503 starting", code, body)
 	}
+	// The alert on a worker cut off from NATS reads this gauge: a worker that never reached
+	// NATS (a mistyped host waits for ever) must show it too, not only one that lost it.
+	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, "\ntinkerfleet_nats_connected 0\n") {
+		t.Errorf("GET /metrics while waiting for NATS has no tinkerfleet_nats_connected 0:\n%s", body)
+	}
 
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Port: port})
 	if err != nil {
@@ -304,6 +309,9 @@ func TestRunWaitsForNATS(t *testing.T) {
 	}
 	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusOK {
 		t.Errorf("GET /readyz once working: %d %q, want 200", code, body)
+	}
+	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, "\ntinkerfleet_nats_connected 1\n") {
+		t.Errorf("GET /metrics once working has no tinkerfleet_nats_connected 1:\n%s", body)
 	}
 	cancel()
 	if err := <-done; err != nil {
