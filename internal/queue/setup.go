@@ -180,6 +180,14 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		q.Config.AckWait, q.Config.MaxAckPending = got.AckWait, got.MaxAckPending
 		q.Config.MaxDeliver = deliveries(got)
 	}
+	if update {
+		// The backoff bucket is made by the first worker that opens the fleet backoff, with
+		// the replicas of that moment, and never again: a --replicas change reaches it here,
+		// or the fleet's backoff, capacity shares and presence notes stay on one node.
+		if err := ensureReplicas(ctx, js, "KV_"+names.BackoffBucket(), cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 	bucket := jetstream.KeyValueConfig{
 		Bucket:      names.BatchesBucket(),
 		Description: "tinkerfleet batch manifests",
@@ -246,6 +254,29 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, name
 		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
 	}
 	return s, nil
+}
+
+// ensureReplicas gives the stream name, if it exists, replicas replicas, changing nothing else.
+func ensureReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
+	_, err := retry(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		s, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		c := s.CachedInfo().Config
+		if c.Replicas == replicas {
+			return s, nil
+		}
+		c.Replicas = replicas
+		return js.UpdateStream(ctx, c)
+	})
+	if err != nil {
+		return fmt.Errorf("queue: stream %s: %w", name, err)
+	}
+	return nil
 }
 
 // ownStream refuses a stream s that holds subjects of another prefix. Stream and bucket names
