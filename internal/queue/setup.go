@@ -164,9 +164,16 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 	}
 	var c jetstream.Consumer
 	if update {
-		c, err = retry(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		createOrUpdate := func(ctx context.Context) (jetstream.Consumer, error) {
 			return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), consumer)
-		})
+		}
+		c, err = retry(ctx, createOrUpdate)
+		// Just after a --replicas change the stream may still be growing its replicas (it
+		// copies its jobs to them first), and the server refuses the consumer more of them
+		// until it has: a worker's start waits for that rather than fail.
+		for start := time.Now(); replicasGrowing(err) && time.Since(start) < replicasGrowWait && ctx.Err() == nil; {
+			c, err = retry(ctx, createOrUpdate)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, names.JobsStream(), err)
 		}
@@ -254,6 +261,21 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, update bool, name
 		return nil, fmt.Errorf("queue: stream %s: %w", cfg.Name, err)
 	}
 	return s, nil
+}
+
+// errCodeReplicasExceedStream is the JetStream API error code of a consumer given more
+// replicas than its stream has (JSConsumerReplicasExceedsStream).
+const errCodeReplicasExceedStream = 10126
+
+// replicasGrowWait bounds how long Setup waits for the jobs stream to grow the replicas its
+// consumer is to have.
+const replicasGrowWait = time.Minute
+
+// replicasGrowing reports whether err is the server refusing a consumer the replicas its
+// stream does not have yet.
+func replicasGrowing(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeReplicasExceedStream
 }
 
 // ensureReplicas gives the stream name, if it exists, replicas replicas, changing nothing else.
