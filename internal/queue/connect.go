@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,9 @@ const WriteTimeout = 10 * time.Second
 func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("nats: no server URL")
+	}
+	if err := checkPorts(cfg.URL); err != nil {
+		return nil, err
 	}
 	log := logger(cfg)
 	// The reconnect is a warning too, with the outage's length: a reader that was told of the
@@ -182,8 +186,6 @@ func unreachable(err error) bool {
 	return errors.Is(err, nats.ErrNoServers) || errors.As(err, &dns) || (errors.As(err, &dial) && dial.Op == "dial")
 }
 
-// redactURLs returns a comma-separated list of server URLs for a log line, with any user
-// information (a password, or a token given as the user name) replaced.
 // urlHasCredentials reports whether a URL of list (comma-separated, as nats.go takes them)
 // holds a user or token.
 func urlHasCredentials(list string) bool {
@@ -199,6 +201,28 @@ func urlHasCredentials(list string) bool {
 	return false
 }
 
+// checkPorts refuses a server URL of list whose port is no port (not a number from 1 to
+// 65535): nats.go's dial fails on it as on a server that is down, and ConnectWait would wait
+// for it for ever.
+func checkPorts(list string) error {
+	for raw := range strings.SplitSeq(list, ",") {
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // as nats.go reads "host:port"
+		}
+		u, err := url.Parse(raw)
+		if err != nil || u.Port() == "" {
+			continue // nats.go says what is wrong with it, or takes its default port
+		}
+		if p, err := strconv.Atoi(u.Port()); err != nil || p < 1 || p > 65535 {
+			return fmt.Errorf("nats: server URL %s: port %q is not a number from 1 to 65535", redactURLs(raw), u.Port())
+		}
+	}
+	return nil
+}
+
+// redactURLs returns a comma-separated list of server URLs for a log line, with any user
+// information (a password, or a token given as the user name) replaced.
 func redactURLs(list string) string {
 	urls := strings.Split(list, ",")
 	for i, raw := range urls {

@@ -257,6 +257,22 @@ func TestConnectWaitReturnsOtherErrorsAtOnce(t *testing.T) {
 	}
 }
 
+// TestConnectWaitRefusesAPortThatIsNone: a URL whose port is out of range fails at once, named
+// without its password; nats.go's dial failed on it as on a server down, and a worker waited
+// for it for ever.
+func TestConnectWaitRefusesAPortThatIsNone(t *testing.T) {
+	t.Parallel()
+	for _, list := range []string{"nats://fleet:s3cret@127.0.0.1:99999", "127.0.0.1:4222, 127.0.0.1:0"} {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		_, err := ConnectWait(ctx, ConnectConfig{URL: list})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "port") || strings.Contains(err.Error(), "gave up waiting") ||
+			strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: err = %v, want the port refused at once, without the password", list, err)
+		}
+	}
+}
+
 // TestConnectWaitWaitsForANameThatDoesNotResolveYet: a server named by a name that does not
 // resolve (a Kubernetes pod's, before its pod runs) is waited for like one that refuses the
 // connection; nats.go reports only the refusal as ErrNoServers.
