@@ -193,6 +193,10 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallNone, "" // every result is stored; the reader has yet to read the last
 	case s.held > 0:
 		return stallHeld, s.heldPhrase()
+	case s.alone && !s.publishing && s.waiting > 0:
+		// Before any pause: a pause the crashed run's worker met (its last 429) ends by itself,
+		// and no worker here would wait it out.
+		return stallNoWorker, fmt.Sprintf("%s, and no worker can take %s: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample %[2]s", jobsWait(s.waiting), them(s.waiting))
 	case s.pause != nil && s.pause.Left >= time.Second:
 		return stallPaused, fmt.Sprintf("the fleet is paused for %s more: %s", s.pause.Left.Round(time.Second), pauseCause(s.pause.Reason))
 	case s.pause != nil && -s.pause.Left < since: // short pauses, one after another
@@ -201,8 +205,6 @@ func (s stall) why(since time.Duration) (stallKind, string) {
 		return stallPublishing, "its jobs are still being published (if that submit stopped, run it again to finish)"
 	case s.waiting == 0:
 		return stallGone, lostPhraseOf(s.missing, s.lostCause)
-	case s.alone:
-		return stallNoWorker, fmt.Sprintf("%s, and no worker can take %s: the NATS server runs in this command, which only reads; run the batch's submit --local command again to sample %[2]s", jobsWait(s.waiting), them(s.waiting))
 	case s.noConsumer:
 		return stallNoConsumer, fmt.Sprintf("no worker has joined this NATS server yet: %s; start one (worker --nats-url)", jobsWait(s.waiting))
 	case s.opening && s.troubled(since):

@@ -155,6 +155,14 @@ func TestExamineNamesEachCause(t *testing.T) {
 	if _, text := (stall{missing: 1, waiting: 1, alone: true}).why(0); !strings.HasPrefix(text, "1 job waits, and no worker can take it: ") || !strings.HasSuffix(text, " to sample it") {
 		t.Errorf("one job in a batch read by status --local: %q", text)
 	}
+	// A local run killed right after a 429 (the simulator's, or the service's) left a recent
+	// pause: no worker here waits it out, and the run must be started again all the same.
+	for _, left := range []time.Duration{-2 * time.Second, 3 * time.Second} {
+		s := stall{missing: 3, waiting: 3, alone: true, pause: &backoff.Pause{Left: left, Reason: "rate_limited"}}
+		if kind, text := s.why(statusLookBack); kind != stallNoWorker || !strings.HasPrefix(text, "3 jobs wait, and no worker can take them: ") {
+			t.Errorf("a killed local run's batch after a pause %v from now: %v %q", left, kind, text)
+		}
+	}
 }
 
 // submitForStatus submits n jobs (jobLines) to f and returns what runs `submit status` on
