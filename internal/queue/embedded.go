@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -112,6 +114,17 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if free, err := disk(dir); err == nil {
 		opts.JetStreamMaxStore = storeSize(free, dirSize(filepath.Join(dir, "jetstream")))
+	}
+	if opts.Port >= 0 {
+		// nats-server keeps a listen error to itself (its log is off): a port another process
+		// holds (a worker --embedded-nats, a nats-server) made ReadyForConnections wait its
+		// 30 s and fail without saying why. Asked first, the listen error is said at once.
+		hp := net.JoinHostPort(opts.Host, strconv.Itoa(cmp.Or(opts.Port, server.DEFAULT_PORT)))
+		l, err := net.Listen("tcp", hp)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: cannot serve on %s (another process may serve there): %w", hp, err)
+		}
+		l.Close()
 	}
 	base := *opts // before NewServer fills in its defaults, as ReloadOptions does again
 	srv, err := server.NewServer(opts)

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,6 +36,28 @@ func TestAnExistingStoreOnlyWhenAsked(t *testing.T) {
 		t.Fatalf("on a store a server has used: %v", err)
 	}
 	again.Shutdown()
+}
+
+// TestAPortInUseIsSaidAtOnce: an embedded server given a port another process listens on
+// (a second worker --embedded-nats, a nats-server on 4222) fails at once and names the port;
+// it waited 30 s and said only that it was not ready.
+func TestAPortInUseIsSaidAtOnce(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	start := time.Now()
+	emb, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: port})
+	if err == nil {
+		emb.Shutdown()
+		t.Fatal("started on a port another listener holds")
+	}
+	if took := time.Since(start); took > 5*time.Second || !strings.Contains(err.Error(), fmt.Sprintf("127.0.0.1:%d", port)) {
+		t.Fatalf("after %v: %v; want the port named at once", took, err)
+	}
 }
 
 // TestTheEmbeddedStoreGrowsAsTheDiskFreesUp: the embedded server sizes its store at three
