@@ -98,9 +98,9 @@ func (r *Reader) Next() (Job, error) {
 			r.nonBlank++
 			return Job{}, r.lineErr(fieldErr("", fmt.Sprintf("line is longer than the limit of %d bytes", r.limits.MaxLineBytes)))
 		}
-		if r.line == 1 {
-			raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))
-		}
+		// A byte order mark begins a file written on Windows, and a line of files joined
+		// with cat: nothing JSON-wise, it is no part of the line.
+		raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))
 		b := trimASCIISpace(raw)
 		if len(b) == 0 {
 			continue

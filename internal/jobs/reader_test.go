@@ -330,6 +330,13 @@ func TestReaderLineEnds(t *testing.T) {
 	if items[1].job.Prompt != "a\r\nb" {
 		t.Errorf("escaped CRLF inside a string changed: %q", items[1].job.Prompt)
 	}
+
+	// Files written on Windows and joined with cat: each one's byte order mark begins a line.
+	items, err = readString(t, "\xef\xbb\xbf"+goodA+"\r\n\xef\xbb\xbf"+goodB+"\r\n", Limits{})
+	mustEOF(t, err)
+	if len(items) != 2 || items[0].lerr != nil || items[1].lerr != nil || items[1].job.CustomID != "good-b" {
+		t.Fatalf("joined files with byte order marks: %+v", items)
+	}
 }
 
 // TestReaderRawIsTheLineAsRead: Raw gives a valid line's bytes without its line end, the
