@@ -18,6 +18,7 @@ type progress struct {
 	total    int
 	now      func() time.Time
 	last     time.Time
+	shown    int // the results done on the last line printed (lines mode)
 
 	// The rate and ETA count over the last minute of reads (marks, oldest first, one a second
 	// at most), so that they follow a fleet that grows, shrinks or is throttled. They start at
@@ -92,16 +93,24 @@ func (p *progress) update(s *summary) {
 	if now.Sub(p.last) < p.interval {
 		return
 	}
-	p.last = now
+	p.last, p.shown = now, s.total()
 	fmt.Fprintln(p.w, p.line(s, now, false))
 }
 
+// finish shows the last state: the bar's last drawing, or a last line unless the last one
+// printed says it already. A short run's log otherwise ended on its first line, "1/21 4%",
+// as if it had stalled there.
 func (p *progress) finish(s *summary) {
 	if p.none {
 		return
 	}
 	if p.bar {
 		fmt.Fprintf(p.w, "\r\033[K%s\n", p.line(s, p.now(), true))
+		return
+	}
+	if !p.last.IsZero() && s.total() != p.shown {
+		p.shown = s.total()
+		fmt.Fprintln(p.w, p.line(s, p.now(), false))
 	}
 }
 

@@ -38,6 +38,27 @@ func TestProgressRateCountsFromTheFirstRead(t *testing.T) {
 	}
 }
 
+// TestProgressLinesEndOnTheLastState: in lines mode the run's last state is printed at its
+// end, unless the last line said it already; before, a short run's log read "1/21 4%" and then
+// its summary, as if it had stalled at 4 %.
+func TestProgressLinesEndOnTheLastState(t *testing.T) {
+	var out bytes.Buffer
+	clock := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	p := newProgress(progressOptions{mode: "lines", interval: 10 * time.Second}, &environment{stderr: &out}, 21)
+	p.now = func() time.Time { return clock }
+	s := summary{ok: 1}
+	p.update(&s)
+	clock = clock.Add(2 * time.Second)
+	s.ok, s.failed = 19, 2
+	p.update(&s) // within the interval: not printed
+	p.finish(&s)
+	p.finish(&s) // the last line says it already
+	want := []string{"1/21 4% | ok 1 error 0", "21/21 100% | ok 19 error 2 | 10.0/s"}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("printed %q, want %q", lines, want)
+	}
+}
+
 // TestStalledProgressShowsHowLongNotWhen: while a stall is explained, the line says how long
 // no result has come instead of an ETA (which would be a guess), and the explanation is
 // printed once per cause; the ETA comes back with the next result.
