@@ -267,8 +267,8 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 		return fmt.Errorf("%d of %d results of batch %s%s; no worker can take the rest: the NATS server runs in this command, which only reads; run the batch's submit --local command again (with -o) to sample them",
 			sum.total(), m.Jobs, m.BatchID, outputNote(output))
 	}
-	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)%s\n",
-		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled, tokensNote(sum.tokens))
+	fmt.Fprintf(env.stderr, "batch %s: %d of %d results (%d ok, %d error, %d cancelled)%s%s\n",
+		batch, sum.total(), m.Jobs, sum.ok, sum.failed, sum.cancelled, outputNote(output), tokensNote(sum.tokens))
 	if lost, err := lostResults(ctx, sess.q, m, sum.total()); err == nil && lost > 0 {
 		fmt.Fprintf(env.stderr, "batch %s: %s\n", batch, lostPhrase(sess.q, m, lost))
 	}

@@ -67,7 +67,7 @@ func TestTokensAreSummedFromTheResults(t *testing.T) {
 	if err := os.WriteFile(out, []byte(kept.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, stderr, err = f.submit(ctx, "results", "tokens", "--wait", "-o", out); err != nil || !strings.Contains(stderr, "12 of 12 results (12 ok, 0 error, 0 cancelled); "+phrase+"\n") {
+	if _, stderr, err = f.submit(ctx, "results", "tokens", "--wait", "-o", out); err != nil || !strings.Contains(stderr, "12 of 12 results (12 ok, 0 error, 0 cancelled) in "+out+"; "+phrase+"\n") {
 		t.Errorf("a resumed wait: %v: %s", err, stderr)
 	}
 }
