@@ -129,17 +129,6 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 
-	if o.embedded {
-		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Host: o.embeddedHost, Port: o.embeddedPort})
-		if err != nil {
-			return err
-		}
-		defer emb.Shutdown()
-		if o.conn.URL == "" {
-			o.conn.URL = emb.ClientURL()
-		}
-		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
-	}
 	// /healthz answers from now on, /readyz once the worker runs: a worker waiting for NATS
 	// is alive (an orchestrator's probes must not restart it), not ready.
 	reg := prometheus.NewRegistry()
@@ -171,6 +160,19 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
 	}
 
+	// After the health server: recovering a large store takes a while, and the process is
+	// alive meanwhile.
+	if o.embedded {
+		emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: o.dataDir, Host: o.embeddedHost, Port: o.embeddedPort})
+		if err != nil {
+			return err
+		}
+		defer emb.Shutdown()
+		if o.conn.URL == "" {
+			o.conn.URL = emb.ClientURL()
+		}
+		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
+	}
 	o.conn.Name = "tinkerfleet-worker"
 	o.conn.Logger = log
 	// A worker may start before its NATS servers (compose, Kubernetes): it waits for them.

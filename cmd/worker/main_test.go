@@ -411,6 +411,32 @@ func TestRunOnATakenMetricsPortSaysWhatToDo(t *testing.T) {
 // (--embedded-nats) and stops because the service refuses its key (revoked after it started)
 // keeps serving NATS, with the job it handed back, until it is stopped; then it ends with
 // the refusal. Exiting at once would cut the other workers and submit off every batch.
+// TestHealthIsServedBeforeTheEmbeddedServerStarts: with --embedded-nats, /healthz answers
+// before the embedded server starts (README: from the process's first moment), since
+// recovering a large store takes long enough for a liveness probe to restart the process.
+func TestHealthIsServedBeforeTheEmbeddedServerStarts(t *testing.T) {
+	port := fleettest.FreePorts(t, 1)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
+			"--tinker-base-url", fleettest.ClosedURL(t), "--metrics-addr", "127.0.0.1:0"}, env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
+	}()
+	fleettest.Eventually(t, 30*time.Second, "the embedded server ready", func() bool {
+		return strings.Contains(logs.String(), "embedded NATS server ready")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run = %v", err)
+	}
+	out := logs.String()
+	if health, emb := strings.Index(out, "serving /metrics"), strings.Index(out, "embedded NATS server ready"); health < 0 || health > emb {
+		t.Fatalf("/healthz was not served before the embedded server started; log:\n%s", out)
+	}
+}
+
 func TestAHostWhoseKeyIsRefusedGoesOnServingNATS(t *testing.T) {
 	_, simURL := fleettest.Sim(t, tinkersim.Config{Faults: []tinkersim.Fault{
 		{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}}}})
