@@ -21,6 +21,7 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
@@ -110,6 +111,12 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		// The simulator runs in this process, for its own worker: a fleet's workers would
 		// sample the jobs on the real service.
 		return fmt.Errorf("--simulate samples in this process, with --local; with --nats-url alone the fleet's workers would sample on the real service: %w", errUsage)
+	}
+	if (o.conn.conn.URL == "" || o.conn.local) && !o.local.simulate && !o.dryRun {
+		// The local worker's credentials, before a line is read or a store made.
+		if _, _, err := tinker.CredentialsFrom(env.getenv); err != nil {
+			return fmt.Errorf("the local worker needs a Tinker key (or --simulate): %w", err)
+		}
 	}
 	if o.batchID != "" {
 		if err := queue.ValidateBatchID(o.batchID); err != nil {

@@ -1158,6 +1158,9 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 	if _, err := os.Stat(mine); err != nil {
 		t.Fatalf("the refused run removed an output file it did not create: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the refused runs made a store, %v: the key is checked before", err)
+	}
 
 	f := newFleet(t, queue.Config{}, tinkersim.Config{}) // and no worker
 	in := writeLines(t, jobLines(3))
