@@ -163,12 +163,25 @@ func defaultTransport(roots *x509.CertPool) *http.Transport {
 // the idle connections alone is not enough over HTTP/2: every request shares one
 // connection, which is not idle while any other request (a long poll) is in flight, so the
 // retry went down the very connection that was rejected. The old pool's requests in flight
-// finish on it; its connections close as they fall idle (IdleConnTimeout).
+// finish on it; its connections close as they fall idle (IdleConnTimeout), or at
+// CloseIdleConnections (Client.Close), which closes the idle ones of the old pools too.
 type poolTransport struct {
-	mu  sync.Mutex
-	cur atomic.Pointer[http.Transport]
-	gen atomic.Uint64 // bumped by each replacement
+	mu      sync.Mutex
+	cur     atomic.Pointer[http.Transport]
+	gen     atomic.Uint64 // bumped by each replacement
+	retired []retiredPool // the pools replaced within the last retiredFor
 }
+
+// retiredPool is a pool a bare 400 replaced, and when.
+type retiredPool struct {
+	tr *http.Transport
+	at time.Time
+}
+
+// retiredFor is how long a replaced pool is kept for CloseIdleConnections: longer than a
+// request it carried lasts and then its connections' IdleConnTimeout, after which they have
+// closed by themselves.
+const retiredFor = 10 * time.Minute
 
 func newPoolTransport(tr *http.Transport) *poolTransport {
 	p := &poolTransport{}
@@ -180,8 +193,17 @@ func (p *poolTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return p.cur.Load().RoundTrip(r)
 }
 
-// CloseIdleConnections closes the current pool's idle connections (http.Client's closeIdler).
-func (p *poolTransport) CloseIdleConnections() { p.cur.Load().CloseIdleConnections() }
+// CloseIdleConnections closes the idle connections of the current pool and of the pools it
+// replaced (http.Client's closeIdler).
+func (p *poolTransport) CloseIdleConnections() {
+	p.mu.Lock()
+	retired := slices.Clone(p.retired)
+	p.mu.Unlock()
+	for _, r := range retired {
+		r.tr.CloseIdleConnections()
+	}
+	p.cur.Load().CloseIdleConnections()
+}
 
 // replace puts a fresh pool in place of the one of generation gen (read before the rejected
 // request was sent), unless another bare 400 has replaced it already.
@@ -195,6 +217,9 @@ func (p *poolTransport) replace(gen uint64) {
 	p.cur.Store(old.Clone())
 	p.gen.Add(1)
 	old.CloseIdleConnections()
+	now := time.Now()
+	p.retired = slices.DeleteFunc(p.retired, func(r retiredPool) bool { return now.Sub(r.at) > retiredFor })
+	p.retired = append(p.retired, retiredPool{tr: old, at: now})
 }
 
 // keepCredentialHome returns a copy of hc that follows a redirect (§1.4: the SDK does) only
