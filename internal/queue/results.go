@@ -85,8 +85,18 @@ const maxGroupAcks = 1024
 // The messages go out together, so a group costs about one write to the server and one wait
 // for the acks, not one each. Publish sets their Reply; they may be reused once it returns.
 func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []error) {
+	p.PublishNoting(ctx, msgs, errs, nil)
+}
+
+// PublishNoting is Publish, and sets existed[i] (when existed is not nil; as long as msgs)
+// when errs[i] is nil because the stream had the job's result already: msgs[i] is not the
+// result stored.
+func (p *ResultPublisher) PublishNoting(ctx context.Context, msgs []*nats.Msg, errs []error, existed []bool) {
 	if len(msgs) == 0 {
 		return
+	}
+	for i := range existed {
+		existed[i] = false
 	}
 	if len(msgs) > maxGroupAcks {
 		panic(fmt.Sprintf("queue: ResultPublisher.Publish of %d messages, more than %d", len(msgs), maxGroupAcks))
@@ -133,6 +143,12 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 			}
 			p.got[i] = true
 			errs[i] = ackError(ack)
+			if errors.Is(errs[i], errStoredAlready) {
+				errs[i] = nil // the job's result is stored already, and that one counts
+				if existed != nil {
+					existed[i] = true
+				}
+			}
 			waiting--
 		case <-t.C:
 			late = fmt.Errorf("%w within %s", errNoAck, ResultAckTimeout)
@@ -156,6 +172,10 @@ func (p *ResultPublisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []
 		_ = p.subscribe()
 	}
 }
+
+// errStoredAlready: the stream refused a result because the job has one stored already
+// (see ResultStored). Publish reports it as nil.
+var errStoredAlready = errors.New("the job's result is stored already")
 
 // errNoAck: the stream did not answer a result's publish in time.
 var errNoAck = errors.New("no ack from the stream")
@@ -216,7 +236,8 @@ func (p *ResultPublisher) position(subject string, n int) (int, bool) {
 	return i, true
 }
 
-// ackError reads the stream's answer to a publish: nil for an ack (a duplicate included),
+// ackError reads the stream's answer to a publish: nil for an ack, errStoredAlready for a
+// refusal because the job's result is stored already,
 // the stream's error, or why the answer is none (no stream listens on the subject).
 func ackError(ack *nats.Msg) error {
 	if len(ack.Data) == 0 {
@@ -239,7 +260,7 @@ func ackError(ack *nats.Msg) error {
 	}
 	if reply.Error != nil {
 		if ResultStored(reply.Error) {
-			return nil // the job's result is stored already, and that one counts
+			return errStoredAlready
 		}
 		return reply.Error
 	}

@@ -206,7 +206,7 @@ func (w *Worker) settled(s *settlement) {
 		if s.settleErr != nil {
 			log().Warn("settle job message", "err", s.settleErr)
 		}
-		if j.result != nil {
+		if j.result != nil && !s.another {
 			w.metrics.finished(j.result, time.Since(j.start))
 		}
 	}

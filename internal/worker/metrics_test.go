@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -183,4 +184,39 @@ func TestJobDurationsUpToTheSampleTimeoutAreMeasured(t *testing.T) {
 		return
 	}
 	t.Fatal("no tinkerfleet_job_duration_seconds")
+}
+
+// TestAResultTheStreamHadAlreadyIsNotCounted: a job whose result another worker stored first
+// (two workers raced on it: one's InProgress came too late, and both sampled it) is settled
+// without storing this worker's result. It ended with a published result once, in the other
+// worker: counted here too, the fleet's jobs/s, tokens and latencies counted it twice.
+func TestAResultTheStreamHadAlreadyIsNotCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
+	js := tokenJobs("raced-", 1)
+	// The other worker's result, stored first. The job is a first delivery of a first publish,
+	// which skips the lookup of a stored result, as it does when the race is real.
+	other := jobs.Result{CustomID: js[0].CustomID, BatchID: "raced", Status: jobs.StatusOK, Model: js[0].Model}
+	if first, err := w.publish(context.Background(), "raced", &other); err != nil || !first {
+		t.Fatalf("store the other worker's result: first %v, %v", first, err)
+	}
+	run(t, w)
+	publishJobs(t, b.results, "raced", js)
+	fleettest.Eventually(t, 30*time.Second, "the job sampled and settled", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesCompleted == 1
+	})
+	time.Sleep(100 * time.Millisecond) // settled runs after the ack
+	got := gathered(t, reg)
+	if n := got["tinkerfleet_jobs_finished_total{code=,status=ok}"]; n != 0 {
+		t.Errorf("tinkerfleet_jobs_finished_total{status=ok} = %v, want 0: the stored result is the other worker's", n)
+	}
+	if n := got["tinkerfleet_job_duration_seconds{}"]; n != 0 {
+		t.Errorf("%v job durations observed, want 0", n)
+	}
+	if n := got["tinkerfleet_prompt_tokens_total{}"]; n != 0 {
+		t.Errorf("tinkerfleet_prompt_tokens_total = %v, want 0", n)
+	}
 }

@@ -100,6 +100,11 @@ type settlement struct {
 	publishErr error     // the result was not stored: the message is not settled
 	settleErr  error     // the result is stored, but the ack or term failed
 	heldSince  time.Time // when the stream first could not store the result (zero: it never failed so)
+	// another: the stream refused the result, on its first try, because the job had one
+	// stored already (another worker's, which raced this one on the job). The job is
+	// settled, but did not end here: its metrics are the other worker's.
+	another bool
+	tried   bool // the result was sent to the stream before (its ack may have been lost)
 
 	result *nats.Msg // the job's result, reused from job to job (nil: none yet)
 	buf    []byte    // the result's encoding; result.Data points into it until settled
@@ -110,7 +115,7 @@ type settlement struct {
 // hand gives s to the settler. It does not block while fewer than capacity settlements are
 // out, which the job slots ensure (a held settlement is out until it is settled).
 func (st *settler) hand(s *settlement) {
-	s.publishErr, s.settleErr, s.heldSince = nil, nil, time.Time{}
+	s.publishErr, s.settleErr, s.heldSince, s.another, s.tried = nil, nil, time.Time{}, false, false
 	st.in <- s
 }
 
@@ -132,6 +137,7 @@ func (st *settler) run(ctx context.Context) (groups int) {
 	group := make([]*settlement, 0, maxSettleGroup)
 	msgs := make([]*nats.Msg, 0, maxSettleGroup)
 	errs := make([]error, maxSettleGroup)
+	existed := make([]bool, maxSettleGroup)
 	var (
 		held   []*settlement // results the stream could not store yet, oldest first
 		retry  = st.retryFrom
@@ -201,12 +207,16 @@ func (st *settler) run(ctx context.Context) (groups int) {
 				msgs = append(msgs, s.result)
 			}
 		}
-		st.results.Publish(ctx, msgs, errs[:len(msgs)])
+		st.results.PublishNoting(ctx, msgs, errs[:len(msgs)], existed[:len(msgs)])
 		k, stored, refused := 0, false, false
 		through := group[:0] // the group's settlements not held
 		for _, s := range group {
 			if s.store {
 				s.publishErr = errs[k]
+				// A result tried before may have been stored then, its ack lost: the one
+				// the stream has may be this one.
+				s.another = existed[k] && !s.tried
+				s.tried = true
 				k++
 				if s.publishErr != nil {
 					if queue.StoreUnavailable(s.publishErr) && ctx.Err() == nil {
