@@ -126,7 +126,13 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		if delay == 0 {
 			delay = w.retryDelay(delivered)
 		}
-		log().Info("job will be retried", "delay", delay, "err", out.err)
+		if errors.Is(out.err, errBackingOff) {
+			// The fleet's pause, which its cause's own line says once (a paused queue, a
+			// 402), not this job's failure: every job pulled meanwhile comes this way.
+			log().Debug("job sent back to wait out the fleet's pause", "delay", delay)
+		} else {
+			log().Info("job will be retried", "delay", delay, "err", out.err)
+		}
 		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)
 	case settleLeave:

@@ -1892,3 +1892,33 @@ func TestResultsOfManyNumbersStayWithinTheResultMemory(t *testing.T) {
 		stop()
 	}
 }
+
+// TestJobsSentBackForALongPauseAreNotLoggedOneByOne: a pause longer than NakAbove (a paused
+// queue with --paused-backoff 60s) sends every job the worker pulls back to the stream to
+// wait. That is the fleet's state, which the paused queue's own line and the backoff gauge
+// say; at info level, a line per job said it again for every job in flight (a thousand in
+// three seconds here).
+func TestJobsSentBackForALongPauseAreNotLoggedOneByOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	var logs fleettest.Buffer
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 100, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err := w.Backoff().Signal(context.Background(), backoff.ReasonPausedCapacity, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	publishJobs(t, b.results, "paused", tokenJobs("p", n))
+	run(t, w)
+	fleettest.Eventually(t, 30*time.Second, "every job pulled", func() bool {
+		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") >= n
+	})
+	time.Sleep(100 * time.Millisecond)
+	if sent := b.sim.Stats().SamplesAccepted; sent != 0 {
+		t.Fatalf("%d samples sent during the pause", sent)
+	}
+	if lines := strings.Count(logs.String(), "\n"); lines > 2 {
+		t.Fatalf("%d lines at info for %d jobs sent back to wait out the pause:\n%.600s", lines, n, logs.String())
+	}
+}
