@@ -155,9 +155,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// watch registers gauges read on scrape from the limiter, the backoff, the capacity, the
-// count of results held for another try, the memory results take and the NATS connection.
-func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory, nc *nats.Conn) {
+// watch registers gauges read on scrape from the limiter (less pulling, the count permits
+// the puller holds for jobs not pulled yet), the backoff, the capacity, the count of results
+// held for another try, the memory results take and the NATS connection.
+func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory, nc *nats.Conn) {
 	if m == nil {
 		return
 	}
@@ -165,8 +166,10 @@ func (m *Metrics) watch(l *dispatch.Limiter, b Backoff, c *capacity, held *atomi
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(l.Stats()) })
 	}
 	m.reg.MustRegister(
-		gauge("tinkerfleet_dispatch_count_in_use", "Count permits held (reserved or dispatching).",
-			func(s dispatch.Stats) float64 { return float64(s.CountInUse) }),
+		// Not those the puller holds for its next pull request: an idle worker holds up to
+		// 64, and read as in use they showed a worker of 64 job slots or fewer full when idle.
+		gauge("tinkerfleet_dispatch_count_in_use", "Count permits held by jobs (from their pull to their sample's acceptance).",
+			func(s dispatch.Stats) float64 { return float64(max(s.CountInUse-int(pulling.Load()), 0)) }),
 		gauge("tinkerfleet_dispatch_throttled_in_use", "Throttled permits held.",
 			func(s dispatch.Stats) float64 { return float64(s.ThrottledInUse) }),
 		gauge("tinkerfleet_dispatch_bytes_charged", "Bytes charged against the dispatch budget.",

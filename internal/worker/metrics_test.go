@@ -220,3 +220,40 @@ func TestAResultTheStreamHadAlreadyIsNotCounted(t *testing.T) {
 		t.Errorf("tinkerfleet_prompt_tokens_total = %v, want 0", n)
 	}
 }
+
+// TestAnIdleWorkerHoldsNoDispatchPermitsInUse: once a batch is done, the dispatch gauges are
+// back at 0. The count permits the puller holds for its next pull request (up to 64) are no
+// job's: counted, an idle worker read as 64 permits in use, and one of 64 job slots or fewer
+// as full.
+func TestAnIdleWorkerHoldsNoDispatchPermitsInUse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 32, Registerer: reg})
+	run(t, w)
+	const n = 50
+	publishJobs(t, b.results, "idle", tokenJobs("i", n))
+	waitResults(t, b.results, "idle", n, 30*time.Second)
+	fleettest.Eventually(t, 10*time.Second, "the pull after the last job", func() bool {
+		return w.limiter.Stats().CountInUse > 0 // the puller's reservations for the next jobs
+	})
+	var got map[string]float64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got = gathered(t, reg)
+		if got["tinkerfleet_dispatch_count_in_use{}"] == 0 && got["tinkerfleet_jobs_finished_total{code=,status=ok}"] == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle worker: tinkerfleet_dispatch_count_in_use = %v (of 32 slots), want 0",
+				got["tinkerfleet_dispatch_count_in_use{}"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, k := range []string{"tinkerfleet_dispatch_throttled_in_use{}", "tinkerfleet_dispatch_bytes_charged{}",
+		"tinkerfleet_dispatch_bytes_in_flight{}", "tinkerfleet_dispatch_waiting{}", "tinkerfleet_result_memory_bytes{}", "tinkerfleet_results_held{}"} {
+		if got[k] != 0 {
+			t.Errorf("idle worker: %s = %v, want 0", k, got[k])
+		}
+	}
+}

@@ -272,7 +272,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, w.backoff, learned, &w.resultsHeld, &w.memory, cfg.Queue.JS.Conn())
+	w.metrics.watch(w.limiter, &w.pullHeld, w.backoff, learned, &w.resultsHeld, &w.memory, cfg.Queue.JS.Conn())
 	ok = true
 	return w, nil
 }

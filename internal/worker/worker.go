@@ -66,6 +66,7 @@ type Worker struct {
 	maxPayload   int64
 	settler      *settler         // set by Run
 	resultsHeld  atomic.Int64     // results the settler holds for another try
+	pullHeld     atomic.Int64     // count permits the puller holds for jobs it has not pulled yet
 	memory       resultMemory     // what results take between their arrival and their storage
 	settlements  chan *settlement // kept for next jobs, with their buffers
 }
@@ -244,6 +245,7 @@ func (w *Worker) pull(ctx context.Context, puller *queue.JobPuller, start func(d
 		for _, r := range held {
 			w.free(r)
 		}
+		w.pullHeld.Add(-int64(len(held)))
 	}()
 	var lastWarn time.Time
 	for {
@@ -263,6 +265,7 @@ func (w *Worker) pull(ctx context.Context, puller *queue.JobPuller, start func(d
 				return err
 			}
 			held = append(held, &r)
+			w.pullHeld.Add(1)
 			// More slots free up meanwhile: one pull request then brings several jobs.
 			w.sleep(ctx, w.fetchLinger)
 		}
@@ -278,11 +281,13 @@ func (w *Worker) pull(ctx context.Context, puller *queue.JobPuller, start func(d
 				goto fetch
 			}
 			held = append(held, &r)
+			w.pullHeld.Add(1)
 		}
 	fetch:
 		got, err := puller.Pull(ctx, len(held), fetchExpiry, func(msg jetstream.Msg) {
 			r := held[len(held)-1]
 			held = held[:len(held)-1]
+			w.pullHeld.Add(-1)
 			w.metrics.pulled()
 			start(delivery{msg: msg, r: r})
 		})
