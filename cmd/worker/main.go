@@ -134,12 +134,13 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var running atomic.Pointer[worker.Worker]
-	// Until the worker is open, which registers its own metrics, tinkerfleet_nats_connected
-	// says whether NATS was reached: a worker that waits for it (a mistyped host waits for
-	// ever) shows 0, which the alert on a worker cut off from NATS reads, rather than nothing.
+	// From start-up, tinkerfleet_nats_connected says whether NATS was reached: a worker that
+	// waits for it (a mistyped host waits for ever) shows 0, which the alert on a worker cut
+	// off from NATS reads, rather than nothing; so does one that waits for its Tinker session.
+	// The worker, once open, keeps this gauge of the same connection rather than its own.
 	var conn atomic.Pointer[nats.Conn]
 	connecting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tinkerfleet_nats_connected", Help: "1 while the worker's NATS connection is up; 0 while it is being made again.",
+		Name: "tinkerfleet_nats_connected", Help: worker.NATSConnectedHelp,
 	}, func() float64 {
 		if nc := conn.Load(); nc != nil && nc.IsConnected() {
 			return 1
@@ -214,7 +215,6 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		return err
 	}
 
-	reg.Unregister(connecting) // worker.Open registers the worker's own
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
 	tokOpts.Dir = o.tokenizerDir
 	w, err := worker.Open(ctx, worker.Config{

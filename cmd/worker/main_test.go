@@ -483,3 +483,31 @@ func TestAHostWhoseKeyIsRefusedGoesOnServingNATS(t *testing.T) {
 		t.Fatalf("run = %v, want the refusal", err)
 	}
 }
+
+// TestNATSConnectedIsServedWhileTheTinkerSessionOpens: a worker that reached NATS and waits
+// for the Tinker service (an outage at start-up: it retries client/config for five minutes)
+// still says whether its NATS connection is up. The gauge of start-up was unregistered
+// before the session opened, and the worker's own registered after it: meanwhile there was
+// none, and the alert on a worker cut off from NATS could not see one that lost it then.
+func TestNATSConnectedIsServedWhileTheTinkerSessionOpens(t *testing.T) {
+	emb := fleettest.NATS(t)
+	sim, simURL := fleettest.Sim(t, tinkersim.Config{})
+	if _, err := sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultDrop, Endpoints: []string{"client/config"}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL, "--metrics-addr", "127.0.0.1:0"},
+			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
+	}()
+	defer func() { cancel(); <-done }()
+	fleettest.Eventually(t, 30*time.Second, "the worker asking the service for its config", func() bool {
+		return sim.Stats().Requests["client/config"][0] > 0
+	})
+	addr := metricsAddr(t, logs)
+	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, "\ntinkerfleet_nats_connected 1\n") {
+		t.Errorf("GET /metrics while the Tinker session opens has no tinkerfleet_nats_connected 1")
+	}
+}

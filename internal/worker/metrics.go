@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -189,14 +190,6 @@ func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c
 			Name: "tinkerfleet_result_memory_bytes",
 			Help: "Memory charged to results between their arrival and their storage (an estimate); no new sample is sent while it reaches --result-memory.",
 		}, func() float64 { return float64(mem.charged()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tinkerfleet_nats_connected", Help: "1 while the worker's NATS connection is up; 0 while it is being made again.",
-		}, func() float64 {
-			if nc.IsConnected() {
-				return 1
-			}
-			return 0
-		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tinkerfleet_nats_reconnects_total", Help: "Times the worker's NATS connection was made again after a drop (a server restart, a link that died).",
 		}, func() float64 { return float64(nc.Stats().Reconnects) }),
@@ -209,7 +202,23 @@ func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c
 			return 0
 		}),
 	)
+	// The program may serve this gauge already, from before the worker was open (cmd/worker:
+	// from start-up, on the same connection): that one goes on.
+	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tinkerfleet_nats_connected", Help: NATSConnectedHelp},
+		func() float64 {
+			if nc.IsConnected() {
+				return 1
+			}
+			return 0
+		})
+	if err := m.reg.Register(connected); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		panic(err)
+	}
 }
+
+// NATSConnectedHelp is the help of tinkerfleet_nats_connected, which a program may register
+// before its worker is open (see watch).
+const NATSConnectedHelp = "1 while the worker's NATS connection is up; 0 while it is being made again."
 
 // event counts a Tinker client event.
 func (m *Metrics) event(e tinker.Event) {
