@@ -138,8 +138,10 @@ check(any(cenv["NATS_NKEY"].startswith(m + "/") for m in mounts), "k8s: NATS_NKE
 check(dep["securityContext"]["runAsUser"] == 65532, "k8s: run as 65532")
 secrets = {s["metadata"]["name"] for s in k["Secret"]}
 for v in dep["volumes"]:
-    if "secret" in v:
+    if "secret" in v and not v["secret"].get("optional"):
         check(v["secret"]["secretName"] in secrets, f"k8s: volume {v['name']} uses an undefined secret")
+if "HF_TOKEN_PATH" in cenv:
+    check(any(cenv["HF_TOKEN_PATH"].startswith(m + "/") for m in mounts), "k8s: HF_TOKEN_PATH is not on a mounted volume")
 so = k["ScaledObject"][0]["spec"]
 trig = so["triggers"][0]
 check(trig["type"] == "nats-jetstream", "keda: trigger type")

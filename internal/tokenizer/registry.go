@@ -40,9 +40,14 @@ type Options struct {
 	HFHome string
 	// Endpoint is the hub (env HF_ENDPOINT); DefaultEndpoint when empty.
 	Endpoint string
-	// Token is sent as "Authorization: Bearer" (env HF_TOKEN). It never
-	// appears in errors or logs.
+	// Token is sent as "Authorization: Bearer" (env HF_TOKEN, else the
+	// token file). It never appears in errors or logs.
 	Token string
+	// TokenFile is the token file OptionsFromEnv read Token from, or looked
+	// for without finding one (env HF_TOKEN_PATH, default HFHome/token, where
+	// `huggingface-cli login` writes it); empty when Token came from HF_TOKEN.
+	// A refused download names it.
+	TokenFile string
 	// Offline forbids downloads (env HF_HUB_OFFLINE=1).
 	Offline bool
 	// HTTPClient is used for downloads; a client with a 2-minute timeout when nil.
@@ -51,7 +56,10 @@ type Options struct {
 
 // OptionsFromEnv reads TINKERFLEET_TOKENIZER_DIR, HF_HOME (default
 // $XDG_CACHE_HOME/huggingface or $HOME/.cache/huggingface), HF_ENDPOINT,
-// HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv).
+// HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv). Without
+// HF_TOKEN, the token is read from the file huggingface_hub reads it from:
+// HF_TOKEN_PATH, default $HF_HOME/token (a Kubernetes secret mounted as a
+// file, or `huggingface-cli login`'s); a missing file means no token.
 func OptionsFromEnv(getenv func(string) string) Options {
 	o := Options{
 		Dir:      getenv("TINKERFLEET_TOKENIZER_DIR"),
@@ -70,7 +78,34 @@ func OptionsFromEnv(getenv func(string) string) Options {
 			o.HFHome = filepath.Join(h, ".cache", "huggingface")
 		}
 	}
+	if o.Token == "" {
+		o.TokenFile = getenv("HF_TOKEN_PATH")
+		if o.TokenFile == "" && o.HFHome != "" {
+			o.TokenFile = filepath.Join(o.HFHome, "token")
+		}
+		if o.TokenFile != "" {
+			o.Token = readTokenFile(o.TokenFile)
+		}
+	}
 	return o
+}
+
+// maxTokenFile bounds the token file read: a HuggingFace token is 37 bytes.
+const maxTokenFile = 4 << 10
+
+// readTokenFile returns the token in file path, trimmed of white space as
+// huggingface_hub trims it, or "" if there is none to read.
+func readTokenFile(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
+	if err != nil || len(data) > maxTokenFile {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
 }
 
 // TokenizerID maps a model name to the HuggingFace repository of its
@@ -310,8 +345,13 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		return nil, "", fmt.Errorf("download %s: hub answered 404 (no such repository or file): %w", u, ErrNotFound)
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		hint := "set HF_TOKEN"
-		if r.opts.Token != "" {
+		switch {
+		case r.opts.Token != "" && r.opts.TokenFile != "":
+			hint = "the token of " + r.opts.TokenFile + " was sent but has no access (gated model? accept its licence on the hub)"
+		case r.opts.Token != "":
 			hint = "HF_TOKEN was sent but has no access (gated model? accept its licence on the hub)"
+		case r.opts.TokenFile != "":
+			hint = "set HF_TOKEN, or put a token in " + r.opts.TokenFile
 		}
 		return nil, "", fmt.Errorf("download %s: hub answered %d; %s: %w", u, resp.StatusCode, hint, ErrUnauthorized)
 	case resp.StatusCode != http.StatusOK:

@@ -205,6 +205,64 @@ func TestRegistryHubErrors(t *testing.T) {
 	}
 }
 
+// TestRegistryReadsHFTokenFile: without HF_TOKEN the token comes from the file huggingface_hub
+// keeps it in (HF_TOKEN_PATH, default $HF_HOME/token), so a Kubernetes secret mounted as a file
+// or `huggingface-cli login` opens gated repositories; a refusal names the file, never the token.
+func TestRegistryReadsHFTokenFile(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t), token: "hf_secret_value"}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	download := func(env map[string]string) (Options, error) {
+		env["HF_ENDPOINT"] = srv.URL
+		opts := OptionsFromEnv(func(k string) string { return env[k] })
+		_, err := NewRegistry(opts).ForID(context.Background(), "org/mini")
+		return opts, err
+	}
+
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "token"), []byte("hf_secret_value\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := download(map[string]string{"HF_HOME": home}); err != nil {
+		t.Errorf("token in $HF_HOME/token: %v", err)
+	}
+
+	secret := filepath.Join(t.TempDir(), "hf-token")
+	if err := os.WriteFile(secret, []byte("  hf_secret_value  "), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := download(map[string]string{"HF_HOME": t.TempDir(), "HF_TOKEN_PATH": secret}); err != nil {
+		t.Errorf("token in HF_TOKEN_PATH: %v", err)
+	}
+
+	// HF_TOKEN wins over the file, as in huggingface_hub (a home with a token and nothing cached).
+	fresh := t.TempDir()
+	if err := os.WriteFile(filepath.Join(fresh, "token"), []byte("hf_secret_value"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := download(map[string]string{"HF_HOME": fresh, "HF_TOKEN": "hf_other_value"})
+	if !errors.Is(err, ErrUnauthorized) || opts.TokenFile != "" || !strings.Contains(err.Error(), "HF_TOKEN was sent") {
+		t.Errorf("HF_TOKEN beside a token file: want HF_TOKEN sent and refused, got %+v, %v", opts.TokenFile, err)
+	}
+
+	// A wrong token in the file: the refusal names the file, not the token.
+	wrong := filepath.Join(t.TempDir(), "hf-token")
+	if err := os.WriteFile(wrong, []byte("hf_wrong_xyz"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	_, err = download(map[string]string{"HF_HOME": t.TempDir(), "HF_TOKEN_PATH": wrong})
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), "hf_wrong_xyz") {
+		t.Errorf("wrong token in a file: want a refusal naming %s without the token, got %v", wrong, err)
+	}
+
+	// No token anywhere: the hint says where one may go.
+	missing := filepath.Join(t.TempDir(), "absent")
+	_, err = download(map[string]string{"HF_HOME": t.TempDir(), "HF_TOKEN_PATH": missing})
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "set HF_TOKEN, or put a token in "+missing) {
+		t.Errorf("no token: want a hint naming HF_TOKEN and %s, got %v", missing, err)
+	}
+}
+
 func TestRegistryLocalDir(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "org", "mini"), 0o755); err != nil {
