@@ -386,6 +386,35 @@ func TestPoll410ResubmitsWithNewSeqID(t *testing.T) {
 	}
 }
 
+// TestPollOther2xxIsClassifiedLikeA200: the SDK's HTTP layer (httpx) raises only for a status
+// outside 2xx, so any 2xx poll reply goes through the content classification of §3.7/§4.2: a
+// 202 try_again polls again, a 202 or 206 protobuf result is the result, and a 204 with no body
+// fails as the SDK's JSON decode of it does.
+func TestPollOther2xxIsClassifiedLikeA200(t *testing.T) {
+	tryAgain202 := jsonReply(http.StatusAccepted, `{"type":"try_again","request_id":"x","queue_state":"active"}`)
+	res, f, fc, _, err := runSample(t, nil, tryAgain202, tryAgain202)
+	if err != nil || res.Response == nil || len(fc.Sleeps()) != 0 || len(f.requests("retrieve_future")) != 3 {
+		t.Fatalf("202 try_again: %v, sleeps %v", err, fc.Sleeps())
+	}
+	for _, code := range []int{http.StatusAccepted, http.StatusPartialContent} {
+		want := simpleResponse()
+		b := encodeResponse(want)
+		res, _, _, _, err = runSample(t, nil, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.WriteHeader(code)
+			_, _ = w.Write(b)
+		})
+		if err != nil || res.Response == nil || !reflect.DeepEqual(res.Response.Sequences, want.Sequences) {
+			t.Fatalf("%d protobuf result: %+v, %v", code, res, err)
+		}
+	}
+	_, f, _, _, err = runSample(t, nil, bareStatus(http.StatusNoContent))
+	var pe *ProtocolError
+	if !errors.As(err, &pe) || IsRetryable(err) || len(f.requests("asample")) != 1 {
+		t.Fatalf("204 without a body: %v", err)
+	}
+}
+
 func TestPollFatalStatuses(t *testing.T) {
 	for _, code := range []int{401, 403, 404, 409, 422} {
 		_, f, _, _, err := runSample(t, nil, jsonReply(code, `{"detail":"no"}`))

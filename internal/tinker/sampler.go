@@ -396,7 +396,10 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			connExp = 0 // any reply outside the backoff class proves the connection alive
 		}
 		switch {
-		case r.status == http.StatusOK:
+		case r.status >= 200 && r.status <= 299:
+			// Every 2xx, not only 200: the SDK's HTTP layer (httpx, §1.4) raises only for a
+			// status outside 2xx, and its poll loop classifies whatever did not raise by
+			// content (§3.7, §4.2). A 204 has no body, fatal as the SDK's JSON decode of it is.
 			if strings.Contains(r.header.Get("Content-Type"), "application/x-protobuf") {
 				resp, err := decodeSampleResponseProto(r.body)
 				if err != nil {
