@@ -33,7 +33,8 @@ Reads one item per line on stdin and writes one result per line on stdout.
                     model of model_path jobs (--tokenizer, if given, serves every job);
                     a line that cannot be rendered is named on stderr, the others go on
 Input lines lose their trailing "\n" only; with --json each input line is a JSON
-string instead, so texts may hold newlines. Special tokens written in the text
+string instead, so texts may hold newlines. A line may be 8 MiB long, as in a job
+file; a longer one is an error naming it. Special tokens written in the text
 (e.g. <|im_end|>) are encoded as their ids.
 --model finds the tokenizer like the Tinker SDK (TINKERFLEET_TOKENIZER_DIR, the
 HuggingFace cache under HF_HOME, else a download from HF_ENDPOINT with HF_TOKEN);
@@ -90,14 +91,17 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("tokenize: %w", err)
 		}
-		line, rerr := in.ReadString('\n')
+		line, rerr := readTokenizeLine(in, jobs.DefaultMaxLineBytes)
+		if errors.Is(rerr, errLineTooLong) {
+			out.Flush() // the lines before it first
+			return fmt.Errorf("tokenize: line %d: %w", lineNo, rerr)
+		}
 		if rerr != nil && rerr != io.EOF {
 			return fmt.Errorf("tokenize: read stdin: %w", rerr)
 		}
 		if line == "" && rerr == io.EOF {
 			break
 		}
-		line = strings.TrimSuffix(line, "\n")
 		if err := tokenizeLine(tok, line, lineNo, *decode, *raw, *count, *jsonIn, out); err != nil {
 			out.Flush()
 			return err
@@ -110,6 +114,32 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return fmt.Errorf("tokenize: write: %w", err)
 	}
 	return nil
+}
+
+// errLineTooLong is readTokenizeLine's error for a line over its limit.
+var errLineTooLong = fmt.Errorf("longer than the limit of %d bytes of an input line", jobs.DefaultMaxLineBytes)
+
+// readTokenizeLine returns the next line of in without its "\n" (and io.EOF with the last
+// line, or with "" when none is left). A line of more than max bytes is errLineTooLong, read
+// no further than max and a buffer: the same bound as a job file's lines (8 MiB), which a
+// prompt at its limit fits in however it is escaped, so stdin that has no line end does not
+// take memory without end.
+func readTokenizeLine(in *bufio.Reader, max int) (string, error) {
+	var long []byte
+	for {
+		part, err := in.ReadSlice('\n')
+		if len(long)+len(part) > max+1 || len(long)+len(part) == max+1 && part[len(part)-1] != '\n' {
+			return "", errLineTooLong
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long, part...)
+			continue
+		}
+		if long != nil {
+			part = append(long, part...)
+		}
+		return strings.TrimSuffix(string(part), "\n"), err
+	}
 }
 
 func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw, count, jsonIn bool, out *bufio.Writer) error {

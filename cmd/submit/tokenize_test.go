@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/tokenizer"
 )
 
@@ -119,6 +121,54 @@ func TestTokenizeErrors(t *testing.T) {
 		if _, err := runTok(t, tc.in, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: want error containing %q, got %v", tc.args, tc.msg, err)
 		}
+	}
+}
+
+// endlessLine is stdin of one short line and then a line that never ends: a file with no
+// line end piped in by mistake. It fails the read once far more than the line limit is read.
+type endlessLine struct {
+	head string
+	read int
+}
+
+func (r *endlessLine) Read(p []byte) (int, error) {
+	if r.head != "" {
+		n := copy(p, r.head)
+		r.head = r.head[n:]
+		return n, nil
+	}
+	if r.read > 4*jobs.DefaultMaxLineBytes {
+		return 0, errors.New("read past four times the line limit")
+	}
+	for i := range p {
+		p[i] = 'a'
+	}
+	r.read += len(p)
+	return len(p), nil
+}
+
+// TestTokenizeBoundsTheLine: a line over the line limit of job files (8 MiB) is an error that
+// names it, found without reading it whole, rather than memory that grows with it.
+func TestTokenizeBoundsTheLine(t *testing.T) {
+	p := miniTokenizer(t)
+	for _, args := range [][]string{{"--tokenizer", p}, {"--tokenizer", p, "--decode"}} {
+		var out, errb bytes.Buffer
+		err := runTokenize(context.Background(), args, &endlessLine{head: "[104]\n"}, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), "8388608 bytes") {
+			t.Fatalf("%v: want an error naming line 2 and the limit, got %v", args, err)
+		}
+		if out.Len() == 0 {
+			t.Fatalf("%v: line 1 was not written", args)
+		}
+	}
+	// A line of the limit exactly is read, one byte more is not.
+	n := (jobs.DefaultMaxLineBytes - 4) / 2
+	line := "[ " + strings.Repeat("1,", n) + "1]"
+	if got, err := runTok(t, line+"\n", "--tokenizer", p, "--decode", "--raw"); err != nil || len(got) != n+2 {
+		t.Fatalf("a line of %d bytes: %d bytes out, %v", len(line), len(got), err)
+	}
+	if _, err := runTok(t, "[1]\r\n"+line+" \n", "--tokenizer", p, "--decode"); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("a line of %d bytes: %v", len(line)+1, err)
 	}
 }
 
