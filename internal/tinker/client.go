@@ -46,10 +46,10 @@ type Client struct {
 	sessionBody []byte                 // the create_session request, sent again by renewSession
 	renewMu     sync.Mutex             // one renewSession at a time
 
-	samplerSeq  atomic.Int64 // sampling_session_seq_id counter (§3.5)
-	retryLogged atomic.Int64 // clock time (unix nanos) of the last retry warning (logRetry)
-	retried     atomic.Int64 // requests retried since the last retry warning
-	bare400     atomic.Int64 // remaining bare-400 conversions (§1.4)
+	samplerSeq  atomic.Int64                    // sampling_session_seq_id counter (§3.5)
+	retryLogged atomic.Int64                    // clock time (unix nanos) of the last retry warning (logRetry)
+	retried     atomic.Int64                    // requests retried since the last retry warning
+	bare400     [numTrafficClasses]atomic.Int64 // remaining bare-400 conversions per traffic class (§1.4)
 	inflight    *byteSemaphore
 
 	billingMu     sync.Mutex
@@ -135,7 +135,9 @@ func newClient(cfg Config) (*Client, error) {
 	if c.userAgent == "" {
 		c.userAgent = "tinkerfleet-go/" + SDKVersion
 	}
-	c.bare400.Store(int64(c.t.Bare400Budget))
+	for i := range c.bare400 {
+		c.bare400[i].Store(int64(c.t.Bare400Budget))
+	}
 	return c, nil
 }
 

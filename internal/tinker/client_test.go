@@ -612,3 +612,36 @@ func TestABillingIncidentEndsWhenNo402WasLoggedFor300s(t *testing.T) {
 		t.Fatalf("402 at 320 s (no 402 logged for 320 s: a new incident per §2.3) was fatal: %v", err)
 	}
 }
+
+// TestBare400BudgetIsPerTrafficClass: the SDK keeps the bare-400 budget (16 conversions)
+// per connection pool, one pool per traffic class (§1.4): polls that spend theirs leave
+// asample's whole. With one budget for all, a burst of rejected polls made the next bare 400
+// on asample a plain 400, a job failed for good as the user's.
+func TestBare400BudgetIsPerTrafficClass(t *testing.T) {
+	f := newFake(t)
+	c, _, _ := dial(t, f, nil)
+	s := sampler(t, c)
+	budget := c.t.Bare400Budget
+	for range budget {
+		f.push("retrieve_future", bareStatus(400))
+	}
+	f.push("retrieve_future", block) // the sample's poll stays out, as in bulk sampling
+	actx, acancel := context.WithCancel(testCtx(t))
+	defer acancel()
+	held := make(chan error, 1)
+	go func() { _, err := s.Sample(actx, basicRequest()); held <- err }()
+	for len(f.requests("retrieve_future")) < budget+1 {
+		select {
+		case err := <-held:
+			t.Fatalf("the first sample ended: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	f.push("asample", bareStatus(400))
+	res, err := s.Sample(testCtx(t), basicRequest())
+	if err != nil || res.Submissions != 2 {
+		t.Fatalf("a bare 400 on asample after %d on polls: %v; want it retried as a connection error", budget, err)
+	}
+	acancel()
+	<-held
+}

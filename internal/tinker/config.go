@@ -163,7 +163,7 @@ type Timing struct {
 	BackoffLargeThreshold int64         // 131072 bytes (§5.1)
 
 	QueueLogEvery time.Duration // 60 s debounce of paused-queue log lines (§4.3)
-	Bare400Budget int           // 16 bare 400s converted to connection errors (§1.4)
+	Bare400Budget int           // 16 bare 400s converted to connection errors, per traffic class (§1.4)
 
 	// MaxReplyBytes bounds the body of any reply read: 256 MiB, far past the largest result
 	// a request can ask for (a long prompt's top-20 logprobs are tens of MiB), so that a

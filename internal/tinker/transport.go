@@ -100,6 +100,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if cl.header != nil {
 		cl.header(h)
 	}
+	budget := &c.bare400[trafficClassOf(cl.name)]
 	var gen uint64
 	if c.pool != nil {
 		gen = c.pool.gen.Load()
@@ -125,11 +126,11 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 			} else {
 				c.hc.CloseIdleConnections()
 			}
-			if c.bare400.Add(-1) >= 0 {
+			if budget.Add(-1) >= 0 {
 				err = errors.New("bare HTTP 400 without a body (connection-level rejection)")
 				r = nil
 			} else {
-				c.bare400.Add(1)
+				budget.Add(1)
 			}
 		}
 	}
@@ -138,8 +139,8 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	if r != nil {
 		status = r.status
 		if status < 400 {
-			if c.bare400.Load() < int64(c.t.Bare400Budget) {
-				c.bare400.Add(1) // refill by one per success (§1.4)
+			if budget.Load() < int64(c.t.Bare400Budget) {
+				budget.Add(1) // refill by one per success (§1.4)
 			}
 		}
 	}
@@ -163,6 +164,29 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		return nil, &ConnectionError{Endpoint: cl.name, Timeout: errors.As(err, &ne) && ne.Timeout(), Err: err}
 	}
 	return r, nil
+}
+
+// Traffic classes: the SDK keeps one connection pool per class, each with its own budget of
+// bare-400 conversions (§1.4), so that rejected polls do not spend asample's.
+const (
+	classREST    = iota // REST reads, config, tokens (the SDK's train pool and plain httpx)
+	classSession        // create_session, session_heartbeat, create_sampling_session
+	classSample         // asample
+	classPoll           // retrieve_future (the SDK's retrieve_promise pool)
+	numTrafficClasses
+)
+
+// trafficClassOf returns the traffic class of the call named name.
+func trafficClassOf(name string) int {
+	switch name {
+	case "asample":
+		return classSample
+	case "retrieve_future":
+		return classPoll
+	case "create_session", "session_heartbeat", "create_sampling_session":
+		return classSession
+	}
+	return classREST
 }
 
 // withRequestTimeout returns ctx ended after timeout, a request's timeout (§1.3), with
