@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -644,4 +645,28 @@ func TestBare400BudgetIsPerTrafficClass(t *testing.T) {
 	}
 	acancel()
 	<-held
+}
+
+// TestABare400IsCountedAsThe400ItWas: a bare 400 turned into a connection error (§1.4) is
+// still a reply of status 400, and its request event says so. It said 0, "no response" in
+// tinkerfleet_tinker_requests_total, so that a load balancer rejecting requests read as a
+// network that lost them.
+func TestABare400IsCountedAsThe400ItWas(t *testing.T) {
+	res, _, _, ev, err := runSample(t, nil, bareStatus(400))
+	if err != nil || res.Response == nil {
+		t.Fatal(err)
+	}
+	var polls []int
+	for _, e := range ev.of(EventRequest) {
+		if e.Endpoint == "retrieve_future" {
+			polls = append(polls, e.StatusCode)
+		}
+	}
+	if !reflect.DeepEqual(polls, []int{400, 200}) {
+		t.Fatalf("poll request events of status %v, want [400 200]", polls)
+	}
+	r := ev.of(EventRetry)
+	if len(r) != 1 || r[0].Layer != LayerPoll {
+		t.Fatalf("retry events %+v: want one poll backoff, as for a connection error", r)
+	}
 }

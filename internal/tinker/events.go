@@ -8,7 +8,8 @@ type EventKind int
 // The kinds of events delivered to Config.OnEvent.
 const (
 	// EventRequest: one HTTP request finished (Endpoint, Method, StatusCode or 0 on
-	// a connection error, Duration, Attempt = x-stainless-retry-count).
+	// a connection error, Duration, Attempt = x-stainless-retry-count). A bare 400 (§1.4),
+	// which is retried as a connection error, reports its 400.
 	EventRequest EventKind = iota + 1
 	// EventRateLimited: a 429 was seen (Endpoint; on asample Delay is the dispatch
 	// backoff of §5.3, on retrieve_future the poll sleep of §4.2).

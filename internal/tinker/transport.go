@@ -108,6 +108,7 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 	start := time.Now()
 	resp, err := c.hc.Do(req)
 	var r *response
+	status := 0 // of the reply; a bare 400 turned into a connection error keeps its 400
 	if err == nil {
 		r = &response{status: resp.StatusCode, header: resp.Header}
 		// The timeout restarts with each piece of the body, as httpx's read timeout
@@ -128,14 +129,13 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 			}
 			if budget.Add(-1) >= 0 {
 				err = errors.New("bare HTTP 400 without a body (connection-level rejection)")
-				r = nil
+				r, status = nil, http.StatusBadRequest
 			} else {
 				budget.Add(1)
 			}
 		}
 	}
 	dur := time.Since(start)
-	status := 0
 	if r != nil {
 		status = r.status
 		if status < 400 {
