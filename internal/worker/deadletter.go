@@ -170,7 +170,6 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 			return err
 		}
 		if first { // another worker handling the same advisory may have stored it first
-			w.metrics.deadLetter()
 			w.metrics.finished(&res, 0)
 		}
 	}
@@ -203,7 +202,6 @@ func (w *Worker) deadLettered(ctx context.Context, msg jetstream.Msg, batch, cus
 	if err := w.cfg.Queue.PublishDead(ctx, batch, customID, reason, msg.Data()); err != nil {
 		w.jobLog(batch, customID, queue.NumDelivered(msg)).Error("keep dead-letter payload", "err", err)
 	}
-	w.metrics.deadLetter()
 	return outcome{result: &res, settle: settleTerm}
 }
 

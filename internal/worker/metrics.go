@@ -103,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 20), // 10 ms to 87 min: past the 30 min --sample-timeout, with a try again
 		}),
 		deadLetters: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries.",
+			Name: "tinkerfleet_dead_letters_total", Help: "Jobs that ran out of deliveries, counted as their dead-letter result is stored.",
 		}),
 		redeliveriesHeld: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tinkerfleet_redeliveries_held_total",
@@ -263,12 +263,6 @@ func (m *Metrics) pulled() {
 	}
 }
 
-func (m *Metrics) deadLetter() {
-	if m != nil {
-		m.deadLetters.Inc()
-	}
-}
-
 func (m *Metrics) redeliveredHeld() {
 	if m != nil {
 		m.redeliveriesHeld.Inc()
@@ -294,6 +288,8 @@ func (m *Metrics) panicked() {
 	}
 }
 
+// finished counts a job that ended with res, a result this worker stored (one another
+// worker stored first is not counted here: see settled), dead letters among them.
 func (m *Metrics) finished(res *jobs.Result, took time.Duration) {
 	if m == nil {
 		return
@@ -301,6 +297,9 @@ func (m *Metrics) finished(res *jobs.Result, took time.Duration) {
 	code := ""
 	if res.Error != nil {
 		code = res.Error.Code
+	}
+	if code == jobs.CodeDeadLetter {
+		m.deadLetters.Inc()
 	}
 	k := finishedKey{string(res.Status), code}
 	m.finishedSeries.get(k, func() prometheus.Counter { return m.jobsFinished.WithLabelValues(k.status, k.code) }).Inc()

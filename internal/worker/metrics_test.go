@@ -221,6 +221,40 @@ func TestAResultTheStreamHadAlreadyIsNotCounted(t *testing.T) {
 	}
 }
 
+// TestADeadLetterTheStreamHadAResultForIsNotCounted: a job that ends as a dead letter here,
+// on its last delivery, while another worker's result for it is stored already (they raced on
+// it), is settled without storing the dead letter. The job ended once, with the other result:
+// tinkerfleet_dead_letters_total counts dead-letter results stored, so it stays 0 here.
+func TestADeadLetterTheStreamHadAResultForIsNotCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
+	js := tokenJobs("raced-", 1)
+	other := jobs.Result{CustomID: js[0].CustomID, BatchID: "racedead", Status: jobs.StatusOK, Model: js[0].Model}
+	if first, err := w.publish(context.Background(), "racedead", &other); err != nil || !first {
+		t.Fatalf("store the other worker's result: first %v, %v", first, err)
+	}
+	run(t, w)
+	publishJobs(t, b.results, "racedead", js)
+	fleettest.Eventually(t, 30*time.Second, "the job failed and settled", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesAccepted == 1
+	})
+	time.Sleep(100 * time.Millisecond) // settled runs after the ack
+	if r := waitResults(t, b.results, "racedead", 1, 10*time.Second)[js[0].CustomID]; r.Status != jobs.StatusOK {
+		t.Fatalf("stored result %+v, want the other worker's", r)
+	}
+	got := gathered(t, reg)
+	if n := got["tinkerfleet_dead_letters_total{}"]; n != 0 {
+		t.Errorf("tinkerfleet_dead_letters_total = %v, want 0: the stored result is the other worker's", n)
+	}
+	if n := got["tinkerfleet_jobs_finished_total{code=dead_letter,status=error}"]; n != 0 {
+		t.Errorf("tinkerfleet_jobs_finished_total{code=dead_letter} = %v, want 0", n)
+	}
+}
+
 // TestAnIdleWorkerHoldsNoDispatchPermitsInUse: once a batch is done, the dispatch gauges are
 // back at 0. The count permits the puller holds for its next pull request (up to 64) are no
 // job's: counted, an idle worker read as 64 permits in use, and one of 64 job slots or fewer
