@@ -131,7 +131,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 			// 402), not this job's failure: every job pulled meanwhile comes this way.
 			log().Debug("job sent back to wait out the fleet's pause", "delay", delay)
 		} else {
-			log().Info("job will be retried", "delay", delay, "err", out.err)
+			w.logRetry(log(), delay, out.err)
 		}
 		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)

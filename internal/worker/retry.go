@@ -2,6 +2,7 @@ package worker
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -42,6 +43,25 @@ func (n *retryNotes) due(batch string, now time.Time) bool {
 	}
 	n.last[batch] = now
 	return true
+}
+
+// retryLogEvery is how often at most a worker logs a job sent back for a retry at info.
+const retryLogEvery = 10 * time.Second
+
+// logRetry logs a job sent back to wait delay for another delivery, for why: at info at most
+// once every retryLogEvery, with how many jobs were sent back since, and otherwise at debug.
+// A failure of the service that outlasts the Tinker client's own retries fails every job in
+// hand at once, and a line each at info was hundreds of lines for one outage, which the
+// client's own warning already names.
+func (w *Worker) logRetry(log *slog.Logger, delay time.Duration, why error) {
+	w.sentBack.Add(1)
+	now := time.Now().UnixNano()
+	last := w.retryLogged.Load()
+	if last != 0 && now-last < int64(retryLogEvery) || !w.retryLogged.CompareAndSwap(last, now) {
+		log.Debug("job will be retried", "delay", delay, "err", why)
+		return
+	}
+	log.Info("job will be retried", "delay", delay, "err", why, "sent_back", w.sentBack.Swap(0))
 }
 
 // noteRetry tells whoever waits on batch's results, through its retry note, why a job of it

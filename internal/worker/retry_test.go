@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinker"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -42,6 +44,40 @@ func TestRetryNotesAreHeldToOneABatchASecond(t *testing.T) {
 	}
 	if len(n.last) != 1 {
 		t.Errorf("remembers %d batches, want only the one noted last second", len(n.last))
+	}
+}
+
+// TestJobsSentBackTogetherLogOneInfoLine: when every job in hand fails at once (a Tinker
+// outage past the client's own retries), the worker says so at info once, with how many it
+// sent back, and each job's line at debug: one info line per job flooded the log with one
+// line per job slot at each failure.
+func TestJobsSentBackTogetherLogOneInfoLine(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 2}, tinkersim.Config{Capacity: 64, BaseLatency: 200 * time.Millisecond,
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
+	var logs fleettest.Buffer
+	w := b.open(t, b.connect(t), Config{Concurrency: 32, RetryDelay: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	run(t, w)
+	const n = 24
+	publishJobs(t, b.results, "outage", tokenJobs("o", n))
+	waitResults(t, b.results, "outage", n, 30*time.Second)
+
+	var info, debug int
+	for _, line := range strings.Split(logs.String(), "\n") {
+		switch {
+		case !strings.Contains(line, "job will be retried"):
+		case strings.Contains(line, "level=INFO"):
+			info++
+		case strings.Contains(line, "level=DEBUG"):
+			debug++
+		}
+	}
+	if info < 1 || info > 2 || info+debug != n {
+		t.Errorf("%d jobs sent back: %d info lines and %d debug lines, want 1 info line (2 across an interval) and the rest at debug", n, info, debug)
+	}
+	if !strings.Contains(logs.String(), "sent_back=") {
+		t.Errorf("the info line does not say how many jobs were sent back:\n%s", logs.String())
 	}
 }
 
