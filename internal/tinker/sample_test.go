@@ -212,6 +212,13 @@ func TestPoll408And5xxRepollImmediately(t *testing.T) {
 	if len(qs) != 1 || qs[0].QueueState != QueuePausedRateLimit || qs[0].Reason != "concurrent sampler weights limit hit" {
 		t.Fatalf("queue events %+v", qs)
 	}
+	// A 5xx re-poll is a retry of the poll layer (tinkerfleet_tinker_retries_total{layer=poll}),
+	// at once; a 408 is the long poll's "not yet", no retry.
+	rs := ev.of(EventRetry)
+	if len(rs) != 2 || rs[0].Layer != LayerPoll || rs[0].StatusCode != 500 || rs[1].StatusCode != 503 ||
+		rs[0].Delay != 0 || rs[0].Attempt != 0 || rs[1].Attempt != 1 || rs[0].Err == nil {
+		t.Fatalf("retry events %+v, want the two 5xx re-polls", rs)
+	}
 }
 
 func TestPoll429AndConnectionBackoff(t *testing.T) {
@@ -306,9 +313,12 @@ func TestAPollsTimeoutRestartsWithEachPieceOfItsBody(t *testing.T) {
 
 func TestPoll400Budget(t *testing.T) {
 	bad := jsonReply(400, `{"detail":"bad"}`)
-	res, _, fc, _, err := runSample(t, nil, bad, bad, bad)
+	res, _, fc, ev, err := runSample(t, nil, bad, bad, bad)
 	if err != nil || res.Response == nil || len(fc.Sleeps()) != 0 {
 		t.Fatalf("3 bad requests: %v", err)
+	}
+	if rs := ev.of(EventRetry); len(rs) != 3 || rs[2].Layer != LayerPoll || rs[2].StatusCode != 400 || rs[2].Attempt != 2 {
+		t.Fatalf("retry events %+v, want the three re-polls of the poll layer", rs)
 	}
 	_, f, _, _, err := runSample(t, nil, bad, bad, bad, bad)
 	var se *StatusError

@@ -337,7 +337,7 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 	c := s.c
 	t := &c.t
 	const name = "retrieve_future"
-	allowMeta, connExp, badRequests, metaSeen := true, 0, 0, false
+	allowMeta, connExp, badRequests, serverErrors, metaSeen := true, 0, 0, 0, false
 	var releaseMeta func()
 	defer func() {
 		if releaseMeta != nil {
@@ -394,6 +394,9 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 		}
 		if r.status != http.StatusTooManyRequests {
 			connExp = 0 // any reply outside the backoff class proves the connection alive
+		}
+		if r.status < 500 {
+			serverErrors = 0
 		}
 		switch {
 		case r.status >= 200 && r.status <= 299:
@@ -452,6 +455,11 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 				}
 			}
 		case r.status >= 500:
+			// Polled again at once (§4.2), a retry of the poll layer (as a 400's below),
+			// which the client's warning and the retries metric show.
+			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: t.PollFloor,
+				Attempt: serverErrors, Err: c.statusError(cl, r), SamplerID: s.id})
+			serverErrors++
 		case r.status == http.StatusTooManyRequests:
 			if err := backoff(r.status, c.statusError(cl, r)); err != nil {
 				return nil, fmt.Errorf("tinker: %s: %w", name, err)
@@ -462,6 +470,8 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			if badRequests > t.PollBadRequests {
 				return nil, &ProtocolError{Endpoint: name, Msg: "error retrieving result", Err: c.statusError(cl, r)}
 			}
+			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: t.PollFloor,
+				Attempt: badRequests - 1, Err: c.statusError(cl, r), SamplerID: s.id})
 		case r.status == http.StatusPaymentRequired:
 			if !c.billingPause(name, s.id) {
 				return nil, &ProtocolError{Endpoint: name, Msg: "billing pause window expired", Err: c.statusError(cl, r)}
