@@ -149,7 +149,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	})
 	reg.MustRegister(connecting)
 	if o.metricsAddr != "" && o.metricsAddr != "off" { // off: an empty variable reads as unset
-		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load)
+		srv, metricsAddr, err := serveHealth(o.metricsAddr, reg, running.Load, ctx.Done())
 		if err != nil {
 			return err
 		}
@@ -253,16 +253,23 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 }
 
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
-// is open, NATS answers its pings, and the Tinker session is alive) on addr, and returns the
-// address it listens on (port 0 picks one). running returns the worker /readyz checks, nil
-// until it is open.
-func serveHealth(addr string, reg *prometheus.Registry, running func() *worker.Worker) (*http.Server, string, error) {
+// is open and not stopping, NATS answers its pings, and the Tinker session is alive) on addr,
+// and returns the address it listens on (port 0 picks one). running returns the worker
+// /readyz checks, nil until it is open; stopping is closed once the worker is told to stop
+// (it finishes the jobs in hand within its grace, and takes no more).
+func serveHealth(addr string, reg *prometheus.Registry, running func() *worker.Worker, stopping <-chan struct{}) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-stopping:
+			http.Error(rw, "stopping (finishing the jobs in hand within the shutdown grace)", http.StatusServiceUnavailable)
+			return
+		default:
+		}
 		w := running()
 		if w == nil {
 			http.Error(rw, "starting (connecting to NATS, opening the Tinker session) or stopping", http.StatusServiceUnavailable)

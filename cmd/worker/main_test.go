@@ -194,6 +194,48 @@ func TestRunWithCredentialCmd(t *testing.T) {
 	}
 }
 
+// TestReadyzIsNotReadyWhileStopping: once told to stop, a worker finishing the jobs in hand
+// within its shutdown grace takes no more, and says so on /readyz at once (503 "stopping"),
+// while /healthz still answers; ready until its last moment, it read as able to work.
+func TestReadyzIsNotReadyWhileStopping(t *testing.T) {
+	emb := fleettest.NATS(t)
+	sim, simURL := fleettest.Sim(t, tinkersim.Config{BaseLatency: time.Hour}) // jobs stay in hand
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	fleettest.Publish(t, q, "stopping", []jobs.Job{{CustomID: "slow", Model: "Qwen/Qwen3-8B", Prompt: "Hi.", NumSamples: 1}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "10s"},
+			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
+	}()
+	fleettest.Eventually(t, 30*time.Second, "the job's sample accepted", func() bool { return sim.Stats().SamplesAccepted == 1 })
+	addr := metricsAddr(t, logs)
+	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusOK {
+		t.Fatalf("GET /readyz while working: %d %q", code, body)
+	}
+
+	cancel()
+	fleettest.Eventually(t, 5*time.Second, "/readyz to say stopping", func() bool {
+		code, body := httpGet(t, addr, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "stopping")
+	})
+	if code, body := httpGet(t, addr, "/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz while stopping: %d %q", code, body)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("run returned (%v) before its grace was over: /readyz was not seen during the grace", err)
+	default:
+	}
+	if err := <-done; err != nil {
+		t.Errorf("run after cancel: %v", err)
+	}
+}
+
 // metricsAddr returns the address of /metrics, /healthz and /readyz that run logged.
 func metricsAddr(t *testing.T, logs *fleettest.Buffer) string {
 	t.Helper()
@@ -234,7 +276,7 @@ func TestReadyzIsNotReadyWhileNATSDoesNotAnswer(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	t.Cleanup(stall.Resume) // registered last, so run first: the stop waits on held writes
-	srv, addr, err := serveHealth("127.0.0.1:0", prometheus.NewRegistry(), func() *worker.Worker { return w })
+	srv, addr, err := serveHealth("127.0.0.1:0", prometheus.NewRegistry(), func() *worker.Worker { return w }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
