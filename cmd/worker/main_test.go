@@ -103,13 +103,9 @@ func TestRunWorksABatch(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
-			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
-			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+		"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"})
 
 	results, counts := fleettest.Results(t, q, batch, total, time.Minute)
 	for _, j := range js {
@@ -168,14 +164,10 @@ func TestRunWithCredentialCmd(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
 	cmd := "printf '%s' " + fleettest.APIKey
-	go func() {
-		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
-			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
-			env(map[string]string{"TINKER_CREDENTIAL_CMD": cmd, "HF_HUB_OFFLINE": "1"}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+		"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "2s"},
+		map[string]string{"TINKER_CREDENTIAL_CMD": cmd, "HF_HUB_OFFLINE": "1"})
 	results, _ := fleettest.Results(t, q, batch, total, time.Minute)
 	for _, j := range js {
 		if r := results[j.CustomID]; r.Status != jobs.StatusOK {
@@ -205,13 +197,9 @@ func TestReadyzIsNotReadyWhileStopping(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
-			"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "10s"},
-			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+		"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "10s"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"})
 	fleettest.Eventually(t, 30*time.Second, "the job's sample accepted", func() bool { return sim.Stats().SamplesAccepted == 1 })
 	addr := metricsAddr(t, logs)
 	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusOK {
@@ -234,6 +222,15 @@ func TestReadyzIsNotReadyWhileStopping(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("run after cancel: %v", err)
 	}
+}
+
+// startRun runs the program with args and the environment vars in a goroutine, as main
+// does; it returns the program's log and a channel that gets run's error once it returns.
+func startRun(ctx context.Context, args []string, vars map[string]string) (*fleettest.Buffer, <-chan error) {
+	logs := &fleettest.Buffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, env(vars), logs) }()
+	return logs, done
 }
 
 // metricsAddr returns the address of /metrics, /healthz and /readyz that run logged.
@@ -306,13 +303,9 @@ func TestRunWaitsForNATS(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--nats-url", "nats://" + host, "--tinker-base-url", simURL,
-			"--metrics-addr", "127.0.0.1:0", "--concurrency", "2", "--shutdown-grace", "2s"},
-			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--nats-url", "nats://" + host, "--tinker-base-url", simURL,
+		"--metrics-addr", "127.0.0.1:0", "--concurrency", "2", "--shutdown-grace", "2s"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"})
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(logs.String(), "waiting for a NATS server") {
 		select {
@@ -460,12 +453,9 @@ func TestHealthIsServedBeforeTheEmbeddedServerStarts(t *testing.T) {
 	port := fleettest.FreePorts(t, 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
-			"--tinker-base-url", fleettest.ClosedURL(t), "--metrics-addr", "127.0.0.1:0"}, env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
+		"--tinker-base-url", fleettest.ClosedURL(t), "--metrics-addr", "127.0.0.1:0"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey})
 	fleettest.Eventually(t, 30*time.Second, "the embedded server ready", func() bool {
 		return strings.Contains(logs.String(), "embedded NATS server ready")
 	})
@@ -485,12 +475,9 @@ func TestAHostWhoseKeyIsRefusedGoesOnServingNATS(t *testing.T) {
 	port := fleettest.FreePorts(t, 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
-			"--tinker-base-url", simURL, "--metrics-addr", ""}, env(map[string]string{"TINKER_API_KEY": fleettest.APIKey}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--embedded-nats", "--embedded-port", strconv.Itoa(port), "--data-dir", t.TempDir(),
+		"--tinker-base-url", simURL, "--metrics-addr", ""},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey})
 	fleettest.Eventually(t, 30*time.Second, "the worker started", func() bool { return strings.Contains(logs.String(), "worker started") })
 	q := fleettest.Queue(t, fmt.Sprintf("nats://127.0.0.1:%d", port), queue.Config{})
 	fleettest.Publish(t, q, "refused", []jobs.Job{{CustomID: "j", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
@@ -538,12 +525,8 @@ func TestNATSConnectedIsServedWhileTheTinkerSessionOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &fleettest.Buffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL, "--metrics-addr", "127.0.0.1:0"},
-			env(map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"}), logs)
-	}()
+	logs, done := startRun(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL, "--metrics-addr", "127.0.0.1:0"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey, "HF_HUB_OFFLINE": "1"})
 	defer func() { cancel(); <-done }()
 	fleettest.Eventually(t, 30*time.Second, "the worker asking the service for its config", func() bool {
 		return sim.Stats().Requests["client/config"][0] > 0
