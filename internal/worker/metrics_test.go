@@ -193,22 +193,10 @@ func TestJobDurationsUpToTheSampleTimeoutAreMeasured(t *testing.T) {
 func TestAResultTheStreamHadAlreadyIsNotCounted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
-	reg := prometheus.NewRegistry()
-	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
-	js := tokenJobs("raced-", 1)
-	// The other worker's result, stored first. The job is a first delivery of a first publish,
-	// which skips the lookup of a stored result, as it does when the race is real.
-	other := jobs.Result{CustomID: js[0].CustomID, BatchID: "raced", Status: jobs.StatusOK, Model: js[0].Model}
-	if first, err := w.publish(context.Background(), "raced", &other); err != nil || !first {
-		t.Fatalf("store the other worker's result: first %v, %v", first, err)
+	reg := runRacedJob(t, b, "raced")
+	if n := b.sim.Stats().SamplesCompleted; n != 1 {
+		t.Fatalf("%d samples completed, want the job's", n)
 	}
-	run(t, w)
-	publishJobs(t, b.results, "raced", js)
-	fleettest.Eventually(t, 30*time.Second, "the job sampled and settled", func() bool {
-		info, err := b.results.Jobs.Info(context.Background())
-		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesCompleted == 1
-	})
-	time.Sleep(100 * time.Millisecond) // settled runs after the ack
 	got := gathered(t, reg)
 	if n := got["tinkerfleet_jobs_finished_total{code=,status=ok}"]; n != 0 {
 		t.Errorf("tinkerfleet_jobs_finished_total{status=ok} = %v, want 0: the stored result is the other worker's", n)
@@ -229,22 +217,9 @@ func TestADeadLetterTheStreamHadAResultForIsNotCounted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{
 		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
-	reg := prometheus.NewRegistry()
-	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
-	js := tokenJobs("raced-", 1)
-	other := jobs.Result{CustomID: js[0].CustomID, BatchID: "racedead", Status: jobs.StatusOK, Model: js[0].Model}
-	if first, err := w.publish(context.Background(), "racedead", &other); err != nil || !first {
-		t.Fatalf("store the other worker's result: first %v, %v", first, err)
-	}
-	run(t, w)
-	publishJobs(t, b.results, "racedead", js)
-	fleettest.Eventually(t, 30*time.Second, "the job failed and settled", func() bool {
-		info, err := b.results.Jobs.Info(context.Background())
-		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesAccepted == 1
-	})
-	time.Sleep(100 * time.Millisecond) // settled runs after the ack
-	if r := waitResults(t, b.results, "racedead", 1, 10*time.Second)[js[0].CustomID]; r.Status != jobs.StatusOK {
-		t.Fatalf("stored result %+v, want the other worker's", r)
+	reg := runRacedJob(t, b, "racedead")
+	if st := b.sim.Stats(); st.SamplesAccepted != 1 || st.SamplesCompleted != 0 {
+		t.Fatalf("%d samples accepted, %d completed: want the job's sample, failed", st.SamplesAccepted, st.SamplesCompleted)
 	}
 	got := gathered(t, reg)
 	if n := got["tinkerfleet_dead_letters_total{}"]; n != 0 {
@@ -253,6 +228,32 @@ func TestADeadLetterTheStreamHadAResultForIsNotCounted(t *testing.T) {
 	if n := got["tinkerfleet_jobs_finished_total{code=dead_letter,status=error}"]; n != 0 {
 		t.Errorf("tinkerfleet_jobs_finished_total{code=dead_letter} = %v, want 0", n)
 	}
+}
+
+// runRacedJob stores another worker's ok result for a job of batch, then has a worker of b
+// work that job, and returns the worker's metrics once the job is settled. The job is a first
+// delivery of a first publish, which skips the lookup of a stored result, as it does when the
+// race is real.
+func runRacedJob(t *testing.T, b *testBundle, batch string) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg})
+	js := tokenJobs("raced-", 1)
+	other := jobs.Result{CustomID: js[0].CustomID, BatchID: batch, Status: jobs.StatusOK, Model: js[0].Model}
+	if first, err := w.publish(context.Background(), batch, &other); err != nil || !first {
+		t.Fatalf("store the other worker's result: first %v, %v", first, err)
+	}
+	run(t, w)
+	publishJobs(t, b.results, batch, js)
+	fleettest.Eventually(t, 30*time.Second, "the job worked and settled", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesAccepted == 1
+	})
+	time.Sleep(100 * time.Millisecond) // settled runs after the ack
+	if r := waitResults(t, b.results, batch, 1, 10*time.Second)[js[0].CustomID]; r.Status != jobs.StatusOK || r.Model != js[0].Model {
+		t.Fatalf("stored result %+v, want the other worker's", r)
+	}
+	return reg
 }
 
 // TestAnIdleWorkerHoldsNoDispatchPermitsInUse: once a batch is done, the dispatch gauges are
