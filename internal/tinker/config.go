@@ -312,6 +312,16 @@ type Dispatcher interface {
 	// Wait blocks while a backoff is active.
 	Wait(ctx context.Context) error
 	// Backoff records that asample answered 429 (or 402 inside the billing
-	// window) and that submissions should pause for d (§5.3).
+	// window) and that submissions should pause for d (§5.3); reason is
+	// BackoffRateLimited or BackoffBilling.
 	Backoff(ctx context.Context, reason string, d time.Duration)
 }
+
+// The reasons Sampler gives Dispatcher.Backoff. They are the fleet backoff's own (package
+// backoff records them as they are), spelled here so that the wire client needs no NATS.
+const (
+	// BackoffRateLimited: asample answered 429 (§5.1, §5.3).
+	BackoffRateLimited = "rate_limited"
+	// BackoffBilling: asample answered 402 inside the billing window (§2.3).
+	BackoffBilling = "billing"
+)

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 )
 
 // Sampler is a sampling session (§3.5). It is safe for concurrent use; every
@@ -272,10 +270,10 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 				requestID = fut.RequestID
 				return nil
 			case r.status == http.StatusTooManyRequests:
-				backpressure = backoff.ReasonRateLimited
+				backpressure = BackoffRateLimited
 				return nil
 			case r.status == http.StatusPaymentRequired && c.billingPause(cl.name, s.id):
-				backpressure = backoff.ReasonBilling
+				backpressure = BackoffBilling
 				return nil
 			}
 			return c.statusError(cl, r)
@@ -292,7 +290,7 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 		if est > c.t.BackoffLargeThreshold {
 			d = c.t.BackoffLarge
 		}
-		if backpressure == backoff.ReasonRateLimited {
+		if backpressure == BackoffRateLimited {
 			c.emit(Event{Kind: EventRateLimited, Endpoint: cl.name, StatusCode: http.StatusTooManyRequests,
 				Reason: backpressure, Delay: d, SamplerID: s.id})
 		}
