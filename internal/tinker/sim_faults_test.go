@@ -421,3 +421,70 @@ func TestSimBillingPause(t *testing.T) {
 		}
 	})
 }
+
+// TestSimShouldRetry: the service's x-should-retry header overrides the status in the HTTP
+// retry layer (§6.1): "false" forbids retrying even a 503, "true" retries even a 403. Each
+// case runs with and without the header, so the header is what changes the outcome. asample
+// has no HTTP-level retries (§3.6), so there the header is not consulted and the submission
+// layer retries by status alone (§6.2), as the SDK's does.
+func TestSimShouldRetry(t *testing.T) {
+	cases := []struct {
+		name        string
+		kind        tinkersim.FaultKind
+		status      int
+		shouldRetry string
+		// The status the call fails with without retrying; 0: it succeeds after one retry.
+		wantSession, wantAsample int
+	}{
+		{"503", tinkersim.FaultServerError, 503, "", 0, 0},
+		{"503 x-should-retry false", tinkersim.FaultServerError, 503, "false", 503, 0},
+		{"403", tinkersim.FaultForbidden, 403, "", 403, 403},
+		{"403 x-should-retry true", tinkersim.FaultForbidden, 403, "true", 0, 403},
+	}
+	for _, tc := range cases {
+		fault := func(endpoint string) tinkersim.Fault {
+			f := tinkersim.Fault{Kind: tc.kind, Endpoints: []string{endpoint}, Count: 1, ShouldRetry: tc.shouldRetry}
+			if tc.kind == tinkersim.FaultServerError {
+				f.Status = tc.status
+			}
+			return f
+		}
+		t.Run("create_sampling_session/"+tc.name, func(t *testing.T) {
+			e := newSimEnv(t, tinkersim.Config{}, nil)
+			if _, err := e.sim.Inject(fault("create_sampling_session")); err != nil {
+				t.Fatal(err)
+			}
+			_, err := e.client.NewSampler(e.ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+			checkShouldRetry(t, err, tc.wantSession)
+			st := e.sim.Stats().Requests["create_sampling_session"]
+			ok := int64(0)
+			if tc.wantSession == 0 {
+				ok = 1
+			}
+			if st[tc.status] != 1 || st[200] != ok {
+				t.Errorf("replies %v, want one %d and %d 200", st, tc.status, ok)
+			}
+		})
+		t.Run("asample/"+tc.name, func(t *testing.T) {
+			e := newSimEnv(t, tinkersim.Config{}, nil)
+			s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+			if _, err := e.sim.Inject(fault("asample")); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.Sample(e.ctx, simRequest(1))
+			checkShouldRetry(t, err, tc.wantAsample)
+		})
+	}
+}
+
+// checkShouldRetry checks that err is a *tinker.StatusError of status want, or nil when want is 0.
+func checkShouldRetry(t *testing.T, err error, want int) {
+	t.Helper()
+	var se *tinker.StatusError
+	switch {
+	case want == 0 && err != nil:
+		t.Fatalf("failed: %v, want success after one retry", err)
+	case want != 0 && (!errors.As(err, &se) || se.StatusCode != want):
+		t.Fatalf("error %v, want status %d without a retry", err, want)
+	}
+}

@@ -97,6 +97,13 @@ type Fault struct {
 	Delay time.Duration
 	// RetryAfter overrides Config.RetryAfter for FaultRateLimit.
 	RetryAfter time.Duration
+	// ShouldRetry, "true" or "false", adds the header x-should-retry with that value to the
+	// reply of a kind that answers with a status (429, 5xx, 408, 402, bare_400, 401, 403).
+	// The SDK's HTTP retry layer obeys it over the status (§6.1): "false" forbids retrying
+	// any status, "true" retries even one it otherwise would not (a 403, say). Calls without
+	// HTTP-level retries (asample, retrieve_future, session_heartbeat: §1.3, §3.6) ignore it.
+	// Empty: no header.
+	ShouldRetry string
 }
 
 // FaultID identifies an injected fault.
@@ -120,6 +127,12 @@ var defaultEndpoints = map[FaultKind][]string{
 	FaultSlowAccept:      {epAsample},
 	FaultUnauthorized:    {"*"},
 	FaultForbidden:       {epAsample},
+}
+
+// statusKinds answer with an HTTP status, so their reply can carry x-should-retry.
+var statusKinds = map[FaultKind]bool{
+	FaultRateLimit: true, FaultServerError: true, FaultTimeout: true, FaultPaymentRequired: true,
+	FaultBare400: true, FaultUnauthorized: true, FaultForbidden: true,
 }
 
 // fixedEndpointKinds cannot be moved to other endpoints: their effect is specific to one.
@@ -153,6 +166,15 @@ func (f Fault) validate() (Fault, error) {
 		if e != "*" && !slices.Contains(apiEndpoints, e) { // a typo would match nothing, silently
 			return f, fmt.Errorf("fault %s: no endpoint is called %q (the names are those of /api/v1/: %s, or *)", f.Kind, e, strings.Join(apiEndpoints, ", "))
 		}
+	}
+	switch f.ShouldRetry {
+	case "":
+	case "true", "false":
+		if !statusKinds[f.Kind] {
+			return f, fmt.Errorf("fault %s: should_retry needs a kind that answers with a status (429, 5xx, 408, 402, bare_400, 401, 403)", f.Kind)
+		}
+	default:
+		return f, fmt.Errorf("fault %s: should_retry %q is not true or false", f.Kind, f.ShouldRetry)
 	}
 	switch f.Kind {
 	case FaultServerError:
@@ -219,9 +241,10 @@ func (a *activeFault) appliesTo(endpoint string) bool {
 // ParseFault reads the command-line form of a fault: comma-separated key=value pairs, e.g.
 // "kind=429,duration=30s", "kind=5xx,rate=0.05,status=503,endpoints=asample+retrieve_future",
 // "kind=paused_capacity,start=10s,duration=20s,reason=short on capacity",
-// "kind=failed,category=user,rate=0.1", "kind=slow_heartbeat,delay=15s".
+// "kind=failed,category=user,rate=0.1", "kind=slow_heartbeat,delay=15s",
+// "kind=403,endpoints=create_sampling_session,count=1,should_retry=true".
 // Keys: kind, rate, count, start (delay from injection), duration, reason, category, status,
-// delay, retry_after, endpoints (joined by "+"). The reason must come last if it contains commas.
+// delay, retry_after, should_retry, endpoints (joined by "+"). The reason must come last if it contains commas.
 func ParseFault(spec string, now time.Time) (Fault, error) {
 	var f Fault
 	rest := spec
@@ -261,6 +284,8 @@ func ParseFault(spec string, now time.Time) (Fault, error) {
 			f.Delay, err = time.ParseDuration(val)
 		case "retry_after":
 			f.RetryAfter, err = time.ParseDuration(val)
+		case "should_retry":
+			f.ShouldRetry = val
 		case "endpoints":
 			f.Endpoints = strings.Split(val, "+")
 		default:
@@ -290,6 +315,8 @@ type faultJSON struct {
 	Status     int      `json:"status,omitempty"`
 	Delay      string   `json:"delay,omitempty"`
 	RetryAfter string   `json:"retry_after,omitempty"`
+	// ShouldRetry is a JSON boolean here; absent means no header.
+	ShouldRetry *bool `json:"should_retry,omitempty"`
 }
 
 // toFault converts the admin form, resolving start_in against now.
@@ -298,6 +325,9 @@ func (j *faultJSON) toFault(now time.Time) (Fault, error) {
 		return Fault{}, errors.New("field \"kind\" is required")
 	}
 	f := Fault{Kind: FaultKind(*j.Kind), Endpoints: j.Endpoints, Rate: j.Rate, Count: j.Count, Reason: j.Reason, Category: j.Category, Status: j.Status}
+	if j.ShouldRetry != nil {
+		f.ShouldRetry = strconv.FormatBool(*j.ShouldRetry)
+	}
 	parse := func(name, v string, dst *time.Duration) error {
 		if v == "" {
 			return nil
@@ -343,4 +373,6 @@ type FaultInfo struct {
 	Category string `json:"category,omitempty"`
 	// Status is the HTTP status of a "5xx" fault.
 	Status int `json:"status,omitempty"`
+	// ShouldRetry is the x-should-retry value the fault's replies carry ("": none).
+	ShouldRetry string `json:"should_retry,omitempty"`
 }

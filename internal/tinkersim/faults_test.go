@@ -539,3 +539,48 @@ func TestAFailedFaultFailsAsManySamplesAsItsCount(t *testing.T) {
 		t.Fatalf("the sample after: %v, want the fault's failure", m)
 	}
 }
+
+// TestFaultShouldRetryHeader: a fault with ShouldRetry adds x-should-retry (§6.1) to the
+// status it answers with, from Inject, the -fault form and the admin endpoint; kinds that
+// answer no status of their own refuse it.
+func TestFaultShouldRetryHeader(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	mustInject(t, h.srv, Fault{Kind: FaultForbidden, Endpoints: []string{"create_sampling_session"}, Count: 1, ShouldRetry: "true"})
+	sid, _, _ := strings.Cut(ssid, ":") // <session_id>:sample:<n> (§3.5)
+	r := h.do("POST", "/api/v1/create_sampling_session", map[string]any{"session_id": sid, "sampling_session_seq_id": 1,
+		"base_model": "Qwen/Qwen3-8B", "type": "create_sampling_session"})
+	mustJSONError(t, r, 403)
+	if got := r.header.Get("X-Should-Retry"); got != "true" {
+		t.Fatalf("403: x-should-retry %q", got)
+	}
+	mustInject(t, h.srv, Fault{Kind: FaultServerError, Status: 503, Endpoints: []string{"asample"}, Count: 1, ShouldRetry: "false"})
+	r = h.do("POST", "/api/v1/asample", sampleBody(ssid, 0, []int32{1}, nil))
+	mustJSONError(t, r, 503)
+	if got := r.header.Get("X-Should-Retry"); got != "false" {
+		t.Fatalf("503: x-should-retry %q", got)
+	}
+	// Without the option, and once the faults are spent, no header.
+	r = h.do("POST", "/api/v1/asample", sampleBody(ssid, 1, []int32{1}, nil))
+	mustStatus(t, r, 200)
+	if _, ok := r.header["X-Should-Retry"]; ok {
+		t.Fatalf("200 carries x-should-retry: %v", r.header)
+	}
+
+	now := time.Now()
+	if f, err := ParseFault("kind=429,count=1,should_retry=false", now); err != nil || f.ShouldRetry != "false" {
+		t.Fatalf("%+v %v", f, err)
+	}
+	for _, bad := range []string{"kind=429,should_retry=yes", "kind=failed,should_retry=true", "kind=drop,should_retry=false"} {
+		if _, err := ParseFault(bad, now); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	mustStatus(t, h.do("POST", "/admin/faults", `{"kind":"408","endpoints":["create_session"],"should_retry":true}`), 200)
+	r = h.do("GET", "/admin/faults", nil)
+	if !strings.Contains(string(r.body), `"should_retry":"true"`) {
+		t.Fatalf("faults %s", r.body)
+	}
+	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"408","should_retry":"maybe"}`), 422)
+}

@@ -131,7 +131,7 @@ func (s *Server) Faults() []FaultInfo {
 	out := make([]FaultInfo, 0, len(s.faults))
 	for _, a := range s.faults {
 		fi := FaultInfo{ID: a.id, Kind: a.f.Kind, Endpoints: a.f.Endpoints, Rate: a.f.Rate, Count: a.f.Count, Hits: a.hits, Start: a.start,
-			Reason: a.f.Reason, Category: a.f.Category, Status: a.f.Status}
+			Reason: a.f.Reason, Category: a.f.Category, Status: a.f.Status, ShouldRetry: a.f.ShouldRetry}
 		if !a.end.IsZero() {
 			end := a.end
 			fi.End = &end
@@ -216,6 +216,9 @@ func (s *Server) genericFault(w http.ResponseWriter, endpoint, requestID string,
 		// net/http closes an HTTP/1.1 connection, or resets an HTTP/2 stream, without a reply
 		// and without logging.
 		panic(http.ErrAbortHandler)
+	}
+	a.f.setShouldRetry(w)
+	switch a.f.Kind {
 	case FaultBare400:
 		// §1.4: no body and Content-Length 0, the shape the SDK treats as a Cloudflare reject.
 		w.Header().Set("Content-Length", "0")
@@ -252,15 +255,24 @@ func (s *Server) refuseCredential(w http.ResponseWriter, endpoint string, now ti
 	s.mu.Lock()
 	a := s.hitLocked(endpoint, now, FaultUnauthorized, FaultForbidden)
 	s.mu.Unlock()
-	switch {
-	case a == nil:
+	if a == nil {
 		return false
+	}
+	a.f.setShouldRetry(w)
+	switch {
 	case a.f.Kind == FaultForbidden:
 		writeJSONError(w, http.StatusForbidden, orDefault(a.f.Reason, "permission denied"))
 	default:
 		writeJSONError(w, http.StatusUnauthorized, orDefault(a.f.Reason, "invalid or missing X-API-Key"))
 	}
 	return true
+}
+
+// setShouldRetry adds the fault's x-should-retry header (§6.1) to the reply, if it has one.
+func (f *Fault) setShouldRetry(w http.ResponseWriter) {
+	if f.ShouldRetry != "" {
+		w.Header().Set("X-Should-Retry", f.ShouldRetry)
+	}
 }
 
 // writeTooManyRequests answers 429 with Retry-After (whole seconds, at least 1), the
