@@ -488,3 +488,68 @@ func checkShouldRetry(t *testing.T, err error, want int) {
 		t.Fatalf("error %v, want status %d without a retry", err, want)
 	}
 }
+
+// TestSimTransportReplayDoesNotSampleTwice: an asample the service took in, on a kept-alive
+// connection that then closes before the reply, is sent again by Go's http.Transport itself
+// (the request carries X-Idempotency-Key, which makes it replayable), unseen by the client's
+// retry layers. The replay carries the same key and the same (sampling_session_id, seq_id),
+// which the service maps to the same future (§8, §12), so the sample runs once.
+func TestSimTransportReplayDoesNotSampleTwice(t *testing.T) {
+	sim, err := tinkersim.New(tinkersim.Config{APIKeys: []string{simKey}, LongPollWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		keys []string // X-Idempotency-Key of every asample received
+	)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/asample") {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		mu.Lock()
+		keys = append(keys, r.Header.Get("X-Idempotency-Key"))
+		first := len(keys) == 1
+		mu.Unlock()
+		if !first {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		// The service takes the sample in, then the connection dies before the reply.
+		sim.ServeHTTP(httptest.NewRecorder(), r)
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return
+		}
+		conn.Close()
+	}))
+	t.Cleanup(func() { ts.Close(); sim.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: ts.URL, APIKey: simKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Sample(ctx, simRequest(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 2 || keys[0] == "" || keys[1] != keys[0] {
+		t.Fatalf("asample keys %q, want one request replayed by the transport with its key", keys)
+	}
+	if res.Submissions != 1 || res.Attempts != 1 {
+		t.Errorf("%d submissions, %d attempts: the replay was the transport's, not the client's", res.Submissions, res.Attempts)
+	}
+	if st := sim.Stats(); st.SamplesAccepted != 1 || st.IdempotentReplays != 1 {
+		t.Errorf("accepted %d samples with %d replays, want the one sample run once", st.SamplesAccepted, st.IdempotentReplays)
+	}
+}
