@@ -110,6 +110,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.DurationVar(&c.RetryAfter, "retry-after", time.Second, "Retry-After of 429 replies")
 	fs.DurationVar(&c.ResultTTL, "result-ttl", 10*time.Minute, "how long finished futures are kept before they answer 410")
 	fs.DurationVar(&c.ReadTTL, "read-ttl", 30*time.Second, "how long a finished future is kept once its result was answered (at most -result-ttl)")
+	fs.DurationVar(&c.SessionTimeout, "session-timeout", 0, "forget a session (and its samplers: 404) after this long without a heartbeat (§3.4; the SDK heartbeats every 10s and warns after 120s without one); 0: never")
 	fs.Var(&models, "model", "served model as name=max_context_length; repeatable (default: Qwen/Qwen3-8B=32768, Qwen/Qwen3-30B-A3B=32768, meta-llama/Llama-3.1-8B-Instruct=131072, meta-llama/Llama-3.2-1B=131072, openai/gpt-oss-20b=131072)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fault-rate RNG and of the synthetic REST data (outputs depend only on the request)")
 	fs.IntVar(&c.MinGenTokens, "min-gen-tokens", 1, "shortest natural sequence length")

@@ -41,7 +41,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		"long-poll-wait", "retry-after", "result-ttl", "read-ttl", "model", "seed", "min-gen-tokens", "token-min", "token-max",
 		"stop-token-prob", "default-max-tokens", "max-num-samples", "metadata-threshold", "no-dynamic-config",
 		"training-runs", "client-config", "fault", "shutdown-timeout", "log-level", "tls-cert", "tls-key", "jwt-auth", "jwt-lifetime",
-		"TINKERSIM_API_KEYS"} {
+		"session-timeout", "TINKERSIM_API_KEYS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
 		}

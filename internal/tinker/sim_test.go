@@ -209,6 +209,39 @@ func TestSimForgottenSessionIsReplaced(t *testing.T) {
 	}
 }
 
+// TestSimSessionTimeoutHeartbeatsKeepTheSession: a service that expires sessions without
+// heartbeats (§3.4, Config.SessionTimeout) keeps the client's, which heartbeats well within
+// the timeout: after three timeouts its first sampler still samples in its first session.
+// Without heartbeats within the timeout the session does expire, and the client carries on
+// in a new one.
+func TestSimSessionTimeoutHeartbeatsKeepTheSession(t *testing.T) {
+	const timeout = time.Second
+	qwen := tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"}
+	e := newSimEnv(t, tinkersim.Config{SessionTimeout: timeout}, func(c *tinker.Config) { c.Timing.HeartbeatInterval = timeout / 10 })
+	s, first := e.sampler(t, qwen), e.client.SessionID()
+	time.Sleep(3 * timeout)
+	if _, err := s.Sample(e.ctx, simRequest(1)); err != nil {
+		t.Fatalf("sample %v after the session timeout: %v", 3*timeout, err)
+	}
+	if st := e.sim.Stats(); st.SessionsExpired != 0 || e.client.SessionID() != first || e.requests("create_session", 200) != 1 {
+		t.Errorf("%d sessions expired, session %q (was %q): want the first session kept", st.SessionsExpired, e.client.SessionID(), first)
+	}
+	if n := e.requests("session_heartbeat", 200); n < 3 {
+		t.Errorf("%d heartbeats in %v", n, 3*timeout)
+	}
+
+	// No heartbeat within the timeout: the session expires, a new sampler makes a new one.
+	q := newSimEnv(t, tinkersim.Config{SessionTimeout: timeout}, func(c *tinker.Config) { c.Timing.HeartbeatInterval = time.Hour })
+	first = q.client.SessionID()
+	time.Sleep(timeout + timeout/2)
+	if _, err := q.sampler(t, qwen).Sample(q.ctx, simRequest(1)); err != nil {
+		t.Fatalf("sample after the session expired: %v", err)
+	}
+	if st := q.sim.Stats(); st.SessionsExpired != 1 || q.client.SessionID() == first {
+		t.Errorf("%d sessions expired, session %q (was %q): want the first expired and a new one", st.SessionsExpired, q.client.SessionID(), first)
+	}
+}
+
 // TestSimFutureTimeoutGivesUpALostFuture: with Config.FutureTimeout, a future the service
 // never completes ends the Sample with ErrFutureTimeout, not retried; without it the client
 // polls on, as the SDK does.

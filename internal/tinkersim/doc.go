@@ -58,6 +58,10 @@
 //   - Validation is strict like the real service: unknown or mistyped fields, missing required
 //     fields and wrong "type" literals give 422 with {"detail": …}; malformed JSON gives 400
 //     with a body. Every JSON reply carries a Content-Length (§1.4).
+//   - Sessions never expire unless Config.SessionTimeout is set (cmd: -session-timeout): then
+//     a session that went that long without a heartbeat is forgotten with its sampling
+//     sessions, which answer 404 like a restart's (§3.4 says the service presumably expires
+//     them, without a figure). Stats.SessionsExpired counts them.
 //   - asample returns {"request_id": "<sampling_session_id>:<seq_id>"} (§8); a repeated
 //     (sampling_session_id, seq_id) returns the same id without new work.
 //   - Capacity: each accepted asample (whatever its num_samples) holds one slot from acceptance

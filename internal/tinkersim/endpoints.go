@@ -78,7 +78,8 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleHeartbeat implements POST /api/v1/session_heartbeat (§3.4), slowed by an injected
-// slow_heartbeat fault. Sessions never expire in the simulator.
+// slow_heartbeat fault. A session that went Config.SessionTimeout without one has expired
+// and answers 404.
 func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 	var req heartbeatRequest
 	if !s.decodePost(w, r, &req) {
@@ -94,7 +95,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	s.mu.Lock()
-	sess := s.sessions[*req.SessionID]
+	sess := s.sessionLocked(*req.SessionID, now)
 	if sess != nil {
 		sess.lastHeartbeat = now
 	}
@@ -155,7 +156,7 @@ func (s *Server) handleCreateSamplingSession(w http.ResponseWriter, r *http.Requ
 		}
 	}
 	s.mu.Lock()
-	sess := s.sessions[*req.SessionID]
+	sess := s.sessionLocked(*req.SessionID, time.Now())
 	if sess == nil {
 		s.mu.Unlock()
 		writeJSONError(w, http.StatusNotFound, "session not found: "+*req.SessionID)
@@ -163,7 +164,7 @@ func (s *Server) handleCreateSamplingSession(w http.ResponseWriter, r *http.Requ
 	}
 	id := fmt.Sprintf("%s:sample:%d", sess.id, *req.SamplingSessionSeqID)
 	if _, ok := s.samplers[id]; !ok {
-		s.samplers[id] = &sampler{id: id, baseModel: m.Name, modelPath: req.ModelPath, maxCtx: m.MaxContextLength}
+		s.samplers[id] = &sampler{id: id, session: sess.id, baseModel: m.Name, modelPath: req.ModelPath, maxCtx: m.MaxContextLength}
 		sess.samplerIDs = append(sess.samplerIDs, id)
 	}
 	s.mu.Unlock()
@@ -176,7 +177,7 @@ func (s *Server) handleGetSampler(w http.ResponseWriter, r *http.Request, id str
 		return
 	}
 	s.mu.Lock()
-	sm := s.samplers[id]
+	sm := s.samplerLocked(id, time.Now())
 	s.mu.Unlock()
 	if sm == nil {
 		writeJSONError(w, http.StatusNotFound, "sampler not found: "+id)

@@ -584,3 +584,44 @@ func TestFaultShouldRetryHeader(t *testing.T) {
 	}
 	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"408","should_retry":"maybe"}`), 422)
 }
+
+// TestSessionTimeoutExpiresSessionsWithoutHeartbeats: with Config.SessionTimeout, a session
+// that heartbeats stays, and one that does not is forgotten with its sampling sessions (§3.4):
+// its heartbeat, new sampling sessions, asample and sampler lookups answer 404, while a future
+// it had already been given can still be read.
+func TestSessionTimeoutExpiresSessionsWithoutHeartbeats(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	h := newHarness(t, Config{SessionTimeout: timeout})
+	quiet, alive := h.sampler("Qwen/Qwen3-8B"), h.sampler("Qwen/Qwen3-8B")
+	quietID, aliveID := strings.Split(quiet, ":")[0], strings.Split(alive, ":")[0]
+	id := h.asample(sampleBody(quiet, 0, []int32{1}, nil))
+	heartbeat := func(sid string) reply {
+		return h.do("POST", "/api/v1/session_heartbeat", map[string]any{"session_id": sid, "type": "session_heartbeat"})
+	}
+	for end := time.Now().Add(5 * timeout / 2); time.Now().Before(end); time.Sleep(timeout / 10) {
+		mustStatus(t, heartbeat(aliveID), 200)
+	}
+
+	mustJSONError(t, heartbeat(quietID), 404)
+	mustJSONError(t, h.do("POST", "/api/v1/create_sampling_session", map[string]any{"session_id": quietID, "sampling_session_seq_id": 1,
+		"base_model": "Qwen/Qwen3-8B", "type": "create_sampling_session"}), 404)
+	mustJSONError(t, h.do("POST", "/api/v1/asample", sampleBody(quiet, 1, []int32{1}, nil)), 404)
+	mustJSONError(t, h.do("GET", "/api/v1/samplers/"+quiet, nil), 404)
+	mustJSONError(t, h.do("GET", "/api/v1/sessions/"+quietID, nil), 404)
+	h.protoResult(id)
+
+	mustStatus(t, h.do("GET", "/api/v1/samplers/"+alive, nil), 200)
+	h.protoResult(h.asample(sampleBody(alive, 0, []int32{1}, nil)))
+	r := h.do("GET", "/api/v1/sessions", nil)
+	mustStatus(t, r, 200)
+	if strings.Contains(string(r.body), quietID) || !strings.Contains(string(r.body), aliveID) {
+		t.Errorf("sessions listing %s", r.body)
+	}
+	if n := h.srv.Stats().SessionsExpired; n != 1 {
+		t.Errorf("%d sessions expired, want 1", n)
+	}
+	if _, err := New(Config{SessionTimeout: -time.Second}); err == nil {
+		t.Error("a negative session timeout was accepted")
+	}
+}

@@ -174,6 +174,7 @@ func (s *Server) handleREST(w http.ResponseWriter, r *http.Request, rest string)
 			return
 		}
 		s.mu.Lock()
+		s.expireSessionsLocked(time.Now())
 		ids := make([]string, 0, len(s.sessions))
 		for id := range s.sessions {
 			ids = append(ids, id)
@@ -183,7 +184,7 @@ func (s *Server) handleREST(w http.ResponseWriter, r *http.Request, rest string)
 		writeJSON(w, http.StatusOK, map[string]any{"sessions": page(ids, offset, limit)})
 	case parts[0] == epSessions && len(parts) == 2:
 		s.mu.Lock()
-		sess := s.sessions[parts[1]]
+		sess := s.sessionLocked(parts[1], time.Now())
 		var samplers []string
 		if sess != nil {
 			samplers = append([]string{}, sess.samplerIDs...)

@@ -195,7 +195,7 @@ func (s *Server) validateSample(req *sampleRequest) (*genParams, int, string, *h
 			return nil, 0, "", unprocessable("field \"seq_id\" is required when sampling_session_id is provided")
 		}
 		s.mu.Lock()
-		sm := s.samplers[*req.SamplingSessionID]
+		sm := s.samplerLocked(*req.SamplingSessionID, time.Now())
 		s.mu.Unlock()
 		if sm == nil {
 			return nil, 0, "", &httpError{status: http.StatusNotFound, msg: "sampling session not found: " + *req.SamplingSessionID}

@@ -94,6 +94,7 @@ type session struct {
 // sampler is a sampling session (§3.5).
 type sampler struct {
 	id        string
+	session   string // the id of the session it was created in
 	baseModel string
 	modelPath *string
 	maxCtx    int
@@ -260,6 +261,7 @@ func (s *Server) janitor() {
 			return
 		case now := <-t.C:
 			s.mu.Lock()
+			s.expireSessionsLocked(now)
 			for id, f := range s.futures {
 				if f.state != futureDone {
 					continue
@@ -270,6 +272,53 @@ func (s *Server) janitor() {
 			}
 			s.mu.Unlock()
 		}
+	}
+}
+
+// sessionLocked returns the session id, or nil when there is none or it expired (it is then
+// forgotten, with its sampling sessions).
+func (s *Server) sessionLocked(id string, now time.Time) *session {
+	sess := s.sessions[id]
+	if sess != nil && s.expiredLocked(sess, now) {
+		return nil
+	}
+	return sess
+}
+
+// samplerLocked returns the sampling session id, or nil when there is none or its session
+// expired.
+func (s *Server) samplerLocked(id string, now time.Time) *sampler {
+	sm := s.samplers[id]
+	if sm == nil {
+		return nil
+	}
+	if sess := s.sessions[sm.session]; sess != nil && s.expiredLocked(sess, now) {
+		return nil
+	}
+	return sm
+}
+
+// expiredLocked reports whether sess has gone Config.SessionTimeout without a heartbeat and
+// if so forgets it and its sampling sessions (§3.4).
+func (s *Server) expiredLocked(sess *session, now time.Time) bool {
+	if s.cfg.SessionTimeout <= 0 || now.Sub(sess.lastHeartbeat) <= s.cfg.SessionTimeout {
+		return false
+	}
+	delete(s.sessions, sess.id)
+	for _, id := range sess.samplerIDs {
+		delete(s.samplers, id)
+	}
+	s.st.sessionsExpired++
+	return true
+}
+
+// expireSessionsLocked forgets every session that expired by now.
+func (s *Server) expireSessionsLocked(now time.Time) {
+	if s.cfg.SessionTimeout <= 0 {
+		return
+	}
+	for _, sess := range s.sessions {
+		s.expiredLocked(sess, now)
 	}
 }
 

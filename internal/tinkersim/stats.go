@@ -15,6 +15,9 @@ type Stats struct {
 	// IdempotentReplays counts asample calls answered with an existing future (same
 	// sampling_session_id and seq_id, §8).
 	IdempotentReplays int64 `json:"idempotent_replays"`
+	// SessionsExpired counts sessions forgotten because they went Config.SessionTimeout
+	// without a heartbeat (§3.4).
+	SessionsExpired int64 `json:"sessions_expired"`
 	// SamplesCompleted counts futures that completed successfully.
 	SamplesCompleted int64 `json:"samples_completed"`
 	// SamplesFailed counts futures that completed as failed (injected or context overflow).
@@ -70,6 +73,7 @@ type stats struct {
 	requests           map[string]map[int]int64
 	accepted           int64
 	replays            int64
+	sessionsExpired    int64
 	completed          int64
 	failed             int64
 	capacityRejections int64
@@ -100,6 +104,7 @@ func (s *Server) Stats() Stats {
 		Requests:           make(map[string]map[int]int64, len(s.st.requests)),
 		SamplesAccepted:    s.st.accepted,
 		IdempotentReplays:  s.st.replays,
+		SessionsExpired:    s.st.sessionsExpired,
 		SamplesCompleted:   s.st.completed,
 		SamplesFailed:      s.st.failed,
 		CapacityRejections: s.st.capacityRejections,
