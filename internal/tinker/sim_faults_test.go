@@ -105,16 +105,8 @@ func TestSimBare400RetryGoesOutOnANewConnection(t *testing.T) {
 			cs := newConnSim(t, tinkersim.Config{LongPollWait: 5 * time.Second}, h2)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			c, err := tinker.Dial(ctx, tinker.Config{BaseURL: cs.url, APIKey: simKey, RootCAs: cs.roots,
+			s := openSampler(t, ctx, tinker.Config{BaseURL: cs.url, APIKey: simKey, RootCAs: cs.roots,
 				Timing: tinker.Timing{SubmitRetryBase: 10 * time.Millisecond, SubmitRetryMax: 50 * time.Millisecond}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-			if err != nil {
-				t.Fatal(err)
-			}
 			// A sample whose poll the simulator holds: it never completes until the fault goes.
 			hold, err := cs.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultNeverComplete, Count: 1})
 			if err != nil {
@@ -528,15 +520,7 @@ func TestSimTransportReplayDoesNotSampleTwice(t *testing.T) {
 	t.Cleanup(func() { ts.Close(); sim.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: ts.URL, APIKey: simKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openSampler(t, ctx, tinker.Config{BaseURL: ts.URL, APIKey: simKey})
 	res, err := s.Sample(ctx, simRequest(1))
 	if err != nil {
 		t.Fatal(err)

@@ -131,6 +131,22 @@ func (e *simEnv) sampler(t *testing.T, spec tinker.SamplerSpec) *tinker.Sampler 
 	return s
 }
 
+// openSampler dials the service of cfg and opens a sampling session of Qwen3-8B on it; the
+// client closes when the test ends.
+func openSampler(t *testing.T, ctx context.Context, cfg tinker.Config) *tinker.Sampler {
+	t.Helper()
+	c, err := tinker.Dial(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func simRequest(seed int64) tinker.SampleRequest {
 	maxTokens := 16
 	return tinker.SampleRequest{
@@ -694,15 +710,7 @@ func TestSimDefaultClientKeepsConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := tinker.Dial(ctx, tinker.Config{BaseURL: url, APIKey: simKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openSampler(t, ctx, tinker.Config{BaseURL: url, APIKey: simKey})
 
 	const goroutines, each = 32, 24
 	var wg sync.WaitGroup
