@@ -230,6 +230,43 @@ func TestADeadLetterTheStreamHadAResultForIsNotCounted(t *testing.T) {
 	}
 }
 
+// TestADeadLetterNotStoredIsNotCounted: a job that ends as a dead letter on its last delivery
+// while the results stream refuses its result (full) is handed back when the worker stops, and
+// the next worker dead-letters it again. The job ran out of deliveries once:
+// tinkerfleet_dead_letters_total counts it once, as its result is stored, not once per worker
+// that tried to store one.
+func TestADeadLetterNotStoredIsNotCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
+	first := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: first})
+	resultsRoom(t, b.results, 1) // after the worker's set-up, which would undo it
+	publishJobs(t, b.results, "unstored", tokenJobs("u", 1))
+	stop := run(t, w)
+	fleettest.Eventually(t, 30*time.Second, "the dead letter held, its result refused", func() bool {
+		return w.resultsHeld.Load() == 1
+	})
+	stop() // the held result is let go and its job handed back
+	if n := gathered(t, first)["tinkerfleet_dead_letters_total{}"]; n != 0 {
+		t.Errorf("tinkerfleet_dead_letters_total = %v for a dead letter whose result was not stored, want 0", n)
+	}
+
+	resultsRoom(t, b.results, -1)
+	second := prometheus.NewRegistry()
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: second}))
+	r := waitResults(t, b.results, "unstored", 1, 30*time.Second)["u0000"]
+	if r.Status != jobs.StatusError || r.Error == nil || r.Error.Code != jobs.CodeDeadLetter {
+		t.Fatalf("stored result %+v, want a dead letter", r)
+	}
+	fleettest.Eventually(t, 10*time.Second, "the stored dead letter counted", func() bool {
+		return gathered(t, second)["tinkerfleet_dead_letters_total{}"] == 1
+	})
+	if n := gathered(t, first)["tinkerfleet_dead_letters_total{}"] + gathered(t, second)["tinkerfleet_dead_letters_total{}"]; n != 1 {
+		t.Errorf("the fleet counted %v dead letters for one, want 1", n)
+	}
+}
+
 // runRacedJob stores another worker's ok result for a job of batch, then has a worker of b
 // work that job, and returns the worker's metrics once the job is settled. The job is a first
 // delivery of a first publish, which skips the lookup of a stored result, as it does when the
