@@ -54,7 +54,7 @@ const (
 	LayerHTTP   RetryLayer = "http"   // §6.1, per HTTP call
 	LayerSubmit RetryLayer = "submit" // §6.2, the 300 s execute_with_retries loop
 	LayerSample RetryLayer = "sample" // §6.3, whole sample attempt with a new seq_id
-	LayerPoll   RetryLayer = "poll"   // §4.2, back-off sleeps inside the poll loop
+	LayerPoll   RetryLayer = "poll"   // §4.2, a poll again after a 429, a 5xx, a 400 with a body or a connection error
 )
 
 // QueueState is the server's queue state reported by try_again replies (§4.3).

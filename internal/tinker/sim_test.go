@@ -555,6 +555,17 @@ func TestSimFaults(t *testing.T) {
 			if res.Attempts != 1 {
 				t.Errorf("a 5xx poll re-ran the attempt: %d attempts", res.Attempts)
 			}
+			// Each poll again is a retry of the poll layer, which
+			// tinkerfleet_tinker_retries_total{layer="poll"} and the client's warning show.
+			var polls int64
+			for _, ev := range e.eventsOf(tinker.EventRetry) {
+				if ev.Layer == tinker.LayerPoll && ev.StatusCode == 503 {
+					polls++
+				}
+			}
+			if n := e.requests("retrieve_future", 503); polls != n {
+				t.Errorf("%d poll-layer retry events for %d polls answered 503, want one each", polls, n)
+			}
 		},
 	}, {
 		// §4.2: 408 with a try_again body → poll again at once, the queue state is reported.

@@ -267,6 +267,28 @@ func TestADeadLetterNotStoredIsNotCounted(t *testing.T) {
 	}
 }
 
+// TestPollsAgainAfterA5xxAreCountedAsPollRetries: a poll answered 5xx is polled again at once
+// (§4.2), a retry of the poll layer: tinkerfleet_tinker_retries_total{layer="poll"} counts each,
+// as deploy/README says. Left out, it read 0 through a service failing every poll.
+func TestPollsAgainAfterA5xxAreCountedAsPollRetries(t *testing.T) {
+	t.Parallel()
+	const failed = 3
+	b := setup(t, queue.Config{}, tinkersim.Config{Faults: []tinkersim.Fault{
+		{Kind: tinkersim.FaultServerError, Status: 503, Endpoints: []string{"retrieve_future"}, Count: failed}}})
+	reg := prometheus.NewRegistry()
+	run(t, b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg}))
+	publishJobs(t, b.results, "polls", tokenJobs("p", 1))
+	if r := waitResults(t, b.results, "polls", 1, 30*time.Second)["p0000"]; r.Status != jobs.StatusOK {
+		t.Fatalf("result %+v, want ok once the polls answer again", r)
+	}
+	if n := b.sim.Stats().Requests["retrieve_future"][503]; n != failed {
+		t.Fatalf("%d polls answered 503, want %d", n, failed)
+	}
+	if n := gathered(t, reg)["tinkerfleet_tinker_retries_total{layer=poll}"]; n != failed {
+		t.Errorf("tinkerfleet_tinker_retries_total{layer=poll} = %v after %d polls answered 503, want %d", n, failed, failed)
+	}
+}
+
 // runRacedJob stores another worker's ok result for a job of batch, then has a worker of b
 // work that job, and returns the worker's metrics once the job is settled. The job is a first
 // delivery of a first publish, which skips the lookup of a stored result, as it does when the
