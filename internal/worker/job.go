@@ -207,7 +207,18 @@ func (w *Worker) settled(s *settlement) {
 		} else {
 			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 		}
-		_ = s.msg.NakWithDelay(time.Second)
+		if j.delivered == uint64(w.maxDeliver) && w.stopping() && !w.natsDown() {
+			// Its last delivery to be worked on, let go as the worker stops (the stream could
+			// not store its result within the grace period): a nak would leave the server only
+			// the delivery kept for its dead letter, though the job never failed. The puller
+			// is closed by now, as handle waits for before a hand-back. (With the connection
+			// down, the publish would only wait out its timeout, job after job.)
+			if err := w.publishAgain(context.Background(), s.msg, log); err != nil {
+				log().Warn("settle job message", "err", err)
+			}
+		} else {
+			_ = s.msg.NakWithDelay(time.Second)
+		}
 	} else {
 		if s.settleErr != nil {
 			log().Warn("settle job message", "err", s.settleErr)
@@ -219,6 +230,17 @@ func (w *Worker) settled(s *settlement) {
 	j.mem.release()
 	w.free(j.reservation)
 	w.keep(s)
+}
+
+// stopping reports whether Run has stopped pulling (and closed its puller): the worker is
+// stopping. It runs on the settler's goroutine, for jobs pulled after pullDone was made.
+func (w *Worker) stopping() bool {
+	select {
+	case <-w.pullDone:
+		return true
+	default:
+		return false
+	}
 }
 
 // holding counts the jobs whose results the settler holds, for the metrics and AskHeld. They

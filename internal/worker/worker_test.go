@@ -721,6 +721,34 @@ func TestALongPauseOnAJobsLastDeliveryIsWaitedOut(t *testing.T) {
 	wantEachSampledOnce(t, b, "paused", js) // not a dead letter: it never failed
 }
 
+// TestAHeldResultLetGoOnItsJobsLastDeliveryIsNotADeadLetter: a worker that stops while the
+// results stream cannot store anything lets go of the results it holds once its grace period
+// is over, and hands their jobs back. One on its last delivery (every delivery is, with
+// MaxDeliver 1) would end as a dead letter although it never failed; it is published again
+// instead, and the next worker samples it again.
+func TestAHeldResultLetGoOnItsJobsLastDeliveryIsNotADeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{})
+	js := tokenJobs("held-last-", 2)
+	if _, err := b.tokens.ForModel(context.Background(), js[0].Model); err != nil {
+		t.Fatal(err)
+	}
+	w := b.open(t, b.connect(t), Config{Concurrency: 5, ShutdownGrace: 500 * time.Millisecond})
+	resultsRoom(t, b.results, 1) // after the worker's set-up, which would undo it
+	publishJobs(t, b.results, "held-last", js)
+	stop := run(t, w)
+	fleettest.Eventually(t, 30*time.Second, "every result held", func() bool { return w.ResultsHeld() == len(js) })
+	stop() // the grace period ends with the results still held: their jobs go back
+
+	resultsRoom(t, b.results, -1)
+	run(t, b.open(t, b.connect(t), Config{}))
+	for id, r := range waitResults(t, b.results, "held-last", len(js), time.Minute) {
+		if r.Status != jobs.StatusOK {
+			t.Errorf("%s: %s %+v, want ok: the job never failed", id, r.Status, r.Error)
+		}
+	}
+}
+
 func TestKilledWorkerLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{AckWait: 2 * time.Second}, tinkersim.Config{Capacity: 64, BaseLatency: 20 * time.Millisecond})
