@@ -207,12 +207,14 @@ func (w *Worker) settled(s *settlement) {
 		} else {
 			log().Warn("publish result; the job will be delivered again", "err", s.publishErr)
 		}
-		if j.delivered == uint64(w.maxDeliver) && w.stopping() && !w.natsDown() {
+		if j.delivered == uint64(w.maxDeliver) && w.stopping() && !w.natsDown() && !deadLetter(j.result) {
 			// Its last delivery to be worked on, let go as the worker stops (the stream could
 			// not store its result within the grace period): a nak would leave the server only
 			// the delivery kept for its dead letter, though the job never failed. The puller
 			// is closed by now, as handle waits for before a hand-back. (With the connection
-			// down, the publish would only wait out its timeout, job after job.)
+			// down, the publish would only wait out its timeout, job after job.) A job that
+			// ran out of deliveries goes back as it is: the delivery kept for its dead letter
+			// stores that, where publishing it again would give it all its tries again.
 			if err := w.publishAgain(context.Background(), s.msg, log); err != nil {
 				log().Warn("settle job message", "err", err)
 			}
@@ -230,6 +232,11 @@ func (w *Worker) settled(s *settlement) {
 	j.mem.release()
 	w.free(j.reservation)
 	w.keep(s)
+}
+
+// deadLetter reports whether res is a dead letter's result.
+func deadLetter(res *jobs.Result) bool {
+	return res != nil && res.Error != nil && res.Error.Code == jobs.CodeDeadLetter
 }
 
 // stopping reports whether Run has stopped pulling (and closed its puller): the worker is

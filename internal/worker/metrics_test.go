@@ -265,6 +265,11 @@ func TestADeadLetterNotStoredIsNotCounted(t *testing.T) {
 	if n := gathered(t, first)["tinkerfleet_dead_letters_total{}"] + gathered(t, second)["tinkerfleet_dead_letters_total{}"]; n != 1 {
 		t.Errorf("the fleet counted %v dead letters for one, want 1", n)
 	}
+	// Handed back on its last delivery, it went back as it was, not published again: the
+	// delivery kept for its dead letter stored that, and it was not sampled once more.
+	if n := b.sim.Stats().SamplesAccepted; n != 1 {
+		t.Errorf("the job was sampled %d times, want once", n)
+	}
 }
 
 // TestPollsAgainAfterA5xxAreCountedAsPollRetries: a poll answered 5xx is polled again at once
