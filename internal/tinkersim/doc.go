@@ -105,8 +105,9 @@
 // outage of the JWT exchange. Fault.ShouldRetry ("true" or "false") adds x-should-retry to
 // the replies of a kind that answers with a status (429, 5xx, 408, 402, bare_400, 401, 403),
 // the header the SDK's HTTP retry layer obeys over the status (§6.1); asample, polls and
-// heartbeats have no HTTP-level retries (§1.3, §3.6) and do not consult it. Server.Stats (GET /admin/stats) reports requests by
-// endpoint and status, samples accepted/completed/failed, JWTs minted and JWT refusals, peak
+// heartbeats have no HTTP-level retries (§1.3, §3.6) and do not consult it. Server.Stats
+// (GET /admin/stats) reports requests by endpoint and status, samples
+// accepted/completed/failed, JWTs minted and JWT refusals, peak
 // concurrency, the TCP connections accepted (whether a client keeps its connections, §1.4)
 // and, for every 429, 402, 401 and pause window, how many asample calls arrived inside it.
 package tinkersim
