@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,8 +55,8 @@ const (
 // within seconds, and a write then waits for room while it holds the connection's lock, which
 // the ping timer needs too. nats.go's default lets it wait a minute, and a write that fails
 // having written nothing leaves the connection up: a busy worker behind a frozen proxy noticed
-// its dead link after 71 s. Now a write gives up after WriteTimeout, and one by nats.go's
-// flusher that fails drops the connection (21 s in the same run).
+// its dead link after 71 s. Now a write gives up after WriteTimeout and closes its socket,
+// which drops the connection (see closeOnWriteTimeout).
 const WriteTimeout = 10 * time.Second
 
 // Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
@@ -132,6 +134,7 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
 	}
 	opts = append(opts, extra...)
+	opts = append(opts, closeOnWriteTimeout) // last: it wraps the dialer the others chose
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		// Its text quotes the URL, with any password in it: say only what is wrong.
@@ -267,4 +270,85 @@ func logger(cfg ConnectConfig) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return cfg.Logger
+}
+
+// closeOnWriteTimeout is a nats.Option that wraps the connection's dialer, the caller's or
+// nats.go's own, so that a write that times out closes its socket. nats.go drops the connection
+// for its flusher's failed write only once it holds the connection's lock again, and the ping
+// timer (or a Flush) waiting for that lock may take it first and, writing in place, wait out a
+// second WriteTimeout on the same dead link: the 21 s of the run above was two of them. On a
+// closed socket that write fails at once, and the read loop fails too and drops the
+// connection itself.
+func closeOnWriteTimeout(o *nats.Options) error {
+	inner := o.CustomDialer
+	if inner == nil { // as nats.go dials without one
+		d := &net.Dialer{Timeout: o.Timeout}
+		if o.Dialer != nil {
+			copied := *o.Dialer
+			d = &copied
+		}
+		if o.AllowMultipathTCP != nil {
+			d.SetMultipathTCP(*o.AllowMultipathTCP)
+		}
+		inner = d
+	}
+	o.CustomDialer = writeTimeoutDialer{inner: inner}
+	return nil
+}
+
+// writeTimeoutDialer dials with inner, and its connections close themselves when a write
+// times out.
+type writeTimeoutDialer struct {
+	inner nats.CustomDialer
+}
+
+// Dial dials address on network with the inner dialer.
+func (d writeTimeoutDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := d.inner.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &writeTimeoutConn{Conn: c}, nil
+}
+
+// SkipTLSHandshake passes on the inner dialer's answer: nats.go asks a custom dialer whether
+// its connections are secure already.
+func (d writeTimeoutDialer) SkipTLSHandshake() bool {
+	s, ok := d.inner.(interface{ SkipTLSHandshake() bool })
+	return ok && s.SkipTLSHandshake()
+}
+
+// writeTimeoutConn is a connection that closes itself when a write times out. That write's
+// error is then the error of every read and write that fails, so that the connection is
+// dropped for its cause, whoever notices first, and not for "use of closed network connection".
+type writeTimeoutConn struct {
+	net.Conn
+	timedOut atomic.Pointer[error] // the write that timed out, once one has
+}
+
+// Write writes b, and closes the connection if the write's deadline passed.
+func (c *writeTimeoutConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.timedOut.CompareAndSwap(nil, &err)
+		_ = c.Conn.Close()
+	}
+	return n, c.cause(err)
+}
+
+// Read reads into b.
+func (c *writeTimeoutConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	return n, c.cause(err)
+}
+
+// cause is the error of the write that timed out in place of err, if one did.
+func (c *writeTimeoutConn) cause(err error) error {
+	if err == nil {
+		return nil
+	}
+	if timedOut := c.timedOut.Load(); timedOut != nil {
+		return *timedOut
+	}
+	return err
 }
