@@ -67,7 +67,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// InProgress by the job's stream sequence. (It may ignore that delivery's nak, when
 		// its delivery sequence is below the ack floor now; the job then comes back after the
 		// ack wait instead of the nak's delay.)
-		log().Info("job delivered again while this worker still holds it: left to the delivery it holds")
+		w.heldAgainLog.log(log(), "job delivered again while this worker still holds it: left to the delivery it holds", "held_again")
 		w.metrics.redeliveredHeld()
 		return false
 	}
@@ -131,7 +131,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 			// 402), not this job's failure: every job pulled meanwhile comes this way.
 			log().Debug("job sent back to wait out the fleet's pause", "delay", delay)
 		} else {
-			w.logRetry(log(), delay, out.err)
+			w.retryLog.log(log(), "job will be retried", "sent_back", "delay", delay, "err", out.err)
 		}
 		w.noteRetry(batch, customID, delivered, delay, out.err)
 		err = msg.NakWithDelay(delay)
@@ -139,7 +139,7 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// Its InProgress and ack would count for the delivery the server gave out meanwhile,
 		// if it did; a nak would even put that one off. If it did not, the job comes back
 		// once its ack wait has passed.
-		log().Info("job not sent: the NATS server has not heard of it from this worker for about its ack wait, and may have given it to another worker; left to the server")
+		w.leftLog.log(log(), "job not sent: the NATS server has not heard of it from this worker for about its ack wait, and may have given it to another worker; left to the server", "left")
 		w.metrics.leftToFleet()
 	case settleNak:
 		// Once the puller is closed: until then, the server could deliver the job again into

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -45,23 +46,30 @@ func (n *retryNotes) due(batch string, now time.Time) bool {
 	return true
 }
 
-// retryLogEvery is how often at most a worker logs a job sent back for a retry at info.
-const retryLogEvery = 10 * time.Second
+// thinnedEvery is how often at most a worker logs one kind of thinned event at info.
+const thinnedEvery = 10 * time.Second
 
-// logRetry logs a job sent back to wait delay for another delivery, for why: at info at most
-// once every retryLogEvery, with how many jobs were sent back since, and otherwise at debug.
-// A failure of the service that outlasts the Tinker client's own retries fails every job in
-// hand at once, and a line each at info was hundreds of lines for one outage, which the
-// client's own warning already names.
-func (w *Worker) logRetry(log *slog.Logger, delay time.Duration, why error) {
-	w.sentBack.Add(1)
+// thinned logs an event that can befall every job in hand at once, for one cause: a failure
+// of the service that outlasts the Tinker client's own retries fails them all, a worker cut
+// off from NATS past the ack wait finds them all delivered again or given up. A line each at
+// info was hundreds of lines for one cause, which its own line names (the client's warning,
+// "nats disconnected"). thinned logs at info at most once every thinnedEvery, with how many
+// events befell since (under countKey), and at debug otherwise. Its zero value is ready.
+type thinned struct {
+	last  atomic.Int64 // when it last logged at info, in unix nanoseconds
+	count atomic.Int64 // events since
+}
+
+// log logs one event: msg with args, at info or debug.
+func (t *thinned) log(log *slog.Logger, msg, countKey string, args ...any) {
+	t.count.Add(1)
 	now := time.Now().UnixNano()
-	last := w.retryLogged.Load()
-	if last != 0 && now-last < int64(retryLogEvery) || !w.retryLogged.CompareAndSwap(last, now) {
-		log.Debug("job will be retried", "delay", delay, "err", why)
+	last := t.last.Load()
+	if last != 0 && now-last < int64(thinnedEvery) || !t.last.CompareAndSwap(last, now) {
+		log.Debug(msg, args...)
 		return
 	}
-	log.Info("job will be retried", "delay", delay, "err", why, "sent_back", w.sentBack.Swap(0))
+	log.Info(msg, append(args, countKey, t.count.Swap(0))...)
 }
 
 // noteRetry tells whoever waits on batch's results, through its retry note, why a job of it

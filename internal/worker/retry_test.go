@@ -63,21 +63,31 @@ func TestJobsSentBackTogetherLogOneInfoLine(t *testing.T) {
 	publishJobs(t, b.results, "outage", tokenJobs("o", n))
 	waitResults(t, b.results, "outage", n, 30*time.Second)
 
-	var info, debug int
+	wantThinned(t, &logs, "job will be retried", "sent_back", n)
+}
+
+// wantThinned fails unless the n lines of msg in logs (a text handler's, at debug) are one
+// at info (two, across thinnedEvery) that counts them under countKey, and the rest at debug.
+func wantThinned(t *testing.T, logs *fleettest.Buffer, msg, countKey string, n int) {
+	t.Helper()
+	var info, debug, counted int
 	for _, line := range strings.Split(logs.String(), "\n") {
 		switch {
-		case !strings.Contains(line, "job will be retried"):
+		case !strings.Contains(line, msg):
 		case strings.Contains(line, "level=INFO"):
 			info++
+			if strings.Contains(line, " "+countKey+"=") {
+				counted++
+			}
 		case strings.Contains(line, "level=DEBUG"):
 			debug++
 		}
 	}
 	if info < 1 || info > 2 || info+debug != n {
-		t.Errorf("%d jobs sent back: %d info lines and %d debug lines, want 1 info line (2 across an interval) and the rest at debug", n, info, debug)
+		t.Errorf("%d jobs: %d info lines and %d debug lines of %q, want 1 info line (2 across an interval) and the rest at debug", n, info, debug, msg)
 	}
-	if !strings.Contains(logs.String(), "sent_back=") {
-		t.Errorf("the info line does not say how many jobs were sent back:\n%s", logs.String())
+	if counted != info {
+		t.Errorf("%d of %d info lines of %q say how many under %s:\n%s", counted, info, msg, countKey, logs.String())
 	}
 }
 

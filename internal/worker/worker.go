@@ -62,16 +62,16 @@ type Worker struct {
 	// serviceNoted is when this worker last noted a retry of its Tinker client (unix
 	// nanoseconds; noteServiceRetry).
 	serviceNoted atomic.Int64
-	// retryLogged is when this worker last logged a job sent back at info (unix nanoseconds),
-	// and sentBack the jobs sent back since (logRetry).
-	retryLogged, sentBack atomic.Int64
-	maxDeliver            int
-	maxPayload            int64
-	settler               *settler         // set by Run
-	resultsHeld           atomic.Int64     // results the settler holds for another try
-	pullHeld              atomic.Int64     // count permits the puller holds for jobs it has not pulled yet
-	memory                resultMemory     // what results take between their arrival and their storage
-	settlements           chan *settlement // kept for next jobs, with their buffers
+	// Per-job lines that one cause can repeat for every job in hand (thinned).
+	retryLog, heldAgainLog, leftLog thinned
+
+	maxDeliver  int
+	maxPayload  int64
+	settler     *settler         // set by Run
+	resultsHeld atomic.Int64     // results the settler holds for another try
+	pullHeld    atomic.Int64     // count permits the puller holds for jobs it has not pulled yet
+	memory      resultMemory     // what results take between their arrival and their storage
+	settlements chan *settlement // kept for next jobs, with their buffers
 }
 
 // Run pulls and works jobs until ctx is done, then stops pulling, gives in-flight jobs

@@ -555,7 +555,9 @@ func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
 	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 5 * time.Second})
 	var stall fleettest.Stall
 	reg := prometheus.NewRegistry()
-	w := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)), Config{Registerer: reg})
+	var logs fleettest.Buffer
+	w := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)), Config{Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	run(t, w)
 	// Registered last, so run first: a test that fails during the stall must let the writes
 	// go before the worker is stopped and its connection closed, which would wait on them.
@@ -574,9 +576,12 @@ func TestAJobDeliveredAgainWhileHeldIsNotSampledTwice(t *testing.T) {
 			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
 		}
 	}
-	if again := counterValue(t, reg, "tinkerfleet_redeliveries_held_total", ""); again == 0 {
+	again := counterValue(t, reg, "tinkerfleet_redeliveries_held_total", "")
+	if again == 0 {
 		t.Fatal("no job was delivered again during the stall: the test stalled too briefly to test anything")
 	}
+	// Every job in hand comes again at once, for one cause: its line is thinned.
+	wantThinned(t, &logs, "job delivered again while this worker still holds it", "held_again", int(again))
 	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
 		t.Fatalf("%d samples for %d jobs: jobs delivered again while the worker held them were sampled again", sent, len(js))
 	}
@@ -591,8 +596,10 @@ func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
 	b := setup(t, queue.Config{AckWait: time.Second}, tinkersim.Config{BaseLatency: 100 * time.Millisecond})
 	var stall fleettest.Stall
 	reg := prometheus.NewRegistry()
+	var logs fleettest.Buffer
 	a := b.open(t, fleettest.Queue(t, b.emb.ClientURL(), b.qcfg, nats.SetCustomDialer(&stall)),
-		Config{Concurrency: 5, LocalBackoff: true, NakAbove: time.Minute, Registerer: reg})
+		Config{Concurrency: 5, LocalBackoff: true, NakAbove: time.Minute, Registerer: reg,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	run(t, a)
 	t.Cleanup(stall.Resume) // registered last, so run first (see the test above)
 	js := tokenJobs("out-", 5)
@@ -615,6 +622,7 @@ func TestJobsGivenOutWhileTheLinkWasDownAreNotSent(t *testing.T) {
 	fleettest.Eventually(t, 30*time.Second, "the stalled worker leaves its jobs once its pause ends", func() bool {
 		return counterValue(t, reg, "tinkerfleet_jobs_left_unsent_total", "") == float64(len(js))
 	})
+	wantThinned(t, &logs, "job not sent: the NATS server has not heard of it", "left", len(js))
 	if sent := b.sim.Stats().SamplesAccepted; sent != int64(len(js)) {
 		t.Fatalf("%d samples for %d jobs: the stalled worker sent jobs the other had taken", sent, len(js))
 	}
