@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -296,17 +297,22 @@ func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum
 		}
 		line, err := br.ReadBytes('\n')
 		if errors.Is(err, io.EOF) {
+			// A result line cut short stops before its closing brace: a last line that is whole
+			// JSON is another file's (a one-line file of prompts, or of another batch's result,
+			// written without a final newline), which dropping it would empty.
+			if len(line) > 0 && json.Valid(line) {
+				if _, _, err := resultOf(line, path, batch, lines.whole+1); err != nil {
+					return lines, keep, err
+				}
+			}
 			lines.cut = len(line) > 0 // dropped by the caller
 			return lines, keep, nil
 		}
 		if err != nil {
 			return lines, keep, fmt.Errorf("read %s: %w", path, err)
 		}
-		r, status, ok := parseOutputLine(line)
-		if !ok {
-			return lines, keep, fmt.Errorf("%s holds a line that is not a result (line %d); give another -o file: %w", path, lines.whole+1, errNotResults)
-		}
-		if err := r.ofBatch(path, batch); err != nil {
+		r, status, err := resultOf(line, path, batch, lines.whole+1)
+		if err != nil {
 			return lines, keep, err
 		}
 		key := queue.JobKeyOf(r.CustomID)
@@ -317,6 +323,19 @@ func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum
 		keep += int64(len(line))
 		lines.whole++
 	}
+}
+
+// resultOf reads line n of the output file at path, which must be a result of batch: its error
+// is errNotResults or errOtherBatch.
+func resultOf(line []byte, path, batch string, n int) (outputLine, string, error) {
+	r, status, ok := parseOutputLine(line)
+	if !ok {
+		return r, "", fmt.Errorf("%s holds a line that is not a result (line %d); give another -o file: %w", path, n, errNotResults)
+	}
+	if err := r.ofBatch(path, batch); err != nil {
+		return r, "", err
+	}
+	return r, status, nil
 }
 
 // createTemp is os.CreateTemp for a file that is renamed into place as one the user named:

@@ -241,6 +241,47 @@ func TestAnOutputFileWithoutALineEndIsLeftAlone(t *testing.T) {
 	}
 }
 
+// TestAWholeLastLineWithoutALineEndIsRead: a last line without its line end that is whole
+// JSON is no result cut short by a crash (that one stops before its closing brace), and is
+// read as a line: a one-line file of compact prompts, or of another batch's result, written
+// without a final newline (Python's "\n".join), is refused and left as it is, not truncated
+// to nothing as a cut line, plain or compressed.
+func TestAWholeLastLineWithoutALineEndIsRead(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, line string
+		want       error
+	}{
+		{"a prompt", `{"custom_id":"q-1","model":"m","prompt":"p"}`, errNotResults},
+		{"another batch's result", `{"custom_id":"q-1","batch_id":"b-other","status":"ok"}`, errOtherBatch},
+	} {
+		for _, ext := range []string{"", ".zst", ".gz"} {
+			content := []byte(c.line)
+			if ext != "" {
+				var buf bytes.Buffer
+				zw := newCompressor(t, map[string]string{".zst": "zstd", ".gz": "gzip"}[ext], &buf)
+				zw.Write(content)
+				zw.Close()
+				content = buf.Bytes()
+			}
+			path := filepath.Join(t.TempDir(), "file.jsonl"+ext)
+			if err := os.WriteFile(path, content, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := openOutput(path, "b-1", map[queue.JobKey]bool{}, &summary{})
+			if out != nil {
+				out.Close()
+			}
+			if !errors.Is(err, c.want) {
+				t.Errorf("%s%s: err = %v, want %v", c.name, ext, err, c.want)
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, content) {
+				t.Errorf("%s%s: the file was changed to %q", c.name, ext, got)
+			}
+		}
+	}
+}
+
 // TestResultStartTakesEveryBeginningOfAResultLine: a line is refused on its first bytes only
 // when no result line begins so; a result line cut short after a few bytes is one.
 func TestResultStartTakesEveryBeginningOfAResultLine(t *testing.T) {
