@@ -368,7 +368,13 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 		return nil, err
 	}
 	defer release()
-	tmp, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	// The new file takes the place of the file itself, not of a link to it: renamed over the
+	// link, it left the linked file cut short, and the results to come went beside the link.
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	tmp, err := createTemp(filepath.Dir(target), "."+filepath.Base(target)+"-*")
 	if err == nil {
 		if fi, serr := src.Stat(); serr == nil {
 			err = tmp.Chmod(fi.Mode().Perm()) // it takes the place of the user's file
@@ -401,7 +407,7 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 		err = tmp.Sync()
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), path)
+		err = os.Rename(tmp.Name(), target)
 	}
 	if err != nil {
 		tmp.Close()

@@ -114,6 +114,46 @@ func TestAMendedOutputHoldsItsLinesBeforeItTakesThePlace(t *testing.T) {
 	}
 }
 
+// TestAMendedOutputStaysWhereALinkPoints: -o naming a symbolic link to a compressed file
+// that a crash cut short mends the file the link points to. The mended file took the link's
+// place instead: the file the link pointed to stayed cut short, without the results written
+// since, which went to a new file beside the link.
+func TestAMendedOutputStaysWhereALinkPoints(t *testing.T) {
+	t.Parallel()
+	real := filepath.Join(t.TempDir(), "results.jsonl.zst")
+	link := filepath.Join(t.TempDir(), "link.jsonl.zst")
+	if err := os.Symlink(real, link); err != nil {
+		t.Skipf("no symbolic links here: %v", err)
+	}
+	var buf bytes.Buffer
+	zw := newCompressor(t, "zstd", &buf)
+	for i := range 5 {
+		fmt.Fprintf(zw, "{\"custom_id\":\"c-%d\",\"batch_id\":\"b-1\",\"status\":\"ok\"}\n", i)
+	}
+	zw.Write([]byte(`{"custom_id":"c-5`)) // cut short
+	zw.Flush()
+	if err := os.WriteFile(real, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[queue.JobKey]bool{}
+	out, _, err := openOutput(link, "b-1", seen, &summary{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := out.Write([]byte(`{"custom_id":"c-5","batch_id":"b-1","status":"ok"}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link is no longer a link (%v, %v)", fi.Mode(), err)
+	}
+	if got := outputLines(t, decompress(t, real)); len(got) != 6 {
+		t.Errorf("the file the link points to holds %d results, want 6", len(got))
+	}
+}
+
 func TestCompressedOutputIsWrittenAndResumed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 32})
