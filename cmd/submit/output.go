@@ -370,10 +370,7 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 	defer release()
 	// The new file takes the place of the file itself, not of a link to it: renamed over the
 	// link, it left the linked file cut short, and the results to come went beside the link.
-	target, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return nil, fmt.Errorf("output: %w", err)
-	}
+	target := throughLinks(path)
 	tmp, err := createTemp(filepath.Dir(target), "."+filepath.Base(target)+"-*")
 	if err == nil {
 		if fi, serr := src.Stat(); serr == nil {

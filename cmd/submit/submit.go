@@ -140,7 +140,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if o.skipInvalid {
 		dir := "."
 		if o.rejects != "" {
-			dir = filepath.Dir(o.rejects)
+			dir = filepath.Dir(throughLinks(o.rejects)) // renamed there: where a link points
 		}
 		if rejectsTmp, err = createTemp(dir, ".rejects-*.jsonl"); err != nil {
 			return fmt.Errorf("rejects file: %w", err)
@@ -346,10 +346,20 @@ func writeRejects(tmp *os.File, path string, named, rejected bool) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("rejects file: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := os.Rename(tmp.Name(), throughLinks(path)); err != nil {
 		return fmt.Errorf("rejects file: %w", err)
 	}
 	return nil
+}
+
+// throughLinks is path with its symbolic links resolved when it names a file that exists, and
+// else path: a file put in place by a rename takes the place of the file a link points to, not
+// of the link, which would become a file beside the one the user meant.
+func throughLinks(path string) string {
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		return target
+	}
+	return path
 }
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,

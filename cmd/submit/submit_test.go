@@ -424,6 +424,31 @@ func TestTheDefaultRejectsFileIsMadeOnlyForRejects(t *testing.T) {
 	}
 }
 
+// TestARejectsFileThroughALinkIsWrittenWhereItPoints: --rejects naming a symbolic link writes
+// the file the link points to, in another directory here, and leaves the link a link.
+func TestARejectsFileThroughALinkIsWrittenWhereItPoints(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	real := filepath.Join(t.TempDir(), "rejects.jsonl")
+	link := filepath.Join(t.TempDir(), "link.jsonl")
+	if err := os.WriteFile(real, []byte("an earlier run's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Skipf("no symbolic links here: %v", err)
+	}
+	_, stderr, err := f.submit(context.Background(), "--skip-invalid", "--rejects", link, writeLines(t, []string{`{"custom_id":"a"}`}))
+	if !errors.Is(err, errInvalidInput) {
+		t.Fatalf("a file of one invalid line: %v, want no valid lines: %s", err, stderr)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link is no longer a link (%v)", err)
+	}
+	if data, err := os.ReadFile(real); err != nil || !strings.Contains(string(data), `"line":1`) {
+		t.Errorf("the file the link points to holds %q (%v), want the rejected line", data, err)
+	}
+}
+
 func TestEmptyFileIsAnError(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
