@@ -427,7 +427,8 @@ func TestFleetWaitWakesOnExtension(t *testing.T) {
 		t.Fatalf("Wait with no backoff: %v", err)
 	}
 	start := time.Now()
-	if err := fs[0].Signal(ctx, "a", 100*time.Millisecond); err != nil {
+	// 500 ms: f1 must see a and start waiting before a ends, however loaded the machine.
+	if err := fs[0].Signal(ctx, "a", 500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "f1 sees a", func() bool { return fs[1].Active() })
@@ -439,11 +440,11 @@ func TestFleetWaitWakesOnExtension(t *testing.T) {
 		done <- time.Since(start)
 	}()
 	// Extend while f1 waits: it must re-block until the new deadline.
-	if err := fs[2].Signal(ctx, "b", 300*time.Millisecond); err != nil {
+	if err := fs[2].Signal(ctx, "b", 1500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	el := <-done
-	if el < 290*time.Millisecond {
+	if el < 1490*time.Millisecond {
 		t.Fatalf("Wait returned after %v, before the extended deadline; f1 %+v f2 %+v start %v", el, fs[1].State(), fs[2].State(), start)
 	}
 	// Cancellation.
