@@ -276,9 +276,9 @@ func logger(cfg ConnectConfig) *slog.Logger {
 // nats.go's own, so that a write that times out closes its socket. nats.go drops the connection
 // for its flusher's failed write only once it holds the connection's lock again, and the ping
 // timer (or a Flush) waiting for that lock may take it first and, writing in place, wait out a
-// second WriteTimeout on the same dead link: the 21 s of the run above was two of them. On a
-// closed socket that write fails at once, and the read loop fails too and drops the
-// connection itself.
+// second WriteTimeout on the same dead link (the frozen-proxy run of WriteTimeout's doc took
+// 21 s with the flusher's drop alone: two of them). On a closed socket that write fails at
+// once, and the read loop fails too and drops the connection itself.
 func closeOnWriteTimeout(o *nats.Options) error {
 	inner := o.CustomDialer
 	if inner == nil { // as nats.go dials without one
