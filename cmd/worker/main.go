@@ -253,7 +253,8 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 }
 
 // serveHealth serves Prometheus metrics, /healthz (the process is up) and /readyz (the worker
-// is open and not stopping, NATS answers its pings, and the Tinker session is alive) on addr,
+// is open and not stopping, whether told to or by itself, NATS answers its pings, and the
+// Tinker session is alive) on addr,
 // and returns the address it listens on (port 0 picks one). running returns the worker
 // /readyz checks, nil until it is open; stopping is closed once the worker is told to stop
 // (it finishes the jobs in hand within its grace, and takes no more).
@@ -273,6 +274,10 @@ func serveHealth(addr string, reg *prometheus.Registry, running func() *worker.W
 		w := running()
 		if w == nil {
 			http.Error(rw, "starting (connecting to NATS, opening the Tinker session) or stopping", http.StatusServiceUnavailable)
+			return
+		}
+		if err := w.StoppedItself(); err != nil {
+			http.Error(rw, "stopping (finishing the jobs in hand within the shutdown grace): "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		// A connection that is down fails the worker's pings too (within 3 s). Asking the

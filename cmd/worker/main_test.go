@@ -224,6 +224,47 @@ func TestReadyzIsNotReadyWhileStopping(t *testing.T) {
 	}
 }
 
+// TestReadyzIsNotReadyOnceTheKeyIsRefused: a worker that stops by itself, because the
+// service refused its key, takes no more jobs while it finishes those in hand, and /readyz
+// says so (503, and why, without the key). It read ready until Run returned.
+func TestReadyzIsNotReadyOnceTheKeyIsRefused(t *testing.T) {
+	emb := fleettest.NATS(t)
+	sim, simURL := fleettest.Sim(t, tinkersim.Config{BaseLatency: time.Hour}) // the first job stays in hand
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	fleettest.Publish(t, q, "refused", []jobs.Job{{CustomID: "slow", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs, done := startRun(ctx, []string{"--nats-url", emb.ClientURL(), "--tinker-base-url", simURL,
+		"--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-grace", "10s"},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey})
+	fleettest.Eventually(t, 30*time.Second, "the first job's sample accepted", func() bool { return sim.Stats().SamplesAccepted == 1 })
+	addr := metricsAddr(t, logs)
+	if code, body := httpGet(t, addr, "/readyz"); code != http.StatusOK {
+		t.Fatalf("GET /readyz while working: %d %q", code, body)
+	}
+
+	if _, err := sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultUnauthorized, Endpoints: []string{"asample", "session_heartbeat"}}); err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Publish(t, q, "refused", []jobs.Job{{CustomID: "refused", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+	fleettest.Eventually(t, 10*time.Second, "/readyz to say stopping, and why", func() bool {
+		code, body := httpGet(t, addr, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "stopping") && strings.Contains(body, "refused the API key")
+	})
+	if _, body := httpGet(t, addr, "/readyz"); strings.Contains(body, fleettest.APIKey) {
+		t.Errorf("/readyz shows the key: %q", body)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("run returned (%v) before its grace was over: /readyz was not seen during the grace", err)
+	default:
+	}
+	if err := <-done; !errors.Is(err, worker.ErrCredentialRefused) {
+		t.Fatalf("run = %v, want the refusal", err)
+	}
+}
+
 // startRun runs the program with args and the environment vars in a goroutine, as main
 // does; it returns the program's log and a channel that gets run's error once it returns.
 func startRun(ctx context.Context, args []string, vars map[string]string) (*fleettest.Buffer, <-chan error) {

@@ -116,11 +116,22 @@ func (w *Worker) checkCredential(ctx context.Context) error {
 // service, and returns cause. It reports whether this call stopped Run (false: it did
 // already, or Run has not begun).
 func (w *Worker) stopRun(cause error) bool {
-	if w.stop == nil || !w.stopped.CompareAndSwap(false, true) {
+	if w.stop == nil || !w.stopCause.CompareAndSwap(nil, &cause) {
 		return false
 	}
 	w.stop(cause)
 	return true
+}
+
+// StoppedItself returns why Run stopped by itself (an error wrapping ErrCredentialRefused),
+// or nil while it was not: it runs, or its context stopped it. From then on Run takes no
+// more jobs and finishes those in hand within the shutdown grace before it returns the same
+// error.
+func (w *Worker) StoppedItself() error {
+	if cause := w.stopCause.Load(); cause != nil {
+		return *cause
+	}
+	return nil
 }
 
 // noteRefusal leaves on the NATS server why the worker stopped, or could not start: the

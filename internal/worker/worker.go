@@ -40,7 +40,7 @@ type Worker struct {
 
 	pullDone    chan struct{}           // closed when Run stopped pulling and closed the puller
 	stop        context.CancelCauseFunc // stops Run with a cause (set by Run; stopRun)
-	stopped     atomic.Bool             // stopRun called stop
+	stopCause   atomic.Pointer[error]   // why stopRun called stop (nil: it did not)
 	credential  credentialCheck
 	keysTaken   atomic.Uint64 // keys taken from Config.TinkerAPIKeyFile after the service refused the one before
 	fetchLinger time.Duration // fetchLinger (a test lengthens it)
