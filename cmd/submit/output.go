@@ -219,7 +219,7 @@ func readAndAppend(f *os.File, path, batch string, seen map[queue.JobKey]bool, s
 			}
 		}
 	}
-	lines, keep, readErr := readOutput(in, path, batch, seen, sum)
+	lines, keep, readErr := readOutput(in, path, batch, maxOutputLine, seen, sum)
 	release()
 	if readErr != nil && (kind == "" || errors.Is(readErr, errOtherBatch) || errors.Is(readErr, errNotResults)) {
 		f.Close()
@@ -281,11 +281,16 @@ type outputRead struct {
 	cut   bool
 }
 
+// maxOutputLine bounds a line of an output file that is read again: 1 GiB, above any line
+// submit writes (a result is at most 256 MiB as the worker stores it, before the OpenAI
+// form's additions), so a file that only starts like results is refused, not read whole.
+const maxOutputLine = 1 << 30
+
 // readOutput reads the result lines of an output file (as text) from r, recording each custom
 // id in seen and its status in sum; it returns the lines and the bytes of the whole lines. Its
-// error is a line that is not a result (errNotResults), a result of another batch
-// (errOtherBatch), or r's.
-func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum *summary) (outputRead, int64, error) {
+// error is a line that is not a result, or longer than maxLine bytes (errNotResults), a
+// result of another batch (errOtherBatch), or r's.
+func readOutput(r io.Reader, path, batch string, maxLine int, seen map[queue.JobKey]bool, sum *summary) (outputRead, int64, error) {
 	var lines outputRead
 	var keep int64
 	br := bufio.NewReaderSize(r, 1<<20)
@@ -295,7 +300,10 @@ func readOutput(r io.Reader, path, batch string, seen map[queue.JobKey]bool, sum
 			// file that is no results file at all, and has no line end to stop a read).
 			return lines, keep, fmt.Errorf("%s holds a line that is not a result (line %d); give another -o file: %w", path, lines.whole+1, errNotResults)
 		}
-		line, err := br.ReadBytes('\n')
+		line, err := readLine(br, maxLine)
+		if errors.Is(err, errLineTooLong) {
+			return lines, keep, fmt.Errorf("%s holds a line longer than %d bytes, which no result is (line %d); give another -o file: %w", path, maxLine, lines.whole+1, errNotResults)
+		}
 		if errors.Is(err, io.EOF) {
 			// A result line cut short stops before its closing brace: a last line that is whole
 			// JSON is another file's (a one-line file of prompts, or of another batch's result,
@@ -390,7 +398,7 @@ func rewriteOutput(path, kind string, n int) (*outputFile, error) {
 		br := bufio.NewReaderSize(in, 1<<20)
 		for i := 0; i < n && err == nil; i++ {
 			var line []byte
-			if line, err = br.ReadBytes('\n'); err == nil {
+			if line, err = readLine(br, maxOutputLine); err == nil {
 				_, err = out.Write(line)
 			}
 		}

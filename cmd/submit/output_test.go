@@ -322,6 +322,35 @@ func TestAWholeLastLineWithoutALineEndIsRead(t *testing.T) {
 	}
 }
 
+// TestAnOutputLineIsReadNoFurtherThanItsBound: a line that starts like a result but goes on
+// past the bound of a result line (a large file that only begins so, with no line end) is
+// refused once the bound is passed, naming the line, rather than read whole into memory; a
+// line of the bound exactly is read.
+func TestAnOutputLineIsReadNoFurtherThanItsBound(t *testing.T) {
+	t.Parallel()
+	const bound = 1 << 20
+	first := `{"custom_id":"q-1","batch_id":"b-1","status":"ok"}` + "\n"
+	endless := &endlessLine{head: first + `{"custom_id":"q-2","batch_id":"b-1","status":"ok","x":"`}
+	lines, _, err := readOutput(endless, "out.jsonl", "b-1", bound, map[queue.JobKey]bool{}, &summary{})
+	if !errors.Is(err, errNotResults) || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), "longer than 1048576 bytes") {
+		t.Fatalf("err = %v, want the second line refused as longer than the bound", err)
+	}
+	if lines.whole != 1 {
+		t.Errorf("%d whole lines read before it, want 1", lines.whole)
+	}
+	if endless.read > 2*bound {
+		t.Errorf("%d bytes read of the endless line, want no more than the bound and a buffer", endless.read)
+	}
+
+	// A line of the bound exactly, its line end aside, is read.
+	head := `{"custom_id":"q-2","batch_id":"b-1","status":"ok","x":"`
+	line := head + strings.Repeat("a", bound-len(head)-2) + `"}`
+	lines, _, err = readOutput(strings.NewReader(first+line+"\n"), "out.jsonl", "b-1", bound, map[queue.JobKey]bool{}, &summary{})
+	if err != nil || lines.whole != 2 {
+		t.Fatalf("a line of %d bytes: %d whole lines, %v", len(line), lines.whole, err)
+	}
+}
+
 // TestResultStartTakesEveryBeginningOfAResultLine: a line is refused on its first bytes only
 // when no result line begins so; a result line cut short after a few bytes is one.
 func TestResultStartTakesEveryBeginningOfAResultLine(t *testing.T) {

@@ -91,17 +91,20 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("tokenize: %w", err)
 		}
-		line, rerr := readTokenizeLine(in, jobs.DefaultMaxLineBytes)
+		// The same bound as a job file's lines (8 MiB), which a prompt at its limit fits in
+		// however it is escaped.
+		b, rerr := readLine(in, jobs.DefaultMaxLineBytes)
 		if errors.Is(rerr, errLineTooLong) {
 			out.Flush() // the lines before it first
-			return fmt.Errorf("tokenize: line %d: %w", lineNo, rerr)
+			return fmt.Errorf("tokenize: line %d: longer than the limit of %d bytes of an input line", lineNo, jobs.DefaultMaxLineBytes)
 		}
 		if rerr != nil && rerr != io.EOF {
 			return fmt.Errorf("tokenize: read stdin: %w", rerr)
 		}
-		if line == "" && rerr == io.EOF {
+		if len(b) == 0 && rerr == io.EOF {
 			break
 		}
+		line := strings.TrimSuffix(string(b), "\n")
 		if err := tokenizeLine(tok, line, lineNo, *decode, *raw, *count, *jsonIn, out); err != nil {
 			out.Flush()
 			return err
@@ -114,32 +117,6 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return fmt.Errorf("tokenize: write: %w", err)
 	}
 	return nil
-}
-
-// errLineTooLong is readTokenizeLine's error for a line over its limit.
-var errLineTooLong = fmt.Errorf("longer than the limit of %d bytes of an input line", jobs.DefaultMaxLineBytes)
-
-// readTokenizeLine returns the next line of in without its "\n" (and io.EOF with the last
-// line, or with "" when none is left). A line of more than max bytes is errLineTooLong, read
-// no further than max and a buffer: the same bound as a job file's lines (8 MiB), which a
-// prompt at its limit fits in however it is escaped, so stdin that has no line end does not
-// take memory without end.
-func readTokenizeLine(in *bufio.Reader, max int) (string, error) {
-	var long []byte
-	for {
-		part, err := in.ReadSlice('\n')
-		if len(long)+len(part) > max+1 || len(long)+len(part) == max+1 && part[len(part)-1] != '\n' {
-			return "", errLineTooLong
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			long = append(long, part...)
-			continue
-		}
-		if long != nil {
-			part = append(long, part...)
-		}
-		return strings.TrimSuffix(string(part), "\n"), err
-	}
 }
 
 func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw, count, jsonIn bool, out *bufio.Writer) error {
