@@ -26,8 +26,9 @@
 // Signal(d) reads the entry (revision r, deadline cur) and writes
 // {F: cur, D: d} with kv.Update(..., r) (kv.Create for the first write). The
 // new deadline is max(cur, C' + d) ≥ cur: it only moves forward. On
-// ErrKeyRevisionMismatch / ErrKeyExists someone else wrote in between; it
-// re-reads and retries (JetStream notes §6).
+// ErrKeyRevisionMismatch / ErrKeyExists (or, creating a key deleted by hand
+// in a replicated bucket, the bare "wrong last sequence" 10164) someone else
+// wrote in between; it re-reads and retries (JetStream notes §6).
 //
 // Each Fleet turns server times into local ones with an estimate of
 // offset = server clock − local clock, kept as bounds [lo, hi]:

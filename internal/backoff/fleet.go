@@ -317,7 +317,7 @@ func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) erro
 		t0 := f.now()
 		if rev == 0 {
 			_, err = f.kv.Create(ctx, f.key, val)
-			if errors.Is(err, jetstream.ErrKeyExists) {
+			if errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err) {
 				continue
 			}
 		} else {
@@ -337,6 +337,16 @@ func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) erro
 		return nil
 	}
 	return fmt.Errorf("backoff: signal %s: gave up after %d conflicting writes", reason, maxCASRetries)
+}
+
+// wrongLastSequence reports whether err is the server's answer to a write that another write
+// came before. Create gives it as ErrKeyExists, except where the key was deleted: it then
+// writes over the delete mark, and a replicated bucket's answer to that write losing a race
+// (code 10164) comes back bare.
+func wrongLastSequence(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // covers reports whether a server deadline is surely ≥ server now + d, up to
