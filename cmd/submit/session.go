@@ -218,18 +218,6 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 	if s.q, err = queue.Bind(ctx, js, o.queue); err != nil {
 		return nil, err
 	}
-	if s.own {
-		// No worker but ours can reach this server (a random loopback port): a job delivered
-		// and not settled is one a run killed before it could hand it back.
-		r, err := s.q.Reclaim(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if r.Jobs > 0 {
-			s.log.Info("jobs of a run that stopped without handing them back are ready again", "jobs", r.Jobs)
-		}
-		s.reclaimedThrough = r.Through
-	}
 	ok = true
 	return s, nil
 }
@@ -239,6 +227,22 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 // stops by itself first (the service refused the key, or could not be reached for 5 minutes)
 // calls stopped with why.
 func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Config, env *environment, stopped func(error)) error {
+	if s.own {
+		// No worker but ours can reach this server (a random loopback port): a job delivered
+		// and not settled is one a run killed before it could hand it back. Taken back here,
+		// for the worker told how far (ReclaimedThrough), and not by a subcommand on the store:
+		// status run between the killed run and its rerun made the jobs first deliveries
+		// again, and the rerun's worker, told nothing, sampled again those whose results the
+		// killed run had stored.
+		r, err := s.q.Reclaim(ctx)
+		if err != nil {
+			return err
+		}
+		if r.Jobs > 0 {
+			s.log.Info("jobs of a run that stopped without handing them back are ready again", "jobs", r.Jobs)
+		}
+		s.reclaimedThrough = r.Through
+	}
 	// The in-process worker is the fleet here: it sets up the consumer (submit only binds).
 	q, err := queue.Setup(ctx, s.q.JS, qcfg)
 	if err != nil {

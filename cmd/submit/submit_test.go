@@ -1501,12 +1501,36 @@ func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
 // the killed run had stored are not sampled again.
 func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	t.Parallel()
+	rerunAfterAKilledLocalRun(t, nil)
+}
+
+// TestCommandsBetweenAKilledLocalRunAndItsRerunSampleNothingTwice: status and list on the
+// store of a killed local run, as one runs them to see where it stopped, leave its jobs to
+// the rerun, which samples none of them twice. Before, they took the jobs back themselves,
+// as first deliveries, and the rerun, told nothing, sampled again those whose results the
+// killed run had stored.
+func TestCommandsBetweenAKilledLocalRunAndItsRerunSampleNothingTwice(t *testing.T) {
+	t.Parallel()
+	rerunAfterAKilledLocalRun(t, func(env *environment, dataDir string) {
+		for _, args := range [][]string{{"status", "--data-dir", dataDir, "sim-killed"}, {"list", "--data-dir", dataDir}} {
+			if err := run(context.Background(), args, env); err != nil {
+				t.Fatalf("%s: %v", args[0], err)
+			}
+		}
+	})
+}
+
+// rerunAfterAKilledLocalRun kills a local run of 30 jobs after its worker stored the results
+// of 10 of them, calls between (if not nil) with the run's --data-dir, runs it again and
+// checks that every job has its result and that only the 20 others were sampled.
+func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, dataDir string)) {
 	dir := t.TempDir()
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
 	const n, stored = 30, 10
 	in := writeLines(t, jobLines(n))
 	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	args := []string{"--data-dir", data, "--batch-id", "sim-killed", "--ack-wait", "10m", "--progress", "none", in}
+	dataDir := data
 	data = simulatedDataDir(data) // the rerun below is a --simulate run
 
 	// The killed run: the batch published, its jobs delivered to a worker that dies with them.
@@ -1554,6 +1578,9 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 	}
 	q.JS.Conn().Close()
 	emb.Shutdown()
+	if between != nil {
+		between(env, dataDir)
+	}
 
 	// Run again: the jobs wait out ten minutes of AckWait unless submit takes them back.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
