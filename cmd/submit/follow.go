@@ -234,6 +234,7 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 	lastFlush := time.Now()
 	var lastLook time.Time     // when the server was last asked why no result comes
 	var lastGoneLook time.Time // the first look is at the first wait: a batch run again may be gone
+	caughtUp := prog.none      // the results stored when the reader began are read
 	for read, idle := 0, 0; ; {
 		if (wait && sum.total() >= m.Jobs) || (!wait && read >= stored) {
 			prog.update(&sum)
@@ -269,6 +270,14 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 		}
 		read, idle = read+1, 0
 		prog.resumed()
+		if !caughtUp {
+			// The backlog is read, result by result, in the reader's first moments: the rate
+			// counts from here.
+			if meta, err := msg.Metadata(); err == nil && meta.NumPending == 0 {
+				caughtUp = true
+				prog.caughtUp()
+			}
+		}
 		key, ok := queue.ParseJobToken(msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:])
 		if !ok || seen[key] {
 			continue // not a job's result (none but workers publish there), or one written already

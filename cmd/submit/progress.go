@@ -21,14 +21,16 @@ type progress struct {
 	shown    int // the results done on the last line printed (lines mode)
 
 	// The rate and ETA count over the last minute of reads (marks, oldest first, one a second
-	// at most), so that they follow a fleet that grows, shrinks or is throttled. They start at
-	// the first read, not at newProgress: that read brings at once the results stored while
-	// the batch was being published, or a resumed reader's backlog, which over the
-	// milliseconds since newProgress made a rate of tens of thousands a second. A stall that
-	// was shown starts them again when results come back: the minutes without any would
-	// otherwise hold the rate down, and the ETA up, for a minute more.
+	// at most), so that they follow a fleet that grows, shrinks or is throttled. They start
+	// once the reader has caught up (caughtUp), not at newProgress nor at its first read: it
+	// reads at once the results stored while the batch was being published, or a resumed
+	// reader's backlog, which over the milliseconds since newProgress made a rate of tens of
+	// thousands a second, and, counted from the first of them, hundreds a second for a
+	// minute where ten came. A stall that was shown starts them again when results come
+	// back: the minutes without any would otherwise hold the rate down, and the ETA up, for
+	// a minute more.
 	marks   []mark
-	restart bool // a shown stall ended: the next read starts the marks again
+	restart bool // the reader caught up, or a shown stall ended: the next read starts the marks again
 
 	said       stallKind // the cause of the current stall last shown, stallNone if none
 	lastResult time.Time // when the last result came (newProgress's time before the first)
@@ -154,6 +156,10 @@ func (p *progress) resumed() {
 	}
 	p.said, p.lastResult = stallNone, p.now()
 }
+
+// caughtUp records that the reader has read every result stored when it began: the rate
+// counts from the next read.
+func (p *progress) caughtUp() { p.restart = true }
 
 // quiet is how long no result has come (since newProgress, before the first).
 func (p *progress) quiet() time.Duration { return p.now().Sub(p.lastResult) }

@@ -2,9 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
 // TestProgressRateCountsFromTheFirstRead: the first read brings at once the results stored
@@ -128,5 +141,68 @@ func TestProgressRateFollowsTheLastMinute(t *testing.T) {
 	run(10*time.Second, 100)
 	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 100.0/s | ETA 2h16m30s") {
 		t.Fatalf("ten seconds after results came back at 100/s: %q; want that rate, not one held down by the stall", line)
+	}
+}
+
+// TestProgressRateLeavesOutTheBacklog: a reader that joins a batch whose results are mostly
+// stored (results --wait after a submit without it, or a new -o file) reads them all in its
+// first moments; its rate and ETA count from when it has caught up, not from its first read.
+// Before, the backlog, read result by result, counted as the first second's results, and the
+// lines of the next minute read hundreds a second for a batch that got ten.
+func TestProgressRateLeavesOutTheBacklog(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n, backlog = 300, 250
+	stdout, _, err := f.submit(ctx, writeLines(t, jobLines(n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := strings.TrimSpace(stdout)
+	q := bind(t, f)
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := func(i int) {
+		res := jobs.Result{CustomID: fmt.Sprintf("job-%05d", i), BatchID: batch, Status: jobs.StatusOK, Model: "Qwen/Qwen3-8B"}
+		data, err := res.AppendJSON(nil)
+		if err == nil {
+			var m *nats.Msg
+			if m, err = q.ResultMsg(nil, codec, batch, res.CustomID, string(res.Status), queue.Tokens{}, data, 0); err == nil {
+				_, err = q.PublishResult(ctx, m)
+			}
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	for i := range backlog {
+		store(i)
+	}
+	var stderr fleettest.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, tty: 0}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"results", "--nats-url", f.nats, batch, "--wait", "-o", filepath.Join(t.TempDir(), "out.jsonl"),
+			"--progress", "lines", "--progress-interval", "1s"}, env)
+	}()
+	time.Sleep(500 * time.Millisecond) // the reader has read the backlog
+	for i := backlog; i < n; i++ {     // then 10 a second
+		store(i)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("results: %v\n%s", err, stderr.String())
+	}
+	rates := regexp.MustCompile(`\| ([0-9.]+)/s`).FindAllStringSubmatch(stderr.String(), -1)
+	if len(rates) == 0 {
+		t.Fatalf("no rate shown:\n%s", stderr.String())
+	}
+	for _, r := range rates {
+		if rate, _ := strconv.ParseFloat(r[1], 64); rate > 20 {
+			t.Fatalf("a rate of %s/s shown for results that came at 10 a second:\n%s", r[1], stderr.String())
+		}
 	}
 }
