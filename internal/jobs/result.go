@@ -171,7 +171,8 @@ func (t *TokenLogprob) UnmarshalJSON(b []byte) error {
 
 // Logprobs is a list of log-probabilities in which NaN marks a missing value (§T4). It is written
 // as a JSON array with null for NaN, with float32 precision (the service computes float32, §T4),
-// and ±Inf as ±3.4028235e+38; null elements read back as NaN.
+// and ±Inf, or any value past float32's range, as ±3.4028235e+38; null elements read back as
+// NaN.
 type Logprobs []float64
 
 // MarshalJSON writes the list with null for NaN.
@@ -212,14 +213,16 @@ func (l *Logprobs) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// appendLogprob appends one logprob as JSON.
+// appendLogprob appends one logprob as JSON. A value that float32 cannot hold, an infinity
+// or a finite number past its range (a JSON reply may send any float64), is float32's
+// extreme: written at float32 precision it would be "+Inf", which is no JSON.
 func appendLogprob(b []byte, f float64) []byte {
 	switch {
 	case math.IsNaN(f):
 		return append(b, "null"...)
-	case math.IsInf(f, 1):
+	case f >= math.MaxFloat32:
 		return append(b, "3.4028235e+38"...)
-	case math.IsInf(f, -1):
+	case f <= -math.MaxFloat32:
 		return append(b, "-3.4028235e+38"...)
 	}
 	return strconv.AppendFloat(b, f, 'g', -1, 32)

@@ -103,3 +103,28 @@ func TestResultConstructorsAndValidate(t *testing.T) {
 		t.Errorf("unknown result field: %v", err)
 	}
 }
+
+// TestALogprobPastFloat32sRangeIsStillJSON: a logprob the service sent as a JSON number beyond
+// float32's range (-1e39) is written as float32's extreme, as an infinity is, not as "-Inf",
+// which is no JSON: the result line would be unreadable, and submit copies native lines byte
+// for byte into the results file.
+func TestALogprobPastFloat32sRangeIsStillJSON(t *testing.T) {
+	t.Parallel()
+	schema := compileSchema(t, "result.schema.json")
+	r := Result{CustomID: "x", BatchID: "b", Status: StatusOK, Usage: &Usage{},
+		Samples:            []Sample{{Tokens: []int{1, 2}, Logprobs: Logprobs{-1e39, 1e300}, StopReason: StopReasonLength}},
+		PromptLogprobs:     Logprobs{math.NaN(), -math.MaxFloat64},
+		TopKPromptLogprobs: [][]TokenLogprob{nil, {{Token: 3, Logprob: -1e39}}}}
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := followsSchema(schema, b); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	for _, want := range []string{`"logprobs":[-3.4028235e+38,3.4028235e+38]`, `"prompt_logprobs":[null,-3.4028235e+38]`, `[[3,-3.4028235e+38]]`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %s", b, want)
+		}
+	}
+}
