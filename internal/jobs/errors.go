@@ -12,7 +12,8 @@ var ErrEmptyFile = errors.New("file has no job lines")
 
 // FieldError is a problem with one field of a job. Field is the path of the field as it is
 // spelled in the input line (for example "sampling_params.temperature", "messages[2].role" or
-// "body.max_completion_tokens"); it is empty for problems with the line as a whole.
+// "body.max_completion_tokens"; an unusual key is quoted, see keyPath); it is empty for
+// problems with the line as a whole.
 type FieldError struct {
 	// Field is the dotted path of the offending field, or "" for the whole line.
 	Field string
@@ -26,6 +27,22 @@ func (e *FieldError) Error() string {
 		return e.Msg
 	}
 	return "field " + e.Field + ": " + e.Msg
+}
+
+// keyPath is the path of the member key of the object at parent ("" for the line itself):
+// parent.key, or key alone. A key that would not read as one key when written bare is
+// quoted (strconv.Quote): an empty one (a path "" is the line's own), one with a character
+// not printed as itself (a line break would split the error's line, an escape sequence
+// would reach the terminal), and one with a '.', '[', ']' or '"', which a path spells.
+func keyPath(parent string, key []byte) string {
+	name := string(key)
+	if name == "" || strings.ContainsAny(name, `.[]"`) || strconv.Quote(name) != `"`+name+`"` {
+		name = strconv.Quote(name)
+	}
+	if parent == "" {
+		return name
+	}
+	return parent + "." + name
 }
 
 // fieldErr builds a *FieldError; it exists to keep call sites short.

@@ -46,7 +46,7 @@ func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {
 		case "body":
 			dst = &body
 		default:
-			return Job{}, fieldNames{}, fieldErr(string(k), "unknown field in an OpenAI batch line (it has custom_id, method, url and body; request parameters go in body)")
+			return Job{}, fieldNames{}, fieldErr(keyPath("", k), "unknown field in an OpenAI batch line (it has custom_id, method, url and body; request parameters go in body)")
 		}
 		if *dst != nil {
 			return Job{}, fieldNames{}, dupKey(string(k))
@@ -125,12 +125,12 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
 		for _, s := range seen[:nseen] {
 			if string(s) == string(k) {
-				return j, dupKey("body." + string(k))
+				return j, dupKey(keyPath("body", k))
 			}
 		}
 		switch {
 		case more[string(k)]:
-			return j, dupKey("body." + string(k))
+			return j, dupKey(keyPath("body", k))
 		case nseen < len(seen):
 			seen[nseen] = k
 			nseen++
@@ -240,7 +240,7 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			if isNull(v) {
 				continue // null asks for nothing: what clients write for a field they leave unset
 			}
-			return j, fieldErr("body."+string(k), openaiUnsupported)
+			return j, fieldErr(keyPath("body", k), openaiUnsupported)
 		}
 		if fe != nil {
 			return j, fe
@@ -430,7 +430,7 @@ func parseTemplateArgs(v []byte) (thinking bool, fe *FieldError) {
 	seen := false
 	it := newObjIter(v)
 	for k, val, ok := it.next(); ok; k, val, ok = it.next() {
-		path := "body.chat_template_kwargs." + string(k)
+		path := keyPath("body.chat_template_kwargs", k)
 		switch string(k) {
 		case "enable_thinking", "thinking":
 			if seen {

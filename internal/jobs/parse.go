@@ -222,7 +222,7 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 			}
 		}
 		if dst == nil {
-			return Job{}, fieldErr(string(k), nativeTopLevelHint(string(k)))
+			return Job{}, fieldErr(keyPath("", k), nativeTopLevelHint(string(k)))
 		}
 		if *dst != nil {
 			return Job{}, dupKey(string(k))
@@ -350,7 +350,7 @@ func parseParams(v []byte) (SamplingParams, *FieldError) {
 				p.Stop, fe = parseStop(val, "sampling_params.stop")
 			}
 		default:
-			return p, fieldErr("sampling_params."+string(k), "unknown field")
+			return p, fieldErr(keyPath("sampling_params", k), "unknown field")
 		}
 		if seen[idx] {
 			return p, dupKey("sampling_params." + string(k))
@@ -478,7 +478,7 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 				if openai && isNull(val) {
 					continue // as OpenAI writes an answer's "refusal": null, which asks for nothing
 				}
-				return nil, fieldErr(mp("."+string(k)), "unknown field (a message has only role and content)")
+				return nil, fieldErr(keyPath(mp(""), k), "unknown field (a message has only role and content)")
 			}
 		}
 		var m Message
@@ -562,7 +562,7 @@ func parseContent(v []byte, msgsPath string, msg int, openai bool) (string, *Fie
 			return "", fieldErr(pp+".type", fmt.Sprintf("only text content parts are supported, not %q", t))
 		}
 		if unknown != nil {
-			return "", fieldErr(pp+"."+string(unknown), "unknown field (a text part has only type and text)")
+			return "", fieldErr(keyPath(pp, unknown), "unknown field (a text part has only type and text)")
 		}
 		if !present(text) {
 			return "", fieldErr(pp+".text", "is required")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"unicode"
 )
 
 const (
@@ -558,5 +559,44 @@ func TestReaderTakesLinesLongerThanItsBuffer(t *testing.T) {
 	}
 	if j := items[3].job; items[3].lerr != nil || j.CustomID != "last" || len(j.Prompt) != 3*readBuffer {
 		t.Errorf("line 4: %v, custom_id %q, prompt of %d bytes", items[3].lerr, j.CustomID, len(j.Prompt))
+	}
+}
+
+// TestAnUnknownFieldIsNamedWhateverItsName: an unknown key that is empty, holds a line
+// break or a terminal escape, or a '.' is named quoted, so that the error still names a field
+// (a field "" would read as a problem of the whole line, in the rejects file too), stays on
+// one line of stderr, writes no control character to the terminal, and reads as one key
+// rather than a path.
+func TestAnUnknownFieldIsNamedWhateverItsName(t *testing.T) {
+	t.Parallel()
+	const (
+		native = `{"custom_id":"x","model":"m","prompt":"p",`
+		chat   = `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m",`
+	)
+	tests := []struct{ line, field string }{
+		{native + `"":1}`, `""`},
+		{native + `"a\nb":1}`, `"a\nb"`},
+		{native + `"\u001b[2J":1}`, `"\x1b[2J"`},
+		{native + `"sampling_params.max_tokens":1}`, `"sampling_params.max_tokens"`},
+		{native + `"sampling_params":{"":1}}`, `sampling_params.""`},
+		{native[:len(native)-len(`"prompt":"p",`)] + `"messages":[{"role":"user","content":"c","\r":1}]}`, `messages[0]."\r"`},
+		{`{"":1,"custom_id":"x","url":"/v1/completions","body":{}}`, `""`},
+		{chat + `"messages":[{"role":"user","content":"c"}],"":1}}`, `body.""`},
+		{chat + `"messages":[{"role":"user","content":"c"}],"\n":null,"\n":null}}`, `body."\n"`},
+		{chat + `"messages":[{"role":"user","content":[{"type":"text","text":"c","":1}]}]}}`, `body.messages[0].content[0].""`},
+		{chat + `"messages":[{"role":"user","content":"c"}],"chat_template_kwargs":{"\t":true}}}`, `body.chat_template_kwargs."\t"`},
+		{native + `"colour":1}`, `colour`},
+	}
+	for _, tt := range tests {
+		items, err := readString(t, tt.line, Limits{})
+		mustEOF(t, err)
+		if len(items) != 1 || items[0].lerr == nil {
+			t.Fatalf("%s: want one line error, got %+v", tt.line, items)
+		}
+		if le := items[0].lerr; le.Field != tt.field {
+			t.Errorf("%s: field %q, want %q (%s)", tt.line, le.Field, tt.field, le.Error())
+		} else if strings.ContainsFunc(le.Error(), unicode.IsControl) {
+			t.Errorf("%s: the error holds a control character: %q", tt.line, le.Error())
+		}
 	}
 }
