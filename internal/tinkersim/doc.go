@@ -55,8 +55,9 @@
 //     X-API-Key: a plain API key, a tampered, foreign or expired JWT get 401 with a JSON detail
 //     (counted in Stats.JWTRejections). Server.RevokeJWTs invalidates every JWT minted so far.
 //     Admin endpoints keep their own authentication.
-//   - Validation is strict like the real service: unknown or mistyped fields, missing required
-//     fields and wrong "type" literals give 422 with {"detail": …}; malformed JSON gives 400
+//   - Validation is strict like the real service: unknown or mistyped fields (field names are
+//     case-sensitive: "SEQ_ID" is not seq_id), missing required fields and wrong "type"
+//     literals give 422 with {"detail": …}; malformed JSON gives 400
 //     with a body. Every JSON reply carries a Content-Length (§1.4).
 //   - Sessions never expire unless Config.SessionTimeout is set (cmd: -session-timeout): then
 //     a session that went that long without a heartbeat is forgotten with its sampling

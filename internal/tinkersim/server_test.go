@@ -716,3 +716,42 @@ func TestHugeNumbersInASampleAreAnswered(t *testing.T) {
 		}
 	}
 }
+
+// TestAFieldNamedInAnotherCaseIsUnknown: the service's field names are case-sensitive, as
+// pydantic's are, so "SEQ_ID" is an unknown field there, not seq_id. encoding/json matches
+// names regardless of case: a client that spelt one so passed here and failed in production.
+func TestAFieldNamedInAnotherCaseIsUnknown(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	ssid := h.sampler("Qwen/Qwen3-8B")
+	rename := func(m map[string]any, from, to string) { m[to] = m[from]; delete(m, from) }
+	cases := []struct {
+		name string
+		path string
+		body any
+		key  string
+	}{
+		{"top level", "/api/v1/asample", func() any { b := sampleBody(ssid, 1, []int32{1, 2, 3}, nil); rename(b, "seq_id", "SEQ_ID"); return b }(), "SEQ_ID"},
+		{"sampling params", "/api/v1/asample", func() any {
+			b := sampleBody(ssid, 2, []int32{1, 2, 3}, nil)
+			rename(b["sampling_params"].(map[string]any), "max_tokens", "Max_Tokens")
+			return b
+		}(), "Max_Tokens"},
+		{"chunk", "/api/v1/asample", func() any {
+			b := sampleBody(ssid, 3, []int32{1, 2, 3}, nil)
+			b["prompt"] = map[string]any{"chunks": []any{map[string]any{"Tokens": []int{1}, "type": "encoded_text"}}}
+			return b
+		}(), "Tokens"},
+		{"session", "/api/v1/create_session", `{"tags":[],"user_metadata":{},"sdk_version":"0.25.0","Type":"create_session"}`, "Type"},
+		{"poll", "/api/v1/retrieve_future", `{"Request_Id":"x","allow_metadata_only":true}`, "Request_Id"},
+	}
+	for _, c := range cases {
+		body := mustJSONError(t, h.do("POST", c.path, c.body), http.StatusUnprocessableEntity)
+		if d, _ := body["detail"].(string); !strings.Contains(d, "unknown field") || !strings.Contains(d, c.key) {
+			t.Errorf("%s: detail %q does not name the unknown field %q", c.name, d, c.key)
+		}
+	}
+	if st := h.srv.Stats(); st.SamplesAccepted != 0 {
+		t.Fatalf("requests with misspelt fields created %d samples", st.SamplesAccepted)
+	}
+}

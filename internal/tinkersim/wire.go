@@ -75,7 +75,116 @@ func decodeBytesStrict(body []byte, v any) *httpError {
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("malformed JSON: trailing data after the request object")
 	}
+	if _, e := exactKeys(trimmed, 0, reflect.TypeOf(v)); e != nil {
+		return e
+	}
 	return nil
+}
+
+// exactKeys walks the JSON value at b[i:], which decoded into a value of type t (nil: any),
+// and returns the index after it. It refuses an object key that names a field of a struct
+// only in another case: encoding/json matches "SEQ_ID" to seq_id, while the service's field
+// names are case-sensitive (pydantic), so there it is an unknown field. b is valid JSON
+// (decoded already), so the walk only looks for keys.
+func exactKeys(b []byte, i int, t reflect.Type) (int, *httpError) {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	i = skipSpace(b, i)
+	switch b[i] {
+	case '{':
+		i = skipSpace(b, i+1)
+		for b[i] != '}' {
+			end := skipString(b, i)
+			var elem reflect.Type
+			switch {
+			case t == nil:
+			case t.Kind() == reflect.Map:
+				elem = t.Elem()
+			case t.Kind() == reflect.Struct:
+				key := b[i+1 : end-1]
+				if bytes.IndexByte(key, '\\') >= 0 {
+					var s string
+					if err := json.Unmarshal(b[i:end], &s); err != nil {
+						return 0, badRequest("malformed JSON: %v", err)
+					}
+					key = []byte(s)
+				}
+				f, ok := fieldByJSONName(t, key)
+				if !ok {
+					return 0, unprocessable("unknown field %q", key)
+				}
+				elem = f.Type
+			}
+			i = skipSpace(b, end) + 1 // past the colon
+			var e *httpError
+			if i, e = exactKeys(b, i, elem); e != nil {
+				return 0, e
+			}
+			if i = skipSpace(b, i); b[i] == ',' {
+				i = skipSpace(b, i+1)
+			}
+		}
+		return i + 1, nil
+	case '[':
+		var elem reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			elem = t.Elem()
+		}
+		i = skipSpace(b, i+1)
+		for b[i] != ']' {
+			var e *httpError
+			if i, e = exactKeys(b, i, elem); e != nil {
+				return 0, e
+			}
+			if i = skipSpace(b, i); b[i] == ',' {
+				i = skipSpace(b, i+1)
+			}
+		}
+		return i + 1, nil
+	case '"':
+		return skipString(b, i), nil
+	}
+	for i < len(b) && !strings.ContainsRune(",]} \t\r\n", rune(b[i])) { // a number, true, false or null
+		i++
+	}
+	return i, nil
+}
+
+// skipSpace returns the index of the first byte at or after i that is not JSON white space.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the JSON string that starts at b[i].
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return i
+}
+
+// fieldByJSONName returns the field of struct t whose JSON name is exactly name.
+func fieldByJSONName(t reflect.Type, name []byte) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "" {
+			tag = f.Name
+		}
+		if f.IsExported() && tag == string(name) {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }
 
 // checkLiteral enforces a "type" discriminator: absent is allowed when optional, otherwise it
