@@ -135,7 +135,8 @@ type ResultError struct {
 // Error returns "code: message", so a ResultError can travel as an error.
 func (e ResultError) Error() string { return e.Code + ": " + e.Message }
 
-// TokenLogprob is a (token id, logprob) pair, written as a two-element JSON array [id, logprob].
+// TokenLogprob is a (token id, logprob) pair, written as a two-element JSON array [id, logprob]
+// (the logprob as in Logprobs: null for NaN, read back as NaN).
 type TokenLogprob struct {
 	// Token is the token id.
 	Token int
@@ -161,9 +162,11 @@ func (t *TokenLogprob) UnmarshalJSON(b []byte) error {
 	if err != nil {
 		return fmt.Errorf("token logprob: token id: %w", err)
 	}
-	lp, err := pair[1].Float64()
-	if err != nil {
-		return fmt.Errorf("token logprob: logprob: %w", err)
+	lp := math.NaN() // null: the service sent NaN (MarshalJSON)
+	if pair[1] != "" {
+		if lp, err = pair[1].Float64(); err != nil {
+			return fmt.Errorf("token logprob: logprob: %w", err)
+		}
 	}
 	t.Token, t.Logprob = int(tok), lp
 	return nil

@@ -128,3 +128,32 @@ func TestALogprobPastFloat32sRangeIsStillJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestANaNTopKLogprobIsWrittenAndReadBack: a top-k pair whose logprob the service sent as NaN
+// is written with null, as a NaN in the other logprobs is, follows the schema, and reads back
+// as NaN; a null there failed to read back ("token logprob: logprob"), and the schema
+// allowed only a number.
+func TestANaNTopKLogprobIsWrittenAndReadBack(t *testing.T) {
+	t.Parallel()
+	schema := compileSchema(t, "result.schema.json")
+	r := Result{CustomID: "x", BatchID: "b", Status: StatusOK, Usage: &Usage{},
+		Samples:            []Sample{{Tokens: []int{1}, StopReason: StopReasonLength}},
+		TopKPromptLogprobs: [][]TokenLogprob{nil, {{Token: 3, Logprob: math.NaN()}, {Token: 4, Logprob: -1.5}}}}
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `[[3,null],[4,-1.5]]`) {
+		t.Fatalf("%s: want the NaN written as null", b)
+	}
+	if err := followsSchema(schema, b); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	var back Result
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("read back %s: %v", b, err)
+	}
+	if row := back.TopKPromptLogprobs[1]; len(row) != 2 || row[0].Token != 3 || !math.IsNaN(row[0].Logprob) || row[1].Logprob != -1.5 {
+		t.Fatalf("read back %+v", row)
+	}
+}
