@@ -91,7 +91,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	s.PositiveDuration(&o.shutdownGrace, "shutdown-grace", "TINKERFLEET_SHUTDOWN_GRACE", 30*time.Second, "time the samples already sent get to finish on SIGTERM (jobs not yet sent go back at once)")
 	s.String(&o.account, "account", "TINKERFLEET_ACCOUNT", "", "name of the Tinker account whose backoff the fleet shares (default: a hash of the base URL and key); name it to keep one fleet across key rotations")
 	s.Bool(&o.localBackoff, "local-backoff", "TINKERFLEET_LOCAL_BACKOFF", false, "back off in this process only instead of fleet-wide")
-	s.NonZeroDuration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused queue state; negative disables")
+	s.NonZeroDuration(&o.pausedBackoff, "paused-backoff", "TINKERFLEET_PAUSED_BACKOFF", 5*time.Second, "fleet backoff on a paused_capacity or paused_rate_limit queue state; negative disables")
 	s.String(&o.tokenizerDir, "tokenizer-dir", "TINKERFLEET_TOKENIZER_DIR", "", "tokenizer.json for every model, or a directory of them per model (then the HF_HOME cache, then the hub)")
 	s.NonZeroDuration(&o.sampleTimeout, "sample-timeout", "TINKERFLEET_SAMPLE_TIMEOUT", worker.DefaultSampleTimeout, "how long the service may leave a sample it accepted unanswered before its job is tried again (a future it lost); negative: no bound")
 	s.NonZeroInt(&o.resultMemory, "result-memory", "TINKERFLEET_RESULT_MEMORY", worker.DefaultResultMemory>>20, "MiB that results may take between their arrival and their storage; while they take it all, no new sample is sent (only results of many numbers come near it: long samples, prompt logprobs of long prompts); negative: no bound")

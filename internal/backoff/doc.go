@@ -9,7 +9,7 @@
 // (AsampleBackoff, §5.1, §5.3); a 402 inside the billing window does the same
 // (§2.3). A paused_rate_limit or paused_capacity queue state seen while
 // polling may signal PausedBackoff (5 s); the SDK only logs those (§4.3), so
-// this is a fleet policy.
+// this is a fleet policy. A state the client does not know signals nothing.
 //
 // # The record and the clocks
 //

@@ -72,6 +72,11 @@ const (
 // state, QueueUnknown included, as paused (§4.3).
 func (q QueueState) Paused() bool { return q != QueueActive }
 
+// Holding reports whether the state is one in which the service is known to hold samples
+// back: paused_capacity or paused_rate_limit (§4.3). QueueUnknown is not: a state the client
+// does not know may be a normal one, and a service that is full still answers 429.
+func (q QueueState) Holding() bool { return q == QueuePausedCapacity || q == QueuePausedRateLimit }
+
 func parseQueueState(s string) QueueState {
 	switch QueueState(s) {
 	case QueueActive, QueuePausedCapacity, QueuePausedRateLimit:

@@ -157,6 +157,34 @@ func TestAPausedQueueIsLoggedOnceAndPausesTheFleet(t *testing.T) {
 	}
 }
 
+// TestAQueueStateTheClientDoesNotKnowPausesNothing: a poll reporting a queue state the client
+// does not know (a state the service added, or only a reason) counts its sampler in the
+// gauge as unknown and pauses nothing: were it a normal state, every poll reporting it would
+// pause the fleet. paused_capacity and paused_rate_limit do pause it (--paused-backoff).
+func TestAQueueStateTheClientDoesNotKnowPausesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 1, Registerer: reg, PausedBackoff: time.Minute})
+	state := func(q tinker.QueueState) {
+		w.onEvent(tinker.Event{Kind: tinker.EventQueueState, Endpoint: "retrieve_future", QueueState: q, Reason: "why", SamplerID: "s1"})
+	}
+	state(tinker.QueueUnknown)
+	if until := w.Backoff().Until(); time.Until(until) > 0 {
+		t.Fatalf("an unknown queue state paused the fleet until %v", until)
+	}
+	if got := gathered(t, reg)["tinkerfleet_sampler_queue_state{state=unknown}"]; got != 1 {
+		t.Errorf("%v samplers counted in the unknown state, want 1", got)
+	}
+	for _, q := range []tinker.QueueState{tinker.QueuePausedRateLimit, tinker.QueuePausedCapacity} {
+		start := time.Now()
+		state(q)
+		if until := w.Backoff().Until(); until.Before(start.Add(30 * time.Second)) {
+			t.Errorf("%s paused the fleet until %v, want about a minute", q, until)
+		}
+	}
+}
+
 // TestJobDurationsUpToTheSampleTimeoutAreMeasured: a job may take up to --sample-timeout (30
 // min) per try. One slower than the top finite bucket falls into +Inf, whose quantile
 // histogram_quantile answers with that bucket's bound: the dashboard showed 327.68 s for jobs

@@ -277,8 +277,10 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// onEvent turns client events into metrics, the samplers' queue states and, for a paused
-// queue, a fleet backoff signal.
+// onEvent turns client events into metrics, the samplers' queue states and, for a queue
+// paused for capacity or a rate limit, a fleet backoff signal. A state the client does not
+// know is logged and counted, and pauses nothing: were it a normal state the service
+// added, every poll that reports it would pause the fleet.
 func (w *Worker) onEvent(e tinker.Event) {
 	w.metrics.event(e)
 	w.health.observe(e)
@@ -287,7 +289,7 @@ func (w *Worker) onEvent(e tinker.Event) {
 		return
 	}
 	w.samplerStates.observe(e.SamplerID, e.QueueState)
-	if e.QueueState.Paused() && w.cfg.PausedBackoff > 0 {
+	if e.QueueState.Holding() && w.cfg.PausedBackoff > 0 {
 		w.metrics.signal(string(e.QueueState))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
