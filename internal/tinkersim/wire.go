@@ -116,13 +116,9 @@ func exactKeys(b []byte, i int, t reflect.Type) (int, *httpError) {
 				}
 				elem = f.Type
 			}
-			i = skipSpace(b, end) + 1 // past the colon
 			var e *httpError
-			if i, e = exactKeys(b, i, elem); e != nil {
+			if i, e = exactMember(b, skipSpace(b, end)+1, elem); e != nil { // past the colon
 				return 0, e
-			}
-			if i = skipSpace(b, i); b[i] == ',' {
-				i = skipSpace(b, i+1)
 			}
 		}
 		return i + 1, nil
@@ -134,11 +130,8 @@ func exactKeys(b []byte, i int, t reflect.Type) (int, *httpError) {
 		i = skipSpace(b, i+1)
 		for b[i] != ']' {
 			var e *httpError
-			if i, e = exactKeys(b, i, elem); e != nil {
+			if i, e = exactMember(b, i, elem); e != nil {
 				return 0, e
-			}
-			if i = skipSpace(b, i); b[i] == ',' {
-				i = skipSpace(b, i+1)
 			}
 		}
 		return i + 1, nil
@@ -147,6 +140,19 @@ func exactKeys(b []byte, i int, t reflect.Type) (int, *httpError) {
 	}
 	for i < len(b) && !strings.ContainsRune(",]} \t\r\n", rune(b[i])) { // a number, true, false or null
 		i++
+	}
+	return i, nil
+}
+
+// exactMember is exactKeys for a member of an object or an array: it returns the index of
+// what follows the member and its comma, if one follows.
+func exactMember(b []byte, i int, t reflect.Type) (int, *httpError) {
+	i, e := exactKeys(b, i, t)
+	if e != nil {
+		return 0, e
+	}
+	if i = skipSpace(b, i); b[i] == ',' {
+		i = skipSpace(b, i+1)
 	}
 	return i, nil
 }
