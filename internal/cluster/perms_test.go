@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/share"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -390,5 +392,184 @@ func TestAuthForPrefixRefusesToWriteTheFileItReads(t *testing.T) {
 	out, err = exec.Command("bash", script, "acme-ml", conf).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "holds no authorization block") {
 		t.Fatalf("an empty auth.conf: %v, %s", err, out)
+	}
+}
+
+// TestNATSConfigPermitsDeadLetters runs, under the worker user of deploy/nats/auth.conf, the
+// two ways a job ends as a dead letter: a worker gets it on the delivery the consumer keeps
+// for its dead letter, and ends it; or that delivery dies with its worker too, and a worker
+// that hears the server's max-deliveries advisory reads it from the work queue, stores its
+// dead letter and result, and deletes it. Neither may meet a permission violation: a refused
+// advisory subscription or message delete leaves the job in the work queue for ever.
+func TestNATSConfigPermitsDeadLetters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads the deploy NATS config into a server; skipped with -short")
+	}
+	srv := startFromConfig(t, queue.DefaultPrefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	subJS, _ := connectAs(t, srv, "submit")
+	sub, err := queue.Bind(ctx, subJS, queue.Config{})
+	if err != nil {
+		t.Fatalf("submit: bind: %v", err)
+	}
+	const batch = "dead"
+	if _, err := sub.PutManifest(ctx, queue.Manifest{BatchID: batch, Status: queue.BatchSubmitted, Jobs: 2, CreatedAt: time.Now()}, 0); err != nil {
+		t.Fatalf("submit: manifest: %v", err)
+	}
+	publishJobs(t, sub, batch, makeJobs(2))
+
+	const ackWait = 3 * time.Second
+	wJS, wV := connectAs(t, srv, "worker")
+	wq, err := queue.Setup(ctx, wJS, queue.Config{MaxDeliver: 1, AckWait: ackWait})
+	if err != nil {
+		t.Fatalf("worker: setup: %v", err)
+	}
+	// A worker that dies with both jobs on their one delivery, and again with one of them on
+	// the delivery kept for its dead letter.
+	puller, err := wq.NewJobPuller(ctx)
+	if err != nil {
+		t.Fatalf("worker: puller: %v", err)
+	}
+	if n, err := puller.Pull(ctx, 2, 5*time.Second, func(jetstream.Msg) {}); err != nil || n != 2 {
+		t.Fatalf("worker: first deliveries: %d jobs, %v", n, err)
+	}
+	time.Sleep(ackWait + 500*time.Millisecond)
+	if n, err := puller.Pull(ctx, 1, 5*time.Second, func(jetstream.Msg) {}); err != nil || n != 1 {
+		t.Fatalf("worker: the delivery kept for a dead letter: %d jobs, %v", n, err)
+	}
+	taken := time.Now()
+	// A worker started now gets the other job on its kept delivery, and hears the advisory of
+	// the one whose kept delivery died.
+	sim, simURL := startSim(t, tinkersim.Config{Capacity: 8})
+	runWorker(t, wq, simURL, 4)
+	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + wq.Names.JobsStream() + "." + queue.ConsumerName
+	fleettest.Eventually(t, 10*time.Second, "the worker to listen for max-deliveries advisories", func() bool {
+		return srv.GlobalAccount().Interest(subject) >= 1 || len(wV.matching(subject)) > 0
+	})
+	if v := wV.matching(subject); len(v) > 0 {
+		t.Fatalf("the worker may not hear the max-deliveries advisories: %q", v)
+	}
+	if time.Since(taken) > ackWait*3/4 {
+		t.Skip("the worker took longer to start than the jobs' ack wait leaves: the machine is too busy for this test")
+	}
+	fleettest.Eventually(t, 30*time.Second, "both dead letters' results", func() bool {
+		n, err := sub.ResultsStored(ctx, batch)
+		return err == nil && n == 2
+	})
+	_, results := readResults(t, sub, batch)
+	for id, r := range results {
+		if r.Status != jobs.StatusError || r.Error == nil || r.Error.Code != jobs.CodeDeadLetter {
+			t.Errorf("result of %s = %+v, want a dead letter", id, r)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "the jobs to leave the work queue", func() bool {
+		info, err := sub.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if info, err := sub.Dead.Info(ctx); err != nil || info.State.Msgs != 2 {
+		t.Errorf("dead stream: %+v, %v; want both payloads", info, err)
+	}
+	if n := sim.Stats().SamplesAccepted; n != 0 {
+		t.Errorf("%d samples of jobs out of deliveries", n)
+	}
+	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
+	if v := wV.list(); len(v) > 0 {
+		t.Errorf("worker met permission violations dead-lettering: %q", v)
+	}
+}
+
+// violationLog keeps the permission violations a server logs, of every connection.
+type violationLog struct{ violations }
+
+func (l *violationLog) Noticef(string, ...any) {}
+func (l *violationLog) Warnf(string, ...any)   {}
+func (l *violationLog) Fatalf(string, ...any)  {}
+func (l *violationLog) Debugf(string, ...any)  {}
+func (l *violationLog) Tracef(string, ...any)  {}
+func (l *violationLog) Errorf(format string, v ...any) {
+	if line := fmt.Sprintf(format, v...); strings.Contains(line, "Violation") {
+		l.handler(nil, nil, errors.New(line))
+	}
+}
+
+// TestSubmitCommandsRunUnderTheSubmitUser runs the submit program as compose runs it, with
+// NATS_USER=submit of deploy/nats/auth.conf, through every subcommand that reads or writes
+// the server: a batch followed to its end, status, list, results (stored so far, and --wait),
+// failed, cancel of a second batch, and delete, which only admin may. The server logs no
+// permission violation but the delete's.
+func TestSubmitCommandsRunUnderTheSubmitUser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/submit and loads the deploy NATS config into a server; skipped with -short")
+	}
+	srv := startFromConfig(t, queue.DefaultPrefix)
+	logged := &violationLog{}
+	srv.SetLogger(logged, false, false)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "submit")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/submit")
+	build.Dir = filepath.Join("..", "..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build submit: %v\n%s", err, out)
+	}
+	env := append(os.Environ(), "NATS_URL="+srv.ClientURL(), "NATS_USER=submit", "NATS_PASSWORD=pw-submit",
+		"TINKERFLEET_PROGRESS=none", "TINKER_API_KEY=", "TINKER_API_KEY_FILE=")
+	submit := func(wantOK bool, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env, cmd.Dir = env, dir
+		out, err := cmd.CombinedOutput()
+		if (err == nil) != wantOK {
+			t.Fatalf("submit %q: %v (want success %v)\n%s", args, err, wantOK, out)
+		}
+		return string(out)
+	}
+
+	// One job of the batch ends in an error: a prompt longer than the model's context.
+	lines := make([]string, 0, 11)
+	for i := range 10 {
+		lines = append(lines, fmt.Sprintf(`{"custom_id":"job-%d","model":"Qwen/Qwen3-8B","prompt_tokens":[9707,11,%d],"sampling_params":{"max_tokens":4}}`, i, 1000+i))
+	}
+	long := strings.Repeat("1,", 40000) + "1"
+	lines = append(lines, `{"custom_id":"too-long","model":"Qwen/Qwen3-8B","prompt_tokens":[`+long+`],"sampling_params":{"max_tokens":4}}`)
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	wJS, _ := connectAs(t, srv, "worker")
+	wq, err := queue.Setup(context.Background(), wJS, queue.Config{})
+	if err != nil {
+		t.Fatalf("worker: setup: %v", err)
+	}
+	_, simURL := startSim(t, tinkersim.Config{Capacity: 16})
+	stopWorker := runWorker(t, wq, simURL, 8)
+
+	submit(true, "--batch-id", "cli", in, "-o", "out.jsonl")
+	submit(true, "status", "cli")
+	submit(true, "status", "--json", "cli")
+	submit(true, "list")
+	submit(true, "results", "cli", "-o", "results.jsonl")
+	submit(true, "results", "--wait", "cli", "-o", "waited.jsonl")
+	submit(true, "failed", "cli", "-o", "failed.jsonl")
+	if data, err := os.ReadFile(filepath.Join(dir, "failed.jsonl")); err != nil || !strings.Contains(string(data), `"too-long"`) {
+		t.Errorf("failed wrote %q, %v; want the too-long line", data, err)
+	}
+	// A batch with no worker to take it: cancelled, and its status says why it waits.
+	stopWorker()
+	submit(true, "--batch-id", "later", in)
+	submit(true, "status", "later")
+	submit(true, "cancel", "later")
+	if out := submit(false, "delete", "cli"); !strings.Contains(out, "may purge streams") {
+		t.Errorf("delete as the submit user: %s; want it refused, saying why", out)
+	}
+	time.Sleep(200 * time.Millisecond) // let late asynchronous errors arrive
+	for _, v := range logged.list() {
+		if !strings.Contains(v, ".STREAM.PURGE.") {
+			t.Errorf("permission violation: %s", v)
+		}
 	}
 }
