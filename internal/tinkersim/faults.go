@@ -3,6 +3,7 @@ package tinkersim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,8 +149,8 @@ func (f Fault) validate() (Fault, error) {
 	if !ok {
 		return f, fmt.Errorf("unknown fault kind %q", f.Kind)
 	}
-	if f.Rate < 0 {
-		return f, fmt.Errorf("fault %s: rate must not be negative", f.Kind)
+	if f.Rate < 0 || math.IsNaN(f.Rate) {
+		return f, fmt.Errorf("fault %s: rate must be a probability, not %v", f.Kind, f.Rate)
 	}
 	if f.Count < 0 {
 		return f, fmt.Errorf("fault %s: count must not be negative", f.Kind)

@@ -403,7 +403,7 @@ func TestParseFault(t *testing.T) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	for _, bad := range []string{"kind=nope", "kind=429,rate=x", "kind=429,colour=red", "kind=slow_heartbeat", "429",
-		"kind=429,count=-1", "kind=paused_capacity,count=1"} {
+		"kind=429,count=-1", "kind=paused_capacity,count=1", "kind=429,rate=NaN", "kind=429,rate=-0.5"} {
 		if _, err := ParseFault(bad, now); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
