@@ -427,16 +427,19 @@ func parseTemplateArgs(v []byte) (thinking bool, fe *FieldError) {
 	if !isObject(v) {
 		return false, typeErr("body.chat_template_kwargs", "an object", v)
 	}
-	seen := false
+	var seen []byte // the spelling of the thinking switch met first
 	it := newObjIter(v)
 	for k, val, ok := it.next(); ok; k, val, ok = it.next() {
 		path := keyPath("body.chat_template_kwargs", k)
 		switch string(k) {
 		case "enable_thinking", "thinking":
-			if seen {
+			switch {
+			case string(seen) == string(k):
+				return false, dupKey(path)
+			case seen != nil:
 				return false, fieldErr(path, "must not be set together with the other spelling of the thinking switch")
 			}
-			seen = true
+			seen = k
 			if present(val) {
 				if thinking, fe = getBool(val, path); fe != nil {
 					return false, fe
