@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -600,4 +602,39 @@ func TestAnUnknownFieldIsNamedWhateverItsName(t *testing.T) {
 			t.Errorf("%s: the error holds a control character: %q", tt.line, le.Error())
 		}
 	}
+}
+
+// TestAWholeNumberWrittenWithAPointIsReadExactly: an integer field written as a whole number
+// with a decimal point (9007199254740993.0, as some writers print every number) is that
+// integer exactly; read through a float64 it lost its last digits, and the largest seed,
+// 9223372036854775807.0, rounded past the range and was refused.
+func TestAWholeNumberWrittenWithAPointIsReadExactly(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		seed string
+		want int64
+	}{
+		{"9007199254740993.0", 9007199254740993},
+		{"9223372036854775807.000", math.MaxInt64},
+		{"-9223372036854775808.0", math.MinInt64},
+		{"256.0", 256},
+		{"1e3", 1000},
+	} {
+		items, err := readString(t, `{"custom_id":"x","model":"m","prompt":"p","sampling_params":{"seed":`+c.seed+`}}`, Limits{})
+		mustEOF(t, err)
+		if len(items) != 1 || items[0].lerr != nil {
+			t.Fatalf("seed %s: %+v", c.seed, items)
+		}
+		if got := items[0].job.Params.Seed; got == nil || *got != c.want {
+			t.Errorf("seed %s read as %s, want %d", c.seed, fmtPtr(got), c.want)
+		}
+	}
+}
+
+// fmtPtr prints the value p points to, or nil.
+func fmtPtr(p *int64) string {
+	if p == nil {
+		return "nil"
+	}
+	return strconv.FormatInt(*p, 10)
 }

@@ -274,6 +274,9 @@ func decInt(v []byte) (int64, string) {
 	if len(digits) == 0 {
 		return 0, errNotInt
 	}
+	if dot := bytes.IndexByte(digits, '.'); dot > 0 && len(bytes.Trim(digits[dot+1:], "0")) == 0 {
+		digits = digits[:dot] // 256.0: the whole number before the point, exactly
+	}
 	var n uint64
 	for _, c := range digits {
 		if c < '0' || c > '9' {
