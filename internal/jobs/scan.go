@@ -274,12 +274,12 @@ func decInt(v []byte) (int64, string) {
 	if len(digits) == 0 {
 		return 0, errNotInt
 	}
-	if dot := bytes.IndexByte(digits, '.'); dot > 0 && len(bytes.Trim(digits[dot+1:], "0")) == 0 {
-		digits = digits[:dot] // 256.0: the whole number before the point, exactly
-	}
 	var n uint64
-	for _, c := range digits {
+	for i, c := range digits {
 		if c < '0' || c > '9' {
+			if c == '.' && len(bytes.TrimRight(digits[i+1:], "0")) == 0 {
+				break // 256.0: the whole number before the point, exactly
+			}
 			if c == '.' || c == 'e' || c == 'E' {
 				// 256.0 or 1e3: accept if the value is a whole number that fits.
 				f, err := strconv.ParseFloat(string(v), 64)
