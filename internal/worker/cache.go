@@ -128,6 +128,9 @@ func (c *modelCache) maxContext(ctx context.Context, model string) (int, error) 
 type cancelSet struct {
 	mu  sync.RWMutex
 	ids map[string]bool // batch id → deleted (not only cancelled)
+	// ended, if set, is called when a batch is found cancelled or deleted (after set or
+	// replace), outside the lock.
+	ended func()
 }
 
 // has reports whether batch was cancelled or deleted.
@@ -148,11 +151,14 @@ func (s *cancelSet) deleted(batch string) bool {
 // set records the state of batch from its manifest m; nil m: the manifest is gone.
 func (s *cancelSet) set(batch string, m *queue.Manifest) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.ids == nil {
 		s.ids = make(map[string]bool)
 	}
 	setIn(s.ids, batch, m)
+	s.mu.Unlock()
+	if s.ended != nil && m != nil && m.Ended() {
+		s.ended()
+	}
 }
 
 // setIn records the state of batch from its manifest m in ids; nil m: the manifest is gone.
@@ -170,6 +176,9 @@ func (s *cancelSet) replace(ids map[string]bool) {
 	s.mu.Lock()
 	s.ids = ids
 	s.mu.Unlock()
+	if s.ended != nil && len(ids) > 0 {
+		s.ended()
+	}
 }
 
 // watch follows the batches bucket until ctx is done, re-watching after a reconnect and

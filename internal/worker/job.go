@@ -57,6 +57,11 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		return false
 	}
 
+	if delivered > 1 {
+		if seq, ok := queue.StreamSeq(msg); ok {
+			w.sentBack.forget(seq) // back from its delay, if this worker sent it back
+		}
+	}
 	if delivered == 1 {
 		w.alive.add(msg)
 	} else if !w.alive.addAgain(msg) {
@@ -134,7 +139,12 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 			w.retryLog.log(log(), "job will be retried", "sent_back", "delay", delay, "err", out.err)
 		}
 		w.noteRetry(batch, customID, delivered, delay, out.err)
-		err = msg.NakWithDelay(delay)
+		if err = msg.NakWithDelay(delay); err == nil {
+			if seq, ok := queue.StreamSeq(msg); ok {
+				// Ended on a cancel of its batch, rather than after the delay (sentBack).
+				w.sentBack.add(seq, batch, customID, time.Now().Add(delay), w.cancelled.has(batch))
+			}
+		}
 	case settleLeave:
 		// Its InProgress and ack would count for the delivery the server gave out meanwhile,
 		// if it did; a nak would even put that one off. If it did not, the job comes back

@@ -172,6 +172,8 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 		id:              newWorkerID(),
 		host:            hostName(),
 	}
+	w.sentBack.wake = make(chan struct{}, 1)
+	w.cancelled.ended = w.sentBack.poke
 	ok := false
 	defer func() {
 		if !ok {

@@ -58,6 +58,7 @@ type Worker struct {
 	samplerStates samplerStates // their queue states, for the gauge
 	models        modelCache
 	cancelled     cancelSet
+	sentBack      sentBack // jobs sent back to wait in the stream, ended here if their batch is cancelled
 	retryNotes    retryNotes
 	// serviceNoted is when this worker last noted a retry of its Tinker client (unix
 	// nanoseconds; noteServiceRetry).
@@ -112,6 +113,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	loaded := make(chan struct{})
 	bg.Go(func() { w.cancelled.watch(bgCtx, w.cfg.Queue, w.log, loaded) })
 	bg.Go(func() { w.deadLetters(bgCtx) })
+	bg.Go(func() { w.endSentBack(bgCtx) })
 	if w.board != nil {
 		bg.Go(func() { w.splitShares(bgCtx) })
 		// A worker that leaves frees its part of the capacity: forget the limit, learn anew.
