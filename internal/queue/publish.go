@@ -289,15 +289,26 @@ func (q *Queue) ReadResults(ctx context.Context, batch string, headersOnly bool)
 	if err != nil {
 		return nil, fmt.Errorf("read results of %s: %w", batch, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
+	var ahead jetstream.PullMessagesOpt = jetstream.PullMaxMessages(readAhead)
+	if !headersOnly {
+		// Results may be as large as the max payload each: readAhead of them could be
+		// gigabytes waiting in memory for a reader that writes slower than the server sends.
+		ahead = jetstream.PullMaxBytes(max(readAheadBytes, 2*int(q.JS.Conn().MaxPayload())))
+	}
+	it, err := cons.Messages(ahead)
 	if err != nil {
 		return nil, fmt.Errorf("read results of %s: %w", batch, err)
 	}
 	return it, nil
 }
 
-// readAhead is how many results ReadResults asks the server for ahead of those read.
+// readAhead is how many results ReadResults asks the server for ahead of those read, when
+// it reads their headers only.
 const readAhead = 1024
+
+// readAheadBytes is how many bytes of results, at most, ReadResults asks the server for ahead
+// of those read when it reads their payloads too (twice the server's max payload, if more).
+const readAheadBytes = 32 << 20
 
 // PublishJobAsync publishes one job without waiting for its ack; the returned future settles
 // when the stream has stored it or found it a duplicate. republished says the batch was
