@@ -32,7 +32,8 @@ type Config struct {
 	// workers × per-worker concurrency (deploy/README.md).
 	MaxAckPending int
 	// DuplicateWindow is how long job ids are remembered; default 2h, so re-running a submit
-	// within it publishes nothing twice. (Results carry no id: one per job subject is kept.)
+	// within it publishes nothing twice. Dead letters' ids are remembered as long (at most
+	// DeadMaxAge). (Results carry no id: one per job subject is kept.)
 	DuplicateWindow time.Duration
 	// ResultsMaxAge is how long results are kept; default 7 days.
 	ResultsMaxAge time.Duration
@@ -145,6 +146,10 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 		MaxAge:      cfg.DeadMaxAge,
+		// PublishDead's ids, for as long as the jobs': the server's default of 2 minutes let
+		// each later try of a dead letter (every worker hears of the job, and one that failed
+		// tries again for as long as its result cannot be stored) add another copy.
+		Duplicates: min(cfg.DuplicateWindow, cfg.DeadMaxAge),
 	})
 	if err != nil {
 		return nil, err
