@@ -293,7 +293,8 @@ func (q *Queue) ReadResults(ctx context.Context, batch string, headersOnly bool)
 	if !headersOnly {
 		// Results may be as large as the max payload each: readAhead of them could be
 		// gigabytes waiting in memory for a reader that writes slower than the server sends.
-		ahead = jetstream.PullMaxBytes(max(readAheadBytes, 2*int(q.JS.Conn().MaxPayload())))
+		// With a byte limit alone nats.go buffers up to a million messages (a channel of 8 MB).
+		ahead = jetstream.PullMaxMessagesWithBytesLimit(readAhead, max(readAheadBytes, 2*int(q.JS.Conn().MaxPayload())))
 	}
 	it, err := cons.Messages(ahead)
 	if err != nil {
