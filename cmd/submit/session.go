@@ -182,6 +182,7 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 			return nil, fmt.Errorf("%w: nothing was submitted here%s; run this in the folder the batch was submitted from, or give its --data-dir (--nats-url for a fleet)", err, also)
 		case errors.As(err, &inUse) && join && inUse.URL != "":
 			o.conn.URL, s.host = inUse.URL, inUse
+			o.conn = o.conn.Plain() // an embedded server too
 			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)
 		case errors.As(err, &inUse):
 			return nil, fmt.Errorf("%w; meanwhile submit status, results, cancel and list reach its batches", err)
@@ -190,6 +191,7 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 		default:
 			s.closers = append(s.closers, emb.Shutdown)
 			o.conn.URL, s.own = emb.ClientURL(), true
+			o.conn = o.conn.Plain()
 		}
 	}
 	o.conn.Name = "tinkerfleet-submit"

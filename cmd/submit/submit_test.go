@@ -1028,6 +1028,25 @@ func TestLocalSimulatedBatchRunsInOneCommand(t *testing.T) {
 	wantResults(t, out, 21, "ok") // the 21 example lines
 }
 
+// TestALocalRunLeavesAFleetsNATSSettingsAside: a shell set up for a fleet (its TLS CA and
+// credentials in NATS_TLS_CA and NATS_CREDS) runs a local batch and its status on the
+// embedded server, which asks for neither: it failed with "secure connection not available",
+// or on a credentials file of another machine.
+func TestALocalRunLeavesAFleetsNATSSettingsAside(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	vars := map[string]string{"NATS_TLS_CA": filepath.Join(dir, "fleet-ca.pem"), "NATS_CREDS": filepath.Join(dir, "fleet.creds")}
+	env := &environment{getenv: func(k string) string { return vars[k] }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
+	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "--batch-id", "sim-fleet-env", "../../examples/prompts.jsonl", "-o", out}, env); err != nil {
+		t.Fatal(err)
+	}
+	wantResults(t, out, 21, "ok")
+	if err := run(context.Background(), []string{"status", "--data-dir", simulatedDataDir(data), "sim-fleet-env"}, env); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+}
+
 // TestARealRunAfterASimulatedOneSamplesAgain: the README's first command samples on the
 // simulator; the same command without --simulate must sample on the service, not take the
 // simulated batch (same input, same batch id) for done and write the simulator's text as its

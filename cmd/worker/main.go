@@ -171,6 +171,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 		defer emb.Shutdown()
 		if o.conn.URL == "" {
 			o.conn.URL = emb.ClientURL()
+			o.conn = o.conn.Plain()
 		}
 		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
 	}

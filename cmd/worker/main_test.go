@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -507,6 +508,31 @@ func TestHealthIsServedBeforeTheEmbeddedServerStarts(t *testing.T) {
 	out := logs.String()
 	if health, emb := strings.Index(out, "serving /metrics"), strings.Index(out, "embedded NATS server ready"); health < 0 || health > emb {
 		t.Fatalf("/healthz was not served before the embedded server started; log:\n%s", out)
+	}
+}
+
+// TestAnEmbeddedServerIsReachedWithoutAFleetsNATSSettings: a worker that serves its own
+// embedded NATS server connects to it without the TLS and credentials a fleet's environment
+// names (NATS_TLS_CA, NATS_CREDS), which that server does not ask for.
+func TestAnEmbeddedServerIsReachedWithoutAFleetsNATSSettings(t *testing.T) {
+	_, simURL := fleettest.Sim(t, tinkersim.Config{})
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs, done := startRun(ctx, []string{"--embedded-nats", "--embedded-port", "-1", "--data-dir", dir,
+		"--tinker-base-url", simURL, "--metrics-addr", ""},
+		map[string]string{"TINKER_API_KEY": fleettest.APIKey, "NATS_TLS_CA": filepath.Join(dir, "fleet-ca.pem"), "NATS_CREDS": filepath.Join(dir, "fleet.creds")})
+	fleettest.Eventually(t, 30*time.Second, "the worker started", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("run: %v", err)
+		default:
+		}
+		return strings.Contains(logs.String(), "worker started")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
 	}
 }
 

@@ -59,6 +59,13 @@ const (
 // which drops the connection (see closeOnWriteTimeout).
 const WriteTimeout = 10 * time.Second
 
+// Plain returns c for an embedded server (StartEmbedded), which asks for no credentials and
+// serves no TLS: without them. A fleet's NATS settings left in the environment (NATS_TLS_CA,
+// say) then do not fail a local run ("secure connection not available").
+func (c ConnectConfig) Plain() ConnectConfig {
+	return ConnectConfig{URL: c.URL, Name: c.Name, Logger: c.Logger}
+}
+
 // Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
 // worker outlives server restarts). extra options are applied last. It fails at once when no
 // server answers; ConnectWait waits for one.
