@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -108,5 +113,61 @@ func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 	dir := t.TempDir()
 	if _, _, err := f.submit(context.Background(), dir); err == nil || !strings.Contains(err.Error(), dir+" is a directory: give the JSONL files in it") {
 		t.Errorf("a directory: err = %v", err)
+	}
+}
+
+// TestLongLinesArePublishedWithoutHoldingTheFileInMemory: the jobs published and not yet
+// known stored are bounded in bytes as well as in number. Each one's future holds its job
+// until it is settled, and 2048 of them at a time held a file of long prompts whole (2048
+// lines of 1 MiB: 2 GiB, and up to 16 GiB at the line limit).
+func TestLongLinesArePublishedWithoutHoldingTheFileInMemory(t *testing.T) {
+	// Not parallel: it reads the heap of the whole process.
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	in := filepath.Join(t.TempDir(), "long.jsonl")
+	const lines, lineBytes = 240, 512 << 10 // a 120 MiB file
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", lineBytes/45)
+	var text strings.Builder
+	for i := range lines {
+		fmt.Fprintf(&text, `{"custom_id":"long-%d","model":"Qwen/Qwen3-8B","prompt":%q,"sampling_params":{"max_tokens":4}}`+"\n", i, prompt)
+	}
+	if err := os.WriteFile(in, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(text.Len())
+	text, prompt = strings.Builder{}, ""
+
+	// The live heap after each collection, its largest while the batch is published.
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	runtime.GC()
+	metrics.Read(live)
+	before := live[0].Value.Uint64()
+	var peak atomic.Uint64
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		for {
+			metrics.Read(s)
+			peak.Store(max(peak.Load(), s[0].Value.Uint64()))
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	_, stderr, err := f.submit(context.Background(), in)
+	close(done)
+	<-watched
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if got := jobsIn(t, bind(t, f)); got != lines {
+		t.Fatalf("%d jobs published, want %d", got, lines)
+	}
+	grew := int64(peak.Load()) - int64(before)
+	t.Logf("publishing %d MiB of jobs: live heap grew by %d MiB at most", size>>20, grew>>20)
+	if grew > settleBytes+size/4 { // the bound, and room for the rest of the process
+		t.Fatalf("publishing a %d MiB file held %d MiB of live heap: the jobs waiting for their acks are held whole", size>>20, grew>>20)
 	}
 }

@@ -643,6 +643,14 @@ type rejectLine struct {
 	Message string `json:"message"`
 }
 
+// publish waits for the jobs it published to be stored every settleJobs of them, or sooner
+// once they hold settleBytes: each one's future holds the job until then, and 2048 jobs of
+// long prompts held a file of them whole (up to 16 GiB at the line limit).
+const (
+	settleJobs  = 2048
+	settleBytes = 32 << 20
+)
+
 // publish records the manifest and publishes every valid line, streaming the files again.
 // A batch already fully submitted with the same digest is not published again (again is true,
 // and it says so); a batch whose publishing was interrupted is published again, and the
@@ -681,13 +689,15 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	}
 
 	var pending []jetstream.PubAckFuture
+	pendingBytes := 0
 	settle := func() error {
 		for _, f := range pending {
 			if err := waiter.stored(ctx, f); err != nil {
 				return err
 			}
 		}
-		pending = pending[:0]
+		clear(pending) // each future holds its job
+		pending, pendingBytes = pending[:0], 0
 		return nil
 	}
 	var accepted, rejected int
@@ -711,7 +721,8 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		if err != nil {
 			return err
 		}
-		if pending = append(pending, fut); len(pending) >= 2048 {
+		pending, pendingBytes = append(pending, fut), pendingBytes+len(data)
+		if len(pending) >= settleJobs || pendingBytes >= settleBytes {
 			return settle()
 		}
 		return nil
