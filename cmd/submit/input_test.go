@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -170,4 +171,46 @@ func TestLongLinesArePublishedWithoutHoldingTheFileInMemory(t *testing.T) {
 	if grew > settleBytes+size/4 { // the bound, and room for the rest of the process
 		t.Fatalf("publishing a %d MiB file held %d MiB of live heap: the jobs waiting for their acks are held whole", size>>20, grew>>20)
 	}
+}
+
+// TestAnInterruptWhileTheInputIsReadStopsThere: an interrupt (Ctrl-C) while the input is
+// validated stops the reading at the next line and says that nothing was published. The
+// interrupt is caught, so before it went unheeded until every line had been read (about a
+// second per million lines, again for each further Ctrl-C), and then said nothing of it.
+func TestAnInterruptWhileTheInputIsReadStopsThere(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	lines := jobLines(1000)
+	lines[0], lines[1] = `{"custom_id":"bad-0","model":"Qwen/Qwen3-8B","prompt":"x","colour":"red"}`, `{"custom_id":"bad-1"}`
+	in := writeLines(t, lines)
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	// The interrupt comes as the first bad line is said.
+	stderr := &writeThen{then: interrupt}
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: stderr, tty: 0}
+	err := run(ctx, []string{"--nats-url", f.nats, "--progress", "none", "--skip-invalid", "--rejects", filepath.Join(t.TempDir(), "rejects.jsonl"), in}, env)
+	if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), "nothing was published") {
+		t.Errorf("err = %v; want it interrupted, saying that nothing was published", err)
+	}
+	if said := stderr.String(); strings.Contains(said, in+":2:") {
+		t.Errorf("the input was read on after the interrupt:\n%.300s", said)
+	}
+	if got := jobsIn(t, bind(t, f)); got != 0 {
+		t.Errorf("%d jobs published", got)
+	}
+}
+
+// writeThen is a buffer that calls then once, after its first write.
+type writeThen struct {
+	bytes.Buffer
+	then func()
+}
+
+func (w *writeThen) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if w.then != nil {
+		w.then()
+		w.then = nil
+	}
+	return n, err
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,13 +17,16 @@ import (
 // as a line of a long prompt. longest is the longest valid
 // line: a job's encoding is at most about twice its line (only characters that JSON may hold
 // raw but that the encoding escapes, U+2028 and U+2029, grow it), so unless that could be too
-// large the files are not read again.
-func checkJobSizes(files []string, limits jobs.Limits, longest int, maxPayload int64, stderr io.Writer) error {
+// large the files are not read again. An interrupt (ctx ending) stops it at the next line.
+func checkJobSizes(ctx context.Context, files []string, limits jobs.Limits, longest int, maxPayload int64, stderr io.Writer) error {
 	if maxPayload <= 0 || int64(2*longest+queue.JobHeaderRoom) <= maxPayload {
 		return nil
 	}
 	over := 0
 	err := eachJob(files, limits, nil, func(j jobs.Job, _ []byte, at lineAt, err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w while reading the input, at %s: nothing was published", errInterrupted, at)
+		}
 		if err != nil {
 			return nil // reported by the validation pass
 		}

@@ -158,7 +158,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		est = newEstimate(tokenizer.NewRegistry(o.local.tokenizerOptions(env)))
 		onJob = func(j jobs.Job) { est.add(ctx, j) }
 	}
-	scan, err := validate(files, o.limits, env.stderr, rejectsOut, onJob)
+	scan, err := validate(ctx, files, o.limits, env.stderr, rejectsOut, onJob)
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		}
 	}
 
-	if err := checkJobSizes(files, o.limits, scan.longest, sess.q.JS.Conn().MaxPayload(), env.stderr); err != nil {
+	if err := checkJobSizes(ctx, files, o.limits, scan.longest, sess.q.JS.Conn().MaxPayload(), env.stderr); err != nil {
 		return err
 	}
 
@@ -364,8 +364,9 @@ func throughLinks(path string) string {
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,
 // all of them to rejects when it is not nil), computes the input digest and, when onJob is not
-// nil, calls it with every valid job. Memory: the custom_id set.
-func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer, onJob func(jobs.Job)) (*scanResult, error) {
+// nil, calls it with every valid job. Memory: the custom_id set. An interrupt (ctx ending)
+// stops it at the next line, with errInterrupted.
+func validate(ctx context.Context, files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer, onJob func(jobs.Job)) (*scanResult, error) {
 	res := &scanResult{}
 	var rejectsOut *bufio.Writer
 	var enc *json.Encoder
@@ -374,7 +375,10 @@ func validate(files []string, limits jobs.Limits, stderr io.Writer, rejects io.W
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	err := eachJob(files, limits, h, func(j jobs.Job, line []byte, _ lineAt, err error) error {
+	err := eachJob(files, limits, h, func(j jobs.Job, line []byte, at lineAt, err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w while reading the input, at %s: nothing was published", errInterrupted, at)
+		}
 		var le *jobs.LineError
 		switch {
 		case err == nil:

@@ -627,7 +627,7 @@ func TestARejectsFileOfItsOwnIsRequired(t *testing.T) {
 func halfPublish(t *testing.T, q *queue.Queue, batch, in string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	scan, err := validate([]string{in}, jobs.Limits{}, io.Discard, nil, nil)
+	scan, err := validate(ctx, []string{in}, jobs.Limits{}, io.Discard, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
