@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -177,6 +178,90 @@ func TestTheDeliveryForTheDeadLetterIsReadBack(t *testing.T) {
 	if got := c.CachedInfo().Config.MaxDeliver; got != -1 || q.Config.MaxDeliver != -1 {
 		t.Fatalf("no limit: the server's MaxDeliver %d, read back %d; want -1 both", got, q.Config.MaxDeliver)
 	}
+}
+
+// TestTheConsumerIsNotChangedUnderRunningWorkers: each worker reads the consumer's ack wait and
+// deliveries once, at its setup. While workers run (their presence notes, or, with nobody
+// noting them, their pull requests waiting), a setup that would shorten the ack wait or
+// change the deliveries is refused and changes nothing; a longer ack wait, or the same
+// settings, are set up; and any change once no worker runs.
+func TestTheConsumerIsNotChangedUnderRunningWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{AckWait: 30 * time.Second, MaxDeliver: 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	consumer := func() jetstream.ConsumerConfig {
+		t.Helper()
+		c, err := b.q.Consumer(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.CachedInfo().Config
+	}
+	refused := func(cfg Config, want string) {
+		t.Helper()
+		before := consumer()
+		if _, err := Setup(ctx, b.q.JS, cfg); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("setup %+v under running workers: %v, want refused for %q", cfg, err, want)
+		}
+		if after := consumer(); after.AckWait != before.AckWait || after.MaxDeliver != before.MaxDeliver {
+			t.Errorf("a refused setup changed the consumer: ack wait %v, max deliver %d; was %v, %d", after.AckWait, after.MaxDeliver, before.AckWait, before.MaxDeliver)
+		}
+	}
+	accepted := func(cfg Config) {
+		t.Helper()
+		q, err := Setup(ctx, b.q.JS, cfg)
+		if err != nil {
+			t.Fatalf("setup %+v: %v", cfg, err)
+		}
+		if q.Config.AckWait != cfg.AckWait || q.Config.MaxDeliver != cfg.MaxDeliver {
+			t.Fatalf("setup %+v: read back ack wait %v, max deliver %d", cfg, q.Config.AckWait, q.Config.MaxDeliver)
+		}
+	}
+
+	// Nobody notes presence, and a worker's pull request waits.
+	req, err := b.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pull, _ := json.Marshal(map[string]any{"batch": 1, "expires": int64(20 * time.Second)})
+	if err := b.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT."+b.q.Names.JobsStream()+"."+ConsumerName, req.Subject, pull); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, err := b.q.Consumer(ctx)
+		if err == nil && c.CachedInfo().NumWaiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pull request does not wait")
+		}
+	}
+	refused(Config{AckWait: time.Second, MaxDeliver: 4}, "pull requests wait")
+	_ = req.Unsubscribe()
+
+	// A worker notes its presence.
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.NotePresence("w1", Presence{Host: "host-w1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "test-sync", nil); err != nil { // stored after the note
+		t.Fatal(err)
+	}
+	refused(Config{AckWait: time.Second, MaxDeliver: 4}, "a shorter ack wait (1s) than the consumer's (30s)")
+	refused(Config{AckWait: 30 * time.Second, MaxDeliver: 9}, "another max deliver (9) than the consumer's (4)")
+	refused(Config{AckWait: 30 * time.Second, MaxDeliver: -1}, "another max deliver (-1) than the consumer's (4)")
+	accepted(Config{AckWait: 30 * time.Second, MaxDeliver: 4})
+	accepted(Config{AckWait: time.Minute, MaxDeliver: 4})
+
+	// The worker stops.
+	if err := b.q.ForgetPresence(ctx, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	accepted(Config{AckWait: time.Second, MaxDeliver: 9})
 }
 
 func TestPublishJobTwiceStoresItOnce(t *testing.T) {

@@ -19,6 +19,7 @@ type Config struct {
 	// Replicas of every stream and bucket: 1 for a single server, 3 on a cluster.
 	Replicas int
 	// AckWait is how long a delivered job may go without an ack or InProgress; default 30s.
+	// Setup does not shorten it while workers run (refuseUnderWorkers).
 	AckWait time.Duration
 	// MaxDeliver is how many times a job is delivered to be worked on before it is
 	// dead-lettered; default 10, negative for no limit. The consumer allows one delivery
@@ -26,7 +27,7 @@ type Config struct {
 	// job whose last one died with its worker comes once the ack wait has passed, to
 	// whichever worker pulls next, even one that starts later. (The server's
 	// MAX_DELIVERIES advisory, the other way to learn of such a job, goes once to whoever
-	// listens at that moment.)
+	// listens at that moment.) Setup does not change it while workers run.
 	MaxDeliver int
 	// MaxAckPending caps the jobs in flight across the whole fleet; default 1000. Size it to
 	// workers × per-worker concurrency (deploy/README.md).
@@ -86,7 +87,8 @@ const extraDeliveryKey = "tinkerfleet_max_deliver"
 
 // Setup creates or updates the streams, the shared consumer and the batch bucket, so that
 // workers can start in any order. It is the workers' (and operators') call: their
-// configuration wins. Programs that only publish and read use Bind.
+// configuration wins, but for a shorter AckWait or another MaxDeliver while workers run,
+// which it refuses (refuseUnderWorkers). Programs that only publish and read use Bind.
 func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, error) {
 	return ensure(ctx, js, cfg, true)
 }
@@ -169,6 +171,9 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 	}
 	var c jetstream.Consumer
 	if update {
+		if err := q.refuseUnderWorkers(ctx, cfg); err != nil {
+			return nil, err
+		}
 		createOrUpdate := func(ctx context.Context) (jetstream.Consumer, error) {
 			return js.CreateOrUpdateConsumer(ctx, names.JobsStream(), consumer)
 		}
@@ -221,6 +226,59 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg Config, update bool
 		return nil, fmt.Errorf("queue: bucket %s: %w", names.BatchesBucket(), err)
 	}
 	return q, nil
+}
+
+// refuseUnderWorkers refuses a setup that would change under running workers what each of
+// them read of the consumer once, at its own setup: a shorter ack wait (they keep their jobs
+// alive with an InProgress every third of theirs, and the server would give the jobs they hold
+// to the next worker that pulls, to be sampled twice), or another number of deliveries (they
+// would take another delivery than the server for a job's last). A longer ack wait, or the
+// settings the consumer has, are set up at any time; so is any change once no worker runs.
+// Workers are known by their presence notes, or, where nobody notes them (no worker backs off
+// fleet-wide), by their pull requests waiting.
+func (q *Queue) refuseUnderWorkers(ctx context.Context, want Config) error {
+	c, err := retry(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		c, err := q.JS.Consumer(ctx, q.Names.JobsStream(), ConsumerName)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, nil
+		}
+		return c, err
+	})
+	if err != nil {
+		return fmt.Errorf("queue: consumer %s on %s: %w", ConsumerName, q.Names.JobsStream(), err)
+	}
+	if c == nil {
+		return nil
+	}
+	info := c.CachedInfo()
+	gotWaitFor, gotDeliveries := info.Config.AckWait, max(deliveries(info.Config), -1)
+	var changes []string
+	if want.AckWait < gotWaitFor {
+		changes = append(changes, fmt.Sprintf("a shorter ack wait (%v) than the consumer's (%v), by a third of which they keep their jobs alive: the server would give the jobs they hold to other workers before their next InProgress, to be sampled twice",
+			want.AckWait, gotWaitFor))
+	}
+	if wantDeliveries := max(want.MaxDeliver, -1); wantDeliveries != gotDeliveries {
+		changes = append(changes, fmt.Sprintf("another max deliver (%d) than the consumer's (%d), which they take for the deliveries a job is worked on: they would take another delivery than the server for a job's last",
+			wantDeliveries, gotDeliveries))
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	a, known, err := q.Present(ctx, PresenceWindow, PresenceWindow)
+	if err != nil {
+		return fmt.Errorf("queue: consumer %s: are workers running? %w", ConsumerName, err)
+	}
+	var running string
+	switch {
+	case known && len(a.Running) > 0:
+		running = fmt.Sprintf("workers run (%d)", len(a.Running))
+	case !known && info.NumWaiting > 0:
+		running = "workers run (their pull requests wait)"
+	default:
+		return nil
+	}
+	return fmt.Errorf("queue: consumer %s on %s: %s, and this setup would give it %s. Stop every worker first, or start this one with the consumer's settings (--ack-wait %v --max-deliver %d)",
+		ConsumerName, q.Names.JobsStream(), running, strings.Join(changes, "; and "), gotWaitFor, gotDeliveries)
 }
 
 // deliveries reads from a consumer's config how many deliveries a job is worked on. A
