@@ -204,11 +204,7 @@ func (r *Registry) load(ctx context.Context, id string) (*Tokenizer, error) {
 	if r.opts.HFHome == "" || r.opts.Offline {
 		return nil, fmt.Errorf("tokenizer %s: not in the tokenizer dir or the HF cache, and downloads are off: %w", id, ErrNotFound)
 	}
-	dir, err := r.download(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return Load(dir)
+	return r.download(ctx, id)
 }
 
 // validID rejects ids that could escape the cache directory.
@@ -292,32 +288,38 @@ func validRev(rev string) error {
 }
 
 // download fetches tokenizer.json (required) and tokenizer_config.json
-// (optional) into the HF cache layout and returns the snapshot directory.
-func (r *Registry) download(ctx context.Context, id string) (string, error) {
+// (optional) into the HF cache layout and returns the tokenizer. What does not
+// parse as a tokenizer (an error page a proxy answered 200 with, say) is not
+// cached: every later load would fail on it, where another download may not.
+func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) {
 	data, rev, err := r.fetch(ctx, id, "tokenizer.json")
 	if err != nil {
-		return "", err
+		return nil, err
+	}
+	tok, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer %s: downloaded tokenizer.json: %w", id, err)
 	}
 	if validRev(rev) != nil {
 		rev = "main"
 	}
 	snap := filepath.Join(r.repoDir(id), "snapshots", rev)
 	if err := writeAtomic(filepath.Join(snap, "tokenizer.json"), data); err != nil {
-		return "", fmt.Errorf("tokenizer %s: %w", id, err)
+		return nil, fmt.Errorf("tokenizer %s: %w", id, err)
 	}
 	cfg, _, err := r.fetch(ctx, id, "tokenizer_config.json")
 	switch {
 	case err == nil:
 		if err := writeAtomic(filepath.Join(snap, "tokenizer_config.json"), cfg); err != nil {
-			return "", fmt.Errorf("tokenizer %s: %w", id, err)
+			return nil, fmt.Errorf("tokenizer %s: %w", id, err)
 		}
 	case !errors.Is(err, ErrNotFound):
-		return "", err
+		return nil, err
 	}
 	if err := writeAtomic(filepath.Join(r.repoDir(id), "refs", "main"), []byte(rev)); err != nil {
-		return "", fmt.Errorf("tokenizer %s: %w", id, err)
+		return nil, fmt.Errorf("tokenizer %s: %w", id, err)
 	}
-	return snap, nil
+	return tok, nil
 }
 
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and

@@ -332,3 +332,36 @@ func TestQwen3IsBuiltInAndNeedsNoDownload(t *testing.T) {
 		t.Fatalf("Llama 3 offline without files: err = %v, want ErrNotFound", err)
 	}
 }
+
+// TestADownloadThatDoesNotParseIsNotCached: a hub (or a proxy in front of it) that answers 200
+// with something other than a tokenizer.json, an error page say, leaves nothing in the cache, so
+// that the next try downloads again rather than failing on the cached page for ever.
+func TestADownloadThatDoesNotParseIsNotCached(t *testing.T) {
+	good := &hub{data: miniTokenizerJSON(t)}
+	var answered atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if answered.Add(1) == 1 {
+			w.Header().Set("X-Repo-Commit", "0123abcd")
+			w.Write([]byte("<html><body>Service temporarily unavailable</body></html>"))
+			return
+		}
+		good.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	home := t.TempDir()
+	reg := NewRegistry(Options{HFHome: home, Endpoint: srv.URL})
+	if _, err := reg.ForID(context.Background(), "org/mini"); err == nil {
+		t.Fatal("an error page loaded as a tokenizer")
+	}
+	if p := reg.cachedPath("org/mini"); p != "" {
+		t.Errorf("the error page was cached as %s", p)
+	}
+
+	tok, err := reg.ForID(context.Background(), "org/mini")
+	if err != nil {
+		t.Fatalf("after the hub recovered: %v", err)
+	}
+	if tok.Count("hello") != 2 {
+		t.Errorf("Count(hello) = %d, want 2", tok.Count("hello"))
+	}
+}
