@@ -323,7 +323,7 @@ func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) 
 }
 
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
-// the X-Repo-Commit revision.
+// the X-Repo-Commit revision, of the answer or of a redirect that led to it.
 func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, error) {
 	u := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -366,7 +366,13 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 	if len(data) > maxTokenizerJSON {
 		return nil, "", fmt.Errorf("download %s: larger than %d bytes", u, maxTokenizerJSON)
 	}
-	return data, resp.Header.Get("X-Repo-Commit"), nil
+	// A file in LFS or Xet is a redirect to a CDN, whose answer names no commit: the hub's
+	// redirect does, as huggingface_hub reads it.
+	rev := resp.Header.Get("X-Repo-Commit")
+	for q := resp.Request; rev == "" && q != nil && q.Response != nil; q = q.Response.Request {
+		rev = q.Response.Header.Get("X-Repo-Commit")
+	}
+	return data, rev, nil
 }
 
 // writeAtomic writes data to path through a temporary file in the same

@@ -365,3 +365,33 @@ func TestADownloadThatDoesNotParseIsNotCached(t *testing.T) {
 		t.Errorf("Count(hello) = %d, want 2", tok.Count("hello"))
 	}
 }
+
+// TestARedirectedDownloadIsCachedUnderItsCommit: the hub answers for a file stored in LFS or
+// Xet (gpt-oss's 27 MB tokenizer.json) with a redirect to its CDN; the commit is named by the
+// redirect, not by the CDN's answer, and the cache is laid out by it as huggingface_hub lays it.
+func TestARedirectedDownloadIsCachedUnderItsCommit(t *testing.T) {
+	data := miniTokenizerJSON(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/org/mini/resolve/main/tokenizer.json":
+			w.Header().Set("X-Repo-Commit", "0123abcd")
+			http.Redirect(w, r, "/cdn/blob", http.StatusFound)
+		case "/cdn/blob":
+			w.Write(data)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	home := t.TempDir()
+	if _, err := NewRegistry(Options{HFHome: home, Endpoint: srv.URL}).ForID(context.Background(), "org/mini"); err != nil {
+		t.Fatal(err)
+	}
+	repo := filepath.Join(home, "hub", "models--org--mini")
+	if ref, _ := os.ReadFile(filepath.Join(repo, "refs", "main")); string(ref) != "0123abcd" {
+		t.Errorf("refs/main = %q, want the commit the hub named, 0123abcd", ref)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "snapshots", "0123abcd", "tokenizer.json")); err != nil {
+		t.Errorf("snapshot of the commit: %v", err)
+	}
+}
