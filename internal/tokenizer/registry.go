@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +16,7 @@ import (
 )
 
 // Errors a Registry wraps so callers can tell a missing tokenizer from a
-// refused one.
+// refused or an unusable one.
 var (
 	// ErrNotFound means the hub has no such repository or file (HTTP 404),
 	// or the tokenizer is not available locally while offline.
@@ -23,6 +24,10 @@ var (
 	// ErrUnauthorized means the hub refused the download (HTTP 401/403):
 	// the repository is gated or private and HF_TOKEN is missing or lacks access.
 	ErrUnauthorized = errors.New("tokenizer download unauthorized")
+	// ErrUnsupported means the tokenizer's files were found but cannot be used: they are not
+	// a tokenizer.json, or one this package would not reproduce exactly (Parse). They are the
+	// same files on every try.
+	ErrUnsupported = errors.New("tokenizer not supported")
 )
 
 // DefaultEndpoint is the HuggingFace hub used when Options.Endpoint is empty.
@@ -296,8 +301,11 @@ func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) 
 	if err != nil {
 		return nil, err
 	}
-	tok, err := Parse(data)
+	tok, err := parse(data)
 	if err != nil {
+		if json.Valid(data) { // the hub's file, the same on every try
+			err = &unsupportedError{err}
+		} // else not the hub's file (a proxy's page, say): another try may get it
 		return nil, fmt.Errorf("tokenizer %s: downloaded tokenizer.json: %w", id, err)
 	}
 	if validRev(rev) != nil {

@@ -350,8 +350,8 @@ func TestADownloadThatDoesNotParseIsNotCached(t *testing.T) {
 	defer srv.Close()
 	home := t.TempDir()
 	reg := NewRegistry(Options{HFHome: home, Endpoint: srv.URL})
-	if _, err := reg.ForID(context.Background(), "org/mini"); err == nil {
-		t.Fatal("an error page loaded as a tokenizer")
+	if _, err := reg.ForID(context.Background(), "org/mini"); err == nil || errors.Is(err, ErrUnsupported) {
+		t.Fatalf("an error page: want an error worth another try, not ErrUnsupported; got %v", err)
 	}
 	if p := reg.cachedPath("org/mini"); p != "" {
 		t.Errorf("the error page was cached as %s", p)
@@ -393,5 +393,34 @@ func TestARedirectedDownloadIsCachedUnderItsCommit(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(repo, "snapshots", "0123abcd", "tokenizer.json")); err != nil {
 		t.Errorf("snapshot of the commit: %v", err)
+	}
+}
+
+// TestATokenizerThatCannotBeUsedIsErrUnsupported: files that are there but are no tokenizer
+// this package reads fail with ErrUnsupported, which no retry mends; a file that cannot be
+// read does not.
+func TestATokenizerThatCannotBeUsedIsErrUnsupported(t *testing.T) {
+	dir := t.TempDir()
+	metaspace := filepath.Join(dir, "org", "metaspace")
+	broken := filepath.Join(dir, "org", "broken")
+	for p, data := range map[string]string{
+		filepath.Join(metaspace, "tokenizer.json"):  `{"pre_tokenizer":{"type":"Metaspace"},"model":{"type":"BPE"}}`,
+		filepath.Join(broken, "tokenizer.json.zst"): "not zstd",
+	} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := NewRegistry(Options{Dir: dir, Offline: true})
+	for _, id := range []string{"org/metaspace", "org/broken"} {
+		if _, err := reg.ForID(context.Background(), id); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s: want ErrUnsupported, got %v", id, err)
+		}
+	}
+	if _, err := Load(filepath.Join(dir, "absent.json")); err == nil || errors.Is(err, ErrUnsupported) {
+		t.Errorf("a missing file: want an error other than ErrUnsupported, got %v", err)
 	}
 }

@@ -96,7 +96,7 @@ func Load(path string) (*Tokenizer, error) {
 	}
 	if strings.HasSuffix(path, ".zst") {
 		if data, err = unzstdBounded(data, maxTokenizerJSON); err != nil {
-			return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
+			return nil, fmt.Errorf("load tokenizer %s: %w", path, &unsupportedError{err})
 		}
 	}
 	t, err := Parse(data)
@@ -142,8 +142,22 @@ func unzstdBounded(data []byte, limit int) ([]byte, error) {
 
 // Parse builds a tokenizer from the contents of a tokenizer.json. It accepts
 // byte-level BPE models (Qwen2/2.5/3, Llama 3.x, GPT-2 style) and rejects
-// configurations it would not reproduce exactly.
+// configurations it would not reproduce exactly; its errors wrap ErrUnsupported.
 func Parse(data []byte) (*Tokenizer, error) {
+	t, err := parse(data)
+	if err != nil {
+		return nil, &unsupportedError{err}
+	}
+	return t, nil
+}
+
+// unsupportedError is an error of Parse: its text, and ErrUnsupported.
+type unsupportedError struct{ err error }
+
+func (e *unsupportedError) Error() string   { return e.err.Error() }
+func (e *unsupportedError) Unwrap() []error { return []error{e.err, ErrUnsupported} }
+
+func parse(data []byte) (*Tokenizer, error) {
 	if len(data) > maxTokenizerJSON {
 		return nil, fmt.Errorf("parse tokenizer.json: %d bytes, more than the %d a tokenizer may have", len(data), maxTokenizerJSON)
 	}

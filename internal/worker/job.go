@@ -586,13 +586,15 @@ func (w *Worker) retryDelay(n uint64) time.Duration {
 
 // transientTokenizerError tells a tokenizer that could not be fetched right now (a network
 // error, or a load cut off: the registry shares one load among the jobs that need it) from
-// one that cannot be had (not found, unauthorized, unknown chat format).
+// one that cannot be had (not found, unauthorized, not a tokenizer tinkerfleet can use, unknown
+// chat format).
 func transientTokenizerError(err error) bool {
 	var tokErr *tokenizerError
 	if !errors.As(err, &tokErr) {
 		return false
 	}
-	return !errors.Is(err, tokenizer.ErrNotFound) && !errors.Is(err, tokenizer.ErrUnauthorized)
+	return !errors.Is(err, tokenizer.ErrNotFound) && !errors.Is(err, tokenizer.ErrUnauthorized) &&
+		!errors.Is(err, tokenizer.ErrUnsupported)
 }
 
 // tokenizerError marks a failure to obtain a tokenizer (as opposed to using one).

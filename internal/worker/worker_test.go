@@ -333,6 +333,30 @@ func TestATextPromptGetsItsTokenizersSpecialTokens(t *testing.T) {
 	}
 }
 
+// TestATokenizerThatCannotBeUsedFailsItsJobsAtOnce: a model's tokenizer.json that this
+// tokenizer cannot use (a SentencePiece-style Metaspace one here) is the same file on every
+// delivery, so its jobs end with a tokenize error at once, not after ten deliveries and
+// twenty minutes of retry delays spent parsing it again each time.
+func TestATokenizerThatCannotBeUsedFailsItsJobsAtOnce(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "Qwen", "Qwen3-8B")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := `{"pre_tokenizer":{"type":"Metaspace","replacement":"▁"},"model":{"type":"BPE","vocab":{},"merges":[]}}`
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	b.tokens = tokenizer.NewRegistry(tokenizer.Options{Offline: true, Dir: filepath.Dir(filepath.Dir(dir))})
+	run(t, b.open(t, b.connect(t), Config{}))
+	publishJobs(t, b.results, "unusable", []jobs.Job{{CustomID: "text", Model: "Qwen/Qwen3-8B", Prompt: "Hello", NumSamples: 1}})
+	res := waitResults(t, b.results, "unusable", 1, 4*time.Second)
+	if r := res["text"]; r.Status != jobs.StatusError || r.Error == nil || r.Error.Code != jobs.CodeTokenize || !strings.Contains(r.Error.Message, "Metaspace") {
+		t.Errorf("result %+v, want a tokenize error naming the unsupported pre-tokenizer", r)
+	}
+}
+
 // TestAChatStopsAtItsTurnsEndBesideTheJobsOwnStop: a chat job's own stop is sent with its
 // template's stop tokens beside it (their text beside stop strings), so a job's "stop":
 // ["\n\n"] no longer lets the sample run past <|im_end|>; a text prompt's stop is its own.
