@@ -73,7 +73,7 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("nats: no server URL")
 	}
-	if err := checkPorts(cfg.URL); err != nil {
+	if err := checkURLs(cfg.URL); err != nil {
 		return nil, err
 	}
 	log := logger(cfg)
@@ -211,16 +211,33 @@ func urlHasCredentials(list string) bool {
 	return false
 }
 
-// checkPorts refuses a server URL of list whose port is no port (not a number from 1 to
+// checkURLs refuses a server URL of list whose port is no port (not a number from 1 to
 // 65535): nats.go's dial fails on it as on a server that is down, and ConnectWait would wait
-// for it for ever.
-func checkPorts(list string) error {
+// for it for ever. It also refuses a URL with an '@' that is not the end of its user
+// information: a password or token holding an unescaped '/', '?' or '#' (as generated
+// secrets often do) ends the URL's host there, so that nats.go would take the secret's start
+// for the host or port and dial it, and name it in its errors (a name that does not resolve),
+// or fail to parse the URL with an error that quotes it.
+func checkURLs(list string) error {
 	for raw := range strings.SplitSeq(list, ",") {
 		raw = strings.TrimSpace(raw)
 		if !strings.Contains(raw, "://") {
 			raw = "nats://" + raw // as nats.go reads "host:port"
 		}
 		u, err := url.Parse(raw)
+		if scheme, rest, _ := strings.Cut(raw, "://"); strings.Contains(rest, "@") {
+			// What follows the last '@' is the host, whatever the rest: its error quotes no secret.
+			if _, herr := url.Parse(scheme + "://" + rest[strings.LastIndex(rest, "@")+1:]); herr != nil {
+				var ue *url.Error
+				if errors.As(herr, &ue) {
+					herr = ue.Err
+				}
+				return fmt.Errorf("nats: server URL %s: bad URL: %w", redactURLs(raw), herr)
+			}
+			if err != nil || u.User == nil || strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") {
+				return fmt.Errorf("nats: server URL %s: its user information cannot be read: percent-encode a '/', '?', '#' or '%%' of a password or token in the URL (%%2F, %%3F, %%23, %%25), or give it with --nats-password or --nats-token", redactURLs(raw))
+			}
+		}
 		if err != nil || u.Port() == "" {
 			continue // nats.go says what is wrong with it, or takes its default port
 		}
@@ -232,7 +249,9 @@ func checkPorts(list string) error {
 }
 
 // redactURLs returns a comma-separated list of server URLs for a log line, with any user
-// information (a password, or a token given as the user name) replaced.
+// information (a password, or a token given as the user name) replaced: all that comes
+// before a URL's last '@', even where the URL does not parse so (a password holding an
+// unescaped '/', '?' or '#').
 func redactURLs(list string) string {
 	urls := strings.Split(list, ",")
 	for i, raw := range urls {
@@ -240,11 +259,13 @@ func redactURLs(list string) string {
 		if !strings.Contains(raw, "://") {
 			raw = "nats://" + raw // as nats.go reads "host:port"
 		}
-		u, err := url.Parse(raw)
+		scheme, rest, _ := strings.Cut(raw, "://")
+		at := strings.LastIndex(rest, "@")
+		u, err := url.Parse(scheme + "://" + rest[at+1:])
 		switch {
 		case err != nil:
 			urls[i] = "(unparsable URL)"
-		case u.User != nil:
+		case at >= 0:
 			u.User = url.User("redacted")
 			urls[i] = u.String()
 		default:

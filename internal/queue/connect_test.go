@@ -398,3 +398,41 @@ func (l *testLog) String() string {
 }
 
 func (l *testLog) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// TestAPasswordWithASlashHashOrQuestionMarkIsNotShown: a generated password often holds '/',
+// '#' or '?', which a URL reads as the start of its path, fragment or query unless they are
+// escaped. The URL then parses with no user information (or fails on a "port" that is the
+// password's start), and neither its error nor its redacted form may show the password.
+func TestAPasswordWithASlashHashOrQuestionMarkIsNotShown(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"nats://fleet:s3cret/x@127.0.0.1:4222",
+		"nats://fleet:s3cret#x@127.0.0.1:4222",
+		"nats://fleet:s3cret?x@127.0.0.1:4222",
+		"nats://fleet:/s3cret@127.0.0.1:4222",
+		"nats://fleet:#s3cret@127.0.0.1:4222",
+		"nats://fleet:?s3cret@127.0.0.1:4222",
+		"nats://fleet:4222/s3cret@127.0.0.1:4222",
+		"nats://n1:4222, nats://fleet:4222#s3cret@127.0.0.1:4222",
+		"nats://s3cret/x@127.0.0.1:4222", // a token
+		"nats://fleet:s3cret/x@127.0.0.1:42x22",
+	} {
+		if got := redactURLs(u); strings.Contains(got, "s3cret") {
+			t.Errorf("redactURLs(%q) = %q, shows the password", u, got)
+		}
+		if err := checkURLs(u); err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("checkURLs(%q): %v, shows the password", u, err)
+		}
+	}
+	// Each fails at once, without a dial to a host that is the secret's start (a name that
+	// does not resolve, which ConnectWait would wait for, naming it every 30 s).
+	for _, u := range []string{"nats://fleet:s3cret/x@127.0.0.1:4222", "nats://fleet:s3cret#x@127.0.0.1:4222",
+		"nats://fleet:/s3cret@127.0.0.1:4222", "nats://s3cret/x@127.0.0.1:4222", "nats://fleet:s3cret/x@127.0.0.1:42x22"} {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		_, err := ConnectWait(ctx, ConnectConfig{URL: u})
+		cancel()
+		if err == nil || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "gave up waiting") {
+			t.Errorf("ConnectWait(%q): %v; want an error at once, without the password", u, err)
+		}
+	}
+}
