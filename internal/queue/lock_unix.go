@@ -5,6 +5,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,10 @@ import (
 
 // lockFileName is the file in a data directory that its embedded server's process locks.
 const lockFileName = "tinkerfleet.lock"
+
+// maxLockFile bounds what is read of a lock file held by another process: its pid and its
+// server's URL take a few dozen bytes, and a file grown large is not read whole.
+const maxLockFile = 4 << 10
 
 // lockDataDir takes an exclusive lock on dir for this process, held until release is called
 // (or the process ends, which the kernel releases it with). nats-server does not lock its
@@ -27,7 +32,7 @@ func lockDataDir(dir string) (*dirLock, error) {
 		return nil, fmt.Errorf("lock file: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
+		holder, _ := io.ReadAll(io.LimitReader(f, maxLockFile)) // a pid and a URL: no more is read
 		f.Close()
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			// A file system without locks (some network mounts: ENOLCK, EOPNOTSUPP) runs

@@ -5,6 +5,8 @@ package queue
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,4 +43,39 @@ func TestEmbeddedServersDoNotShareADataDirectory(t *testing.T) {
 		t.Fatalf("after the first stopped: %v", err)
 	}
 	again.Shutdown()
+}
+
+// TestALargeLockFileIsNotReadWhole: the lock file of a data directory in use says by whom (a
+// pid and a URL, a few dozen bytes); a file grown large there (a mistake, a disk error, a
+// hostile writer) is read no further than that, not whole into memory.
+func TestALargeLockFileIsNotReadWhole(t *testing.T) {
+	dir := t.TempDir()
+	held, err := lockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.release()
+	f, err := os.OpenFile(filepath.Join(dir, lockFileName), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt([]byte("42\nnats://127.0.0.1:4222\n"), 0)
+	if err == nil {
+		err = f.Truncate(256 << 20) // sparse: no disk taken
+	}
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = lockDataDir(dir)
+	runtime.ReadMemStats(&after)
+	var inUse *DataDirInUseError
+	if !errors.As(err, &inUse) || inUse.PID != "42" || inUse.URL != "nats://127.0.0.1:4222" {
+		t.Fatalf("lockDataDir: %#v, want the directory in use by pid 42 at its URL", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Errorf("reading whose the directory is allocated %d bytes", alloc)
+	}
 }
