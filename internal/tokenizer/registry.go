@@ -265,7 +265,7 @@ func (r *Registry) cachedPath(id string) string {
 		return ""
 	}
 	repo := r.repoDir(id)
-	ref, err := os.ReadFile(filepath.Join(repo, "refs", "main"))
+	ref, err := readRef(filepath.Join(repo, "refs", "main"))
 	if err != nil {
 		return ""
 	}
@@ -278,6 +278,21 @@ func (r *Registry) cachedPath(id string) string {
 		return ""
 	}
 	return p
+}
+
+// maxRefFile bounds what is read of a refs file of the HF cache: it names a revision (40 hex
+// digits, and validRev takes no more than 100 bytes), and a file grown large is not read whole.
+const maxRefFile = 4 << 10
+
+// readRef reads the refs file at path, no further than maxRefFile bytes and one more, which
+// validRev then refuses.
+func readRef(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxRefFile+1))
 }
 
 func validRev(rev string) error {

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -422,5 +423,36 @@ func TestATokenizerThatCannotBeUsedIsErrUnsupported(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(dir, "absent.json")); err == nil || errors.Is(err, ErrUnsupported) {
 		t.Errorf("a missing file: want an error other than ErrUnsupported, got %v", err)
+	}
+}
+
+// TestALargeRefsFileIsNotReadWhole: the HF cache's refs/main names a revision (40 hex digits);
+// a file grown large there is read no further than that, not whole into memory, and the
+// tokenizer is then not taken from the cache.
+func TestALargeRefsFileIsNotReadWhole(t *testing.T) {
+	home := t.TempDir()
+	repo := filepath.Join(home, "hub", "models--org--mini")
+	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(repo, "refs", "main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Truncate(256 << 20) // sparse: no disk taken
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRegistry(Options{HFHome: home, Offline: true})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	p := r.cachedPath("org/mini")
+	runtime.ReadMemStats(&after)
+	if p != "" {
+		t.Errorf("cachedPath = %q, want none", p)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Errorf("reading refs/main allocated %d bytes", alloc)
 	}
 }
