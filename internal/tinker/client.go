@@ -358,14 +358,15 @@ func (c *Client) openSession(ctx context.Context) (string, error) {
 	if out.SessionID == "" {
 		return "", &ProtocolError{Endpoint: "create_session", Msg: "reply has no session_id"}
 	}
+	// The service's messages to its user, without the credentials they may name.
 	if out.InfoMessage != nil {
-		c.log.Info("tinker: " + *out.InfoMessage)
+		c.log.Info("tinker: " + c.serviceText(*out.InfoMessage))
 	}
 	if out.WarningMessage != nil {
-		c.log.Warn("tinker: " + *out.WarningMessage)
+		c.log.Warn("tinker: " + c.serviceText(*out.WarningMessage))
 	}
 	if out.ErrorMessage != nil {
-		c.log.Error("tinker: " + *out.ErrorMessage)
+		c.log.Error("tinker: " + c.serviceText(*out.ErrorMessage))
 	}
 	return out.SessionID, nil
 }

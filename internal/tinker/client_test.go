@@ -670,3 +670,32 @@ func TestABare400IsCountedAsThe400ItWas(t *testing.T) {
 		t.Fatalf("retry events %+v: want one poll backoff, as for a connection error", r)
 	}
 }
+
+// TestTheServicesMessagesAreLoggedWithoutTheKey: the messages the service sends to be shown
+// (create_session's info, warning and error messages, §3.3, and the reason of a paused
+// queue, §4.3) are logged as the service wrote them but for the credentials in them, as an
+// error body is: a service that names the key it was given ("key tml-… expires soon") must
+// not put it in the log.
+func TestTheServicesMessagesAreLoggedWithoutTheKey(t *testing.T) {
+	f := newFake(t)
+	k := string(testKey)
+	f.set("create_session", jsonReply(200, `{"type":"create_session","session_id":"sess-1",`+
+		`"info_message":"hello `+k+`","warning_message":"key `+k+` expires soon","error_message":"key `+k+` is on its last day"}`))
+	f.push("retrieve_future", jsonReply(200, `{"type":"try_again","request_id":"x","queue_state":"paused_rate_limit","queue_state_reason":"too many samples for key `+k+`"}`))
+	var logs bytes.Buffer
+	c, _, _ := dial(t, f, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	if _, err := sampler(t, c).Sample(testCtx(t), basicRequest()); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if strings.Contains(out, "TESTSECRET") {
+		t.Fatalf("key in the log:\n%s", out)
+	}
+	for _, want := range []string{"expires soon", "last day", "too many samples for key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the service's message %q is not in the log:\n%s", want, out)
+		}
+	}
+}

@@ -495,6 +495,8 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 func (s *Sampler) queueState(q QueueState, reason string) {
 	if reason == "" && q.Paused() {
 		reason = defaultQueueReason(q)
+	} else {
+		reason = s.c.serviceText(reason) // the service's words, logged: without credentials
 	}
 	s.c.emit(Event{Kind: EventQueueState, Endpoint: "retrieve_future", QueueState: q, Reason: reason, SamplerID: s.id})
 	if !q.Paused() {

@@ -312,6 +312,16 @@ func (c *Client) statusError(cl *call, r *response) *StatusError {
 	return &StatusError{Method: cl.method, Endpoint: cl.name, StatusCode: r.status, Body: strings.TrimSpace(text)}
 }
 
+// serviceText is text the service wrote for its user (a message, a reason) as it may be
+// logged: without credentials, and truncated as an error body is.
+func (c *Client) serviceText(s string) string {
+	s = c.redact(s)
+	if len(s) > maxErrorBody {
+		s = s[:maxErrorBody] + "…"
+	}
+	return s
+}
+
 // do runs the HTTP retry layer of §6.1 around roundTrip: up to cl.maxRetries
 // retries of connection errors and of replies whose x-should-retry is "true"
 // or, absent that header, whose status is 408, 409, 429 or 5xx. The delay is a
