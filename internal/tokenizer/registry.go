@@ -345,11 +345,25 @@ func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) 
 	return tok, nil
 }
 
+// shownURL is raw as errors show it: without user information (a proxy's endpoint in
+// HF_ENDPOINT may carry a password), or not at all if it does not parse.
+func shownURL(raw string) string {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return "(the HF_ENDPOINT URL, which does not parse)"
+	case u.User != nil:
+		u.User = url.User("redacted")
+	}
+	return u.String()
+}
+
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
 // the X-Repo-Commit revision, of the answer or of a redirect that led to it.
 func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, error) {
-	u := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	full := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
+	u := shownURL(full)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, full, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("download %s: %w", u, err)
 	}

@@ -456,3 +456,30 @@ func TestALargeRefsFileIsNotReadWhole(t *testing.T) {
 		t.Errorf("reading refs/main allocated %d bytes", alloc)
 	}
 }
+
+// TestAnEndpointsPasswordIsNotShownInErrors: HF_ENDPOINT may name a proxy with a user and
+// password in its URL; a download's errors name the URL without them.
+func TestAnEndpointsPasswordIsNotShownInErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "absent") {
+			http.NotFound(w, r)
+			return
+		}
+		http.Error(w, "down", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	endpoint := strings.Replace(srv.URL, "http://", "http://proxyuser:s3cret-pw@", 1)
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: endpoint})
+	for _, id := range []string{"org/absent", "org/down"} {
+		_, err := reg.ForID(context.Background(), id)
+		if err == nil {
+			t.Fatalf("%s: no error", id)
+		}
+		if strings.Contains(err.Error(), "s3cret-pw") || strings.Contains(err.Error(), "proxyuser") {
+			t.Errorf("%s: the error shows the endpoint's credentials: %v", id, err)
+		}
+		if !strings.Contains(err.Error(), "/"+id+"/resolve/main/") {
+			t.Errorf("%s: the error does not name the download: %v", id, err)
+		}
+	}
+}
