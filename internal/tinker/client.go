@@ -661,7 +661,7 @@ func (c *Client) Healthz(ctx context.Context) error {
 		return fmt.Errorf("tinker: healthz: %w", err)
 	}
 	if out.Status != "ok" {
-		return &ProtocolError{Endpoint: cl.name, Msg: fmt.Sprintf("status %q, want \"ok\"", out.Status)}
+		return &ProtocolError{Endpoint: cl.name, Msg: fmt.Sprintf("status %.64q, want \"ok\"", out.Status)} // the service's text, cut
 	}
 	return nil
 }

@@ -287,7 +287,7 @@ func decodeSampleResponseJSON(b []byte) (*SampleResponse, error) {
 		return nil, err
 	}
 	if w.Type != "" && w.Type != "sample" {
-		return nil, fmt.Errorf("unexpected type %q", w.Type)
+		return nil, fmt.Errorf("unexpected type %.64q", w.Type) // the service's text, cut
 	}
 	if w.Sequences == nil {
 		return nil, errors.New("no sequences")
@@ -298,7 +298,7 @@ func decodeSampleResponseJSON(b []byte) (*SampleResponse, error) {
 		switch StopReason(s.StopReason) {
 		case StopReasonStop, StopReasonLength:
 		default:
-			return nil, fmt.Errorf("sequences[%d]: unknown stop_reason %q", i, s.StopReason)
+			return nil, fmt.Errorf("sequences[%d]: unknown stop_reason %.64q", i, s.StopReason) // the service's text, cut
 		}
 		if s.Logprobs != nil && len(s.Logprobs) != len(s.Tokens) {
 			return nil, fmt.Errorf("sequences[%d]: %d logprobs for %d tokens", i, len(s.Logprobs), len(s.Tokens))

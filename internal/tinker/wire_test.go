@@ -205,6 +205,13 @@ func TestJSONSampleResponse(t *testing.T) {
 	if _, err := decodeSampleResponseJSON([]byte(`{"sequences":[{"stop_reason":"eos","tokens":[]}]}`)); err == nil {
 		t.Fatal("unknown stop reason accepted")
 	}
+	// The service's text in an error (it ends in a job's result) is cut, however long.
+	long := strings.Repeat("x", 1<<20)
+	for _, body := range []string{`{"sequences":[{"stop_reason":"` + long + `","tokens":[]}]}`, `{"type":"` + long + `","sequences":[]}`} {
+		if _, err := decodeSampleResponseJSON([]byte(body)); err == nil || len(err.Error()) > 200 {
+			t.Fatalf("an unknown stop reason or type of 1 MiB: an error of %d bytes", len(fmt.Sprint(err)))
+		}
+	}
 }
 
 // Retry-After in its three forms (§6.1), and the 0 < d ≤ 60 s rule.
