@@ -102,11 +102,8 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	if err := s.Err(); err != nil {
 		return o, err
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := envflag.ParseNone(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if o.conn.URL == "" && !o.embedded {
 		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")

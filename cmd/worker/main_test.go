@@ -46,7 +46,7 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{nil, nil, "--nats-url"},
 		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level "loud"`},
-		{[]string{"--embedded-nats", "extra"}, nil, "unexpected arguments"},
+		{[]string{"--embedded-nats", "extra"}, nil, `unexpected argument "extra"`},
 		{[]string{"--embedded-nats", "--result-memory", "0"}, nil, "-result-memory: must not be 0"},
 		{[]string{"--embedded-nats", "--shutdown-grace", "0"}, nil, "-shutdown-grace: must be a positive duration"},
 		{[]string{"--embedded-nats", "--concurrency", "0"}, nil, "-concurrency: must be a positive integer"},
@@ -601,5 +601,24 @@ func TestNATSConnectedIsServedWhileTheTinkerSessionOpens(t *testing.T) {
 	addr := metricsAddr(t, logs)
 	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, "\ntinkerfleet_nats_connected 1\n") {
 		t.Errorf("GET /metrics while the Tinker session opens has no tinkerfleet_nats_connected 1")
+	}
+}
+
+// TestFlagsAfterAnUnexpectedArgumentAreNotPrinted: a boolean flag given its value apart, as
+// in `--setup-streams false`, leaves "false" as an argument; the flags after it are read (as
+// submit reads them), not printed back in the error, where a NATS password or a URL holding
+// one would reach the worker's log.
+func TestFlagsAfterAnUnexpectedArgumentAreNotPrinted(t *testing.T) {
+	_, err := parseFlags([]string{"--setup-streams", "false", "--nats-url", "nats://u:pw-in-url@h:4222", "--nats-password", "hunter2-password"}, env(nil), io.Discard)
+	if err == nil {
+		t.Fatal("the argument false was accepted")
+	}
+	for _, secret := range []string{"hunter2-password", "pw-in-url"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the error %q prints %q", err, secret)
+		}
+	}
+	if !strings.Contains(err.Error(), "--setup-streams=false") {
+		t.Errorf("the error %q does not say how to give a boolean flag its value", err)
 	}
 }

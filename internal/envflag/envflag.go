@@ -234,6 +234,31 @@ func (v checkedValue[T]) Set(s string) error {
 	return nil
 }
 
+// ParseNone parses args like Parse for a command that takes no positional arguments. Its error
+// for one names the first only: what follows it may be flags, a NATS password among them, that
+// are read all the same rather than printed into a log. A boolean flag given its value apart
+// (--setup-streams false) leaves that value as an argument: the error says how to give it.
+func ParseNone(fs *flag.FlagSet, args []string) error {
+	rest, err := Parse(fs, args)
+	if err != nil || len(rest) == 0 {
+		return err
+	}
+	for i := 1; i < len(args); i++ {
+		if args[i] != rest[0] {
+			continue
+		}
+		if _, err := strconv.ParseBool(args[i]); err != nil {
+			break
+		}
+		if f := fs.Lookup(strings.TrimLeft(args[i-1], "-")); f != nil && strings.HasPrefix(args[i-1], "-") {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				return fmt.Errorf("unexpected argument %q: a boolean flag takes its value after =, as in --%s=%s", rest[0], f.Name, rest[0])
+			}
+		}
+	}
+	return fmt.Errorf("unexpected argument %q (this command takes only flags)", rest[0])
+}
+
 // Parse parses args like fs.Parse but lets flags follow the positional arguments, as in
 // `submit prompts.jsonl -o results.jsonl`; "--" ends the flags. It returns the positional
 // arguments in order.
