@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/interrupt"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -132,11 +133,10 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 		fmt.Fprintf(out, "Usage: tinkersim [flags]\n\nA wire-compatible simulator of the Tinker sampling API (see internal/tinkersim).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	// The flags after a stray argument are read, not printed back in the error: an admin
+	// token or API keys may be among them.
+	if err := envflag.ParseNone(fs, args); err != nil {
 		return nil, fmt.Errorf("parse flags: %w", err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	if err := zeroesGiven(fs, c); err != nil {
 		return nil, err

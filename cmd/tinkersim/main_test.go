@@ -352,3 +352,19 @@ func TestZeroFlagsMeanZeroOrAreRefused(t *testing.T) {
 		t.Errorf("-capacity 3 -metadata-threshold 0: %v", err)
 	}
 }
+
+// TestFlagsAfterAnUnexpectedArgumentAreNotPrinted: a boolean flag given its value apart
+// (-jwt-auth true) leaves "true" as an argument; the flags after it, an admin token or API
+// keys among them, are read, not printed back in the error.
+func TestFlagsAfterAnUnexpectedArgumentAreNotPrinted(t *testing.T) {
+	t.Parallel()
+	_, err := parseFlags([]string{"-jwt-auth", "true", "-admin-token", "adm-s3cr3t", "-api-key", "tml-s3cr3t"}, env(nil), io.Discard)
+	if err == nil {
+		t.Fatal("the argument true was accepted")
+	}
+	for _, secret := range []string{"adm-s3cr3t", "tml-s3cr3t"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the error %q prints %q", err, secret)
+		}
+	}
+}
