@@ -110,7 +110,7 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+		return o, fmt.Errorf("--log-level (or TINKERFLEET_LOG_LEVEL) %q: want debug, info, warn or error", o.logLevel)
 	}
 	return o, nil
 }

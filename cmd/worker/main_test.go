@@ -45,7 +45,9 @@ func TestParseFlags(t *testing.T) {
 		want string
 	}{
 		{nil, nil, "--nats-url"},
-		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level "loud"`},
+		{[]string{"--embedded-nats", "--log-level", "loud"}, nil, `--log-level (or TINKERFLEET_LOG_LEVEL) "loud"`},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_LOG_LEVEL": "loud"}, `--log-level (or TINKERFLEET_LOG_LEVEL) "loud"`},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_LOG_JSON": "yes"}, "TINKERFLEET_LOG_JSON=\"yes\" (the default of --log-json)"},
 		{[]string{"--embedded-nats", "extra"}, nil, `unexpected argument "extra"`},
 		{[]string{"--embedded-nats", "--result-memory", "0"}, nil, "-result-memory: must not be 0"},
 		{[]string{"--embedded-nats", "--shutdown-grace", "0"}, nil, "-shutdown-grace: must be a positive duration"},

@@ -36,6 +36,12 @@ func (s *Set) Err() error {
 
 func usage(text, env string) string { return fmt.Sprintf("%s (env %s)", text, env) }
 
+// envErr is the error of a malformed value v of env, the default of flag name: it names both,
+// as -h and the README list the settings by flag.
+func envErr(env, v, name string, err error) error {
+	return fmt.Errorf("%s=%q (the default of --%s): %w", env, v, name, err)
+}
+
 // String defines a string flag defaulting to env, or def when env is unset or empty.
 func (s *Set) String(p *string, name, env, def, text string) {
 	if v := s.getenv(env); v != "" {
@@ -69,7 +75,7 @@ func (s *Set) Int(p *int, name, env string, def int, text string) {
 	if v := s.getenv(env); v != "" {
 		n, err := parseInt(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			s.errs = append(s.errs, envErr(env, v, name, err))
 		} else {
 			def = n
 		}
@@ -82,7 +88,7 @@ func (s *Set) Bool(p *bool, name, env string, def bool, text string) {
 	if v := s.getenv(env); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: not a boolean", env, v))
+			s.errs = append(s.errs, envErr(env, v, name, errors.New("not a boolean such as true or false")))
 		} else {
 			def = b
 		}
@@ -95,7 +101,7 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, te
 	if v := s.getenv(env); v != "" {
 		d, err := parseDuration(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			s.errs = append(s.errs, envErr(env, v, name, err))
 		} else {
 			def = d
 		}
@@ -195,7 +201,7 @@ func checkedVar[T any](s *Set, p *T, name, env string, def T, text, rule string,
 			err = check(x)
 		}
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			s.errs = append(s.errs, envErr(env, v, name, err))
 		} else {
 			def = x
 		}

@@ -189,3 +189,27 @@ func TestCheckedFlagsNameTheirArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestAMalformedVariableIsNamedWithItsFlag: the error of a bad environment value names the
+// variable and the flag it is the default of, which -h and the README list by flag.
+func TestAMalformedVariableIsNamedWithItsFlag(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"N": "lots", "B": "yes", "D": "30", "P": "0", "Z": "0s"}
+	for _, define := range []func(*Set){
+		func(s *Set) { s.Int(new(int), "n", "N", 1, "") },
+		func(s *Set) { s.Bool(new(bool), "b", "B", false, "") },
+		func(s *Set) { s.Duration(new(time.Duration), "d", "D", time.Second, "") },
+		func(s *Set) { s.PositiveInt(new(int), "p", "P", 1, "") },
+		func(s *Set) { s.NonZeroDuration(new(time.Duration), "z", "Z", time.Second, "") },
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		s := New(fs, func(k string) string { return env[k] })
+		define(s)
+		var name string
+		fs.VisitAll(func(f *flag.Flag) { name = f.Name })
+		err := s.Err()
+		if err == nil || !strings.Contains(err.Error(), strings.ToUpper(name)+"=") || !strings.Contains(err.Error(), "--"+name) {
+			t.Errorf("flag %s: error %v, want one naming %s and --%s", name, err, strings.ToUpper(name), name)
+		}
+	}
+}
