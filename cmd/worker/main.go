@@ -108,6 +108,10 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	if o.conn.URL == "" && !o.embedded {
 		return o, errors.New("give --nats-url (or NATS_URL), or --embedded-nats for a single-machine fleet")
 	}
+	if o.embeddedPort < -1 || o.embeddedPort > 65535 {
+		// nats-server cannot listen on it, and says nothing: the worker would wait 30 s for it.
+		return o, fmt.Errorf("--embedded-port (or TINKERFLEET_EMBEDDED_PORT) %d: want a port up to 65535, or -1 for any free one", o.embeddedPort)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return o, fmt.Errorf("--log-level (or TINKERFLEET_LOG_LEVEL) %q: want debug, info, warn or error", o.logLevel)

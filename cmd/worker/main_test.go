@@ -624,3 +624,24 @@ func TestFlagsAfterAnUnexpectedArgumentAreNotPrinted(t *testing.T) {
 		t.Errorf("the error %q does not say how to give a boolean flag its value", err)
 	}
 }
+
+// TestANegativeEmbeddedPortOtherThanMinusOneIsRefused: -1 asks for any free port; another
+// negative port was passed to nats-server, which cannot listen on it and says nothing: the
+// worker waited 30 s for it and failed without naming the port.
+func TestANegativeEmbeddedPortOtherThanMinusOneIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--embedded-nats", "--embedded-port", "-2"}, nil},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_EMBEDDED_PORT": "-4222"}},
+	} {
+		_, err := parseFlags(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--embedded-port (or TINKERFLEET_EMBEDDED_PORT)") {
+			t.Errorf("parseFlags(%q, %v): %v, want an error naming --embedded-port and TINKERFLEET_EMBEDDED_PORT", tc.args, tc.env, err)
+		}
+	}
+	if o, err := parseFlags([]string{"--embedded-nats", "--embedded-port", "-1"}, env(nil), io.Discard); err != nil || o.embeddedPort != -1 {
+		t.Errorf("--embedded-port -1: %+v, %v", o.embeddedPort, err)
+	}
+}
