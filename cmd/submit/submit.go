@@ -343,10 +343,17 @@ func writeRejects(tmp *os.File, path string, named, rejected bool) error {
 			return nil
 		}
 	}
+	target := throughLinks(path)
+	if fi, err := os.Stat(target); err == nil {
+		// It takes the place of the user's file, whose mode may keep the prompts private.
+		if err := tmp.Chmod(fi.Mode().Perm()); err != nil {
+			return fmt.Errorf("rejects file: %w", err)
+		}
+	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("rejects file: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), throughLinks(path)); err != nil {
+	if err := os.Rename(tmp.Name(), target); err != nil {
 		return fmt.Errorf("rejects file: %w", err)
 	}
 	return nil

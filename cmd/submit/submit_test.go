@@ -449,6 +449,31 @@ func TestARejectsFileThroughALinkIsWrittenWhereItPoints(t *testing.T) {
 	}
 }
 
+// TestARejectsFileKeepsItsMode: a rejects file written again keeps the mode its user gave it
+// (0600, for prompts kept private), as a results file mended after a crash does; it was made
+// anew 0644 (less the umask), readable by all.
+func TestARejectsFileKeepsItsMode(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	rejects := filepath.Join(t.TempDir(), "rejects.jsonl")
+	if err := os.WriteFile(rejects, []byte("an earlier run's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := f.submit(context.Background(), "--skip-invalid", "--rejects", rejects, writeLines(t, []string{`{"custom_id":"a"}`})); !errors.Is(err, errInvalidInput) {
+		t.Fatalf("a file of one invalid line: %v, want no valid lines: %s", err, stderr)
+	}
+	fi, err := os.Stat(rejects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the rejects file is %v, want 0600 as its user made it", fi.Mode().Perm())
+	}
+	if data, _ := os.ReadFile(rejects); !strings.Contains(string(data), `"line":1`) {
+		t.Errorf("the rejects file holds %q, want the rejected line", data)
+	}
+}
+
 func TestEmptyFileIsAnError(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
