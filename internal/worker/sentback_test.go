@@ -14,12 +14,16 @@ import (
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
 
-// cancelAfterSentBack publishes js as batch, waits until w has pulled every job and sent it
-// back to the stream with a delay (for the pause or the failure the test set up), cancels the
-// batch and returns when it did.
+// cancelAfterSentBack records batch's manifest, runs w, publishes js as batch, waits until w
+// has pulled every job and sent it back to the stream with a delay (for the pause or the
+// failure the test set up), cancels the batch and returns when it did.
 func cancelAfterSentBack(t *testing.T, b *testBundle, w *Worker, reg *prometheus.Registry, batch string, js []jobs.Job) time.Time {
 	t.Helper()
 	ctx := context.Background()
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: batch, Status: queue.BatchSubmitted, Jobs: len(js)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
 	publishJobs(t, b.results, batch, js)
 	fleettest.Eventually(t, 30*time.Second, "every job sent back", func() bool {
 		return counterValue(t, reg, "tinkerfleet_jobs_pulled_total", "") >= float64(len(js))
@@ -79,10 +83,6 @@ func TestJobsWaitingOutAPauseInTheStreamEndSoonAfterTheirBatchIsCancelled(t *tes
 	if err := w.Backoff().Signal(context.Background(), backoff.ReasonPausedCapacity, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.results.PutManifest(context.Background(), queue.Manifest{BatchID: "paused", Status: queue.BatchSubmitted, Jobs: 8}, 0); err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
 	cancelledAt := cancelAfterSentBack(t, b, w, reg, "paused", tokenJobs("p", 8))
 	wantCancelledSoon(t, b, "paused", 8, cancelledAt)
 	if got := b.sim.Stats().SamplesAccepted; got != 0 {
@@ -99,10 +99,6 @@ func TestJobsWaitingToBeRetriedEndSoonAfterTheirBatchIsCancelled(t *testing.T) {
 		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultFailed, Category: "server"}}})
 	reg := prometheus.NewRegistry()
 	w := b.open(t, b.connect(t), Config{Concurrency: 4, Registerer: reg, RetryDelay: 2 * time.Minute})
-	if _, err := b.results.PutManifest(context.Background(), queue.Manifest{BatchID: "failing", Status: queue.BatchSubmitted, Jobs: 4}, 0); err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
 	cancelledAt := cancelAfterSentBack(t, b, w, reg, "failing", tokenJobs("f", 4))
 	wantCancelledSoon(t, b, "failing", 4, cancelledAt)
 	if got := b.sim.Stats().SamplesAccepted; got != 4 {
