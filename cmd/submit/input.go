@@ -18,9 +18,13 @@ import (
 var (
 	gzipMagic = []byte{0x1f, 0x8b}
 	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+	// zstdSkippable ends the magic number of a zstd skippable frame, 0x184D2A5?: pzstd and
+	// seekable zstd begin their files with one.
+	zstdSkippable = []byte{0x2a, 0x4d, 0x18}
 	// Read as text, these would make a line error of every line.
 	xzMagic    = []byte{0xfd, '7', 'z', 'X', 'Z', 0x00}
 	bzip2Magic = []byte("BZh")
+	zipMagic   = []byte{'P', 'K', 0x03, 0x04}
 )
 
 // zstdMaxWindow bounds the memory a zstd input may ask for: 128 MiB, the window of
@@ -158,7 +162,7 @@ func decompressed(name string, br *bufio.Reader) (r io.Reader, kind string, rele
 			return nil, "", nil, fmt.Errorf("open %s: gzip: %w", name, err)
 		}
 		return zr, "gzip", func() {}, nil
-	case bytes.HasPrefix(head, zstdMagic):
+	case bytes.HasPrefix(head, zstdMagic), len(head) >= 4 && head[0]&0xf0 == 0x50 && bytes.Equal(head[1:4], zstdSkippable):
 		zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(zstdMaxWindow))
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("open %s: zstd: %w", name, err)
@@ -168,8 +172,24 @@ func decompressed(name string, br *bufio.Reader) (r io.Reader, kind string, rele
 		return nil, "", nil, unreadable(name, "xz")
 	case bytes.HasPrefix(head, bzip2Magic):
 		return nil, "", nil, unreadable(name, "bzip2")
+	case bytes.HasPrefix(head, zipMagic):
+		return nil, "", nil, fmt.Errorf("%s is a zip archive: give the JSONL file it holds, or compress it with zstd or gzip", name)
+	case isUTF16(head):
+		return nil, "", nil, fmt.Errorf("%s is UTF-16 text, and JSONL is UTF-8: convert it first, as in 'iconv -f UTF-16 -t UTF-8 %s > prompts.jsonl'", name, name)
 	}
 	return br, "", func() {}, nil
+}
+
+// isUTF16 reports whether a file that begins with head is UTF-16 (or UTF-32) text: it begins
+// with a byte order mark other than UTF-8's, or its first character is ASCII beside a NUL
+// byte. A UTF-8 JSON text holds no NUL byte, and no FE or FF.
+func isUTF16(head []byte) bool {
+	if len(head) < 2 {
+		return false
+	}
+	ascii := func(b byte) bool { return b >= '\t' && b <= '~' }
+	bom := (head[0] == 0xff && head[1] == 0xfe) || (head[0] == 0xfe && head[1] == 0xff)
+	return bom || (head[0] == 0 && ascii(head[1])) || (ascii(head[0]) && head[1] == 0)
 }
 
 // unreadable is the error for a file compressed in a way submit does not read.

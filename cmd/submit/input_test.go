@@ -69,6 +69,20 @@ func TestCompressedInputIsTheSameBatch(t *testing.T) {
 		t.Errorf("the simulator sampled %d times for %d jobs", got, len(lines))
 	}
 
+	// pzstd and seekable zstd files begin with a skippable frame.
+	zst, err := os.ReadFile(compressed(t, "zstd", text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pz := filepath.Join(t.TempDir(), "prompts.jsonl")
+	skippable := []byte{0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 0xff, 1, 0, 0}
+	if err := os.WriteFile(pz, append(skippable, zst...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, stderr, err := f.submit(ctx, pz); err != nil || got != batch {
+		t.Errorf("a zstd file that begins with a skippable frame: batch %q, %v (%s); want the plain file's %q", got, err, stderr, batch)
+	}
+
 	bad := compressed(t, "zstd", jobLine(0)+"\n"+`{"custom_id":"x","model":"Qwen/Qwen3-8B","prompt":"a","colour":"red"}`+"\n")
 	if _, stderr, err := f.submit(ctx, bad); !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, bad+":2: field colour: unknown field") {
 		t.Errorf("a bad line in a zstd file: %v, said %q; want it named by file, line and field", err, stderr)
@@ -98,9 +112,9 @@ func TestTruncatedCompressedInputPublishesNothing(t *testing.T) {
 	}
 }
 
-// TestInputCompressedAnotherWayIsNamed: an xz or bzip2 file, or a directory, is refused with
-// what to do, not read as text (every line of it an invalid-UTF-8 error, or "is a directory"
-// after line 0).
+// TestInputCompressedAnotherWayIsNamed: an xz, bzip2 or zip file, a UTF-16 file, or a
+// directory, is refused with what to do, not read as text (every line of it an invalid-UTF-8
+// or malformed-JSON error, or "is a directory" after line 0).
 func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -109,6 +123,44 @@ func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 		_, stderr, err := f.submit(context.Background(), in)
 		if err == nil || !strings.Contains(err.Error(), in+" is compressed with "+kind+": give it as JSONL, or compressed with zstd or gzip") {
 			t.Errorf("%s: err = %v (said %q)", kind, err, stderr)
+		}
+	}
+	in := writeLines(t, []string{"PK\x03\x04\x14\x00\x00\x00\x08\x00"})
+	if _, _, err := f.submit(context.Background(), in); err == nil || !strings.Contains(err.Error(), in+" is a zip archive: give the JSONL file it holds") {
+		t.Errorf("zip: err = %v", err)
+	}
+
+	line := jobLine(0) + "\n"
+	utf16 := func(bigEndian, bom bool) string {
+		var b []byte
+		if bom {
+			b = []byte{0xff, 0xfe}
+			if bigEndian {
+				b = []byte{0xfe, 0xff}
+			}
+		}
+		for _, c := range []byte(line) { // ASCII
+			if bigEndian {
+				b = append(b, 0, c)
+			} else {
+				b = append(b, c, 0)
+			}
+		}
+		return string(b)
+	}
+	for name, text := range map[string]string{
+		"UTF-16LE with a byte order mark":    utf16(false, true),
+		"UTF-16BE with a byte order mark":    utf16(true, true),
+		"UTF-16LE without a byte order mark": utf16(false, false),
+		"UTF-16BE without a byte order mark": utf16(true, false),
+	} {
+		in := filepath.Join(t.TempDir(), "prompts.jsonl")
+		if err := os.WriteFile(in, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, stderr, err := f.submit(context.Background(), in)
+		if err == nil || !strings.Contains(err.Error(), in+" is UTF-16 text, and JSONL is UTF-8: convert it first, as in 'iconv -f UTF-16 -t UTF-8 "+in) {
+			t.Errorf("%s: err = %v (said %q)", name, err, stderr)
 		}
 	}
 	dir := t.TempDir()
