@@ -19,8 +19,11 @@ import (
 // childEnv marks the test binary run as a child that waits on interrupt.Context.
 const childEnv = "INTERRUPT_TEST_CHILD"
 
+// drainEnv makes the child go on for that long once stopped, as a worker finishing its jobs.
+const drainEnv = "INTERRUPT_TEST_DRAIN"
+
 // TestMain runs the child: it says "ready" once the signals are caught, and then what ended
-// its context.
+// its context; then, with drainEnv, "drained" after that long.
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		ctx, stop := interrupt.Context(context.Background())
@@ -31,6 +34,10 @@ func TestMain(m *testing.M) {
 			fmt.Println("stopped by", context.Cause(ctx))
 		case <-time.After(30 * time.Second):
 			fmt.Println("never stopped")
+		}
+		if d, err := time.ParseDuration(os.Getenv(drainEnv)); err == nil {
+			time.Sleep(d)
+			fmt.Println("drained")
 		}
 		return
 	}
@@ -86,5 +93,70 @@ func TestSignalsIgnoredAtStartStayIgnored(t *testing.T) {
 		if got := stoppedBy(t, script, sig, syscall.SIGTERM); got != "terminated signal received" {
 			t.Errorf("%v ignored at start, then %v and SIGTERM: %q", sig, sig, got)
 		}
+	}
+}
+
+// TestASecondCtrlCKillsAtOnce: while the process finishes what it has in hand after a first
+// signal, a second Ctrl-C kills it, as it would a program that catches none; a second SIGTERM
+// (a supervisor's) lets the stop go on.
+func TestASecondCtrlCKillsAtOnce(t *testing.T) {
+	t.Parallel()
+	start := func(drain string) (*exec.Cmd, *bufio.Scanner) {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=1", drainEnv+"="+drain)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lines := bufio.NewScanner(out)
+		if !lines.Scan() || lines.Text() != "ready" {
+			t.Fatalf("child did not start: %q", lines.Text())
+		}
+		return cmd, lines
+	}
+
+	cmd, lines := start("20s")
+	cmd.Process.Signal(syscall.SIGINT)
+	if !lines.Scan() || lines.Text() != "stopped by interrupt signal received" {
+		t.Fatalf("after the first Ctrl-C: %q", lines.Text())
+	}
+	exited := make(chan error, 1)
+	go func() {
+		for lines.Scan() { // drains the pipe, so that Wait can return
+			t.Errorf("after the second Ctrl-C the child said %q", lines.Text())
+		}
+		exited <- cmd.Wait()
+	}()
+	// The second Ctrl-C of a person comes some time after the first: sent until the child
+	// ends, it is sure to find the first one's stop under way.
+	var err error
+wait:
+	for deadline := time.After(10 * time.Second); ; {
+		cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case err = <-exited:
+			break wait
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			cmd.Process.Kill()
+			t.Fatal("a second Ctrl-C did not stop the child")
+		}
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+		t.Errorf("after a second Ctrl-C the child ended with %v, want killed by SIGINT", err)
+	}
+
+	cmd, lines = start("500ms")
+	cmd.Process.Signal(syscall.SIGTERM)
+	lines.Scan()
+	cmd.Process.Signal(syscall.SIGTERM)
+	if !lines.Scan() || lines.Text() != "drained" {
+		t.Errorf("after a second SIGTERM the child said %q, want it to finish its stop", lines.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after a second SIGTERM: %v", err)
 	}
 }
