@@ -245,7 +245,10 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	}
 	var sum summary
 	if output == "" {
-		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, progressOptions{mode: "none"}, env)
+		if po.mode == "auto" && writesToTerminal(env.stdout) {
+			po.mode = "none" // a bar or progress lines would come between the results
+		}
+		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, po, env)
 	} else {
 		sum, err = followToFile(ctx, sess.q, m, output, rf, wait, po, env)
 	}

@@ -62,6 +62,7 @@ func newProgress(o progressOptions, env *environment, total int) *progress {
 	return p
 }
 
+// isTerminal reports whether progress, on env's standard error, is shown on a terminal.
 func isTerminal(env *environment) bool {
 	switch env.tty {
 	case 1:
@@ -69,7 +70,12 @@ func isTerminal(env *environment) bool {
 	case 0:
 		return false
 	}
-	f, ok := env.stderr.(*os.File)
+	return writesToTerminal(env.stderr)
+}
+
+// writesToTerminal reports whether w is a terminal.
+func writesToTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
 	if !ok {
 		return false
 	}

@@ -547,3 +547,34 @@ func TestStatusNamesAWorkerThatWentSilentWithItsJobs(t *testing.T) {
 		t.Errorf("status with one worker crashed and one running:\n%s", out)
 	}
 }
+
+// TestResultsToStandardOutputShowProgress: `results --wait` writing to standard output (a
+// pipe, a file) shows its progress on standard error, and says why results do not come, as
+// it does with -o.
+func TestResultsToStandardOutputShowProgress(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	batch, _, err := f.submit(ctx, writeLines(t, jobLines(3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr fleettest.Buffer
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, tty: 0}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"results", "--nats-url", f.nats, strings.TrimSpace(batch), "--wait", "--progress", "lines", "--progress-interval", "200ms"}, env)
+	}()
+	waitSaid(t, &stderr, "no worker has joined this NATS server yet: 3 jobs wait")
+	f.startWorker(4)
+	if err := <-done; err != nil {
+		t.Fatalf("results: %v\n%s", err, stderr.String())
+	}
+	if n := strings.Count(stdout.String(), "\n"); n != 3 {
+		t.Errorf("%d result lines on standard output, want 3:\n%s", n, stdout.String())
+	}
+	if strings.Contains(stdout.String(), "no worker") {
+		t.Errorf("progress went to standard output:\n%s", stdout.String())
+	}
+}
