@@ -125,6 +125,9 @@ func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw
 		if err := json.Unmarshal([]byte(line), &ids); err != nil {
 			return fmt.Errorf("tokenize: line %d: want a JSON array of ids: %w", lineNo, err)
 		}
+		if ids == nil { // null, which Unmarshal takes for no array at all: [] is an empty one
+			return fmt.Errorf("tokenize: line %d: want a JSON array of ids, not null", lineNo)
+		}
 		text := tok.Decode(ids)
 		if raw {
 			out.WriteString(text)
@@ -136,9 +139,14 @@ func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw
 	}
 	text := line
 	if jsonIn {
-		if err := json.Unmarshal([]byte(line), &text); err != nil {
+		var s *string // null leaves it nil, where it left text as the line's own "null"
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
 			return fmt.Errorf("tokenize: line %d: want a JSON string: %w", lineNo, err)
 		}
+		if s == nil {
+			return fmt.Errorf("tokenize: line %d: want a JSON string, not null", lineNo)
+		}
+		text = *s
 	}
 	ids := tok.Encode(text)
 	if count {

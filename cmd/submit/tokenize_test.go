@@ -124,6 +124,23 @@ func TestTokenizeErrors(t *testing.T) {
 	}
 }
 
+// TestTokenizeRefusesNullForAStringOrIds: with --json each line must be a JSON string, and with
+// --decode an array of ids. A null (a missing prompt, as `jq -c .prompt` prints it) is neither:
+// it was taken for the text "null" (one token) and for no ids (""), counting what no job holds.
+func TestTokenizeRefusesNullForAStringOrIds(t *testing.T) {
+	p := miniTokenizer(t)
+	for _, args := range [][]string{{"--json"}, {"--json", "--count"}, {"--decode"}} {
+		in := `"he"` + "\nnull\n"
+		if args[0] == "--decode" {
+			in = "[104]\nnull\n"
+		}
+		got, err := runTok(t, in, append([]string{"--tokenizer", p}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "line 2") {
+			t.Errorf("%v: want an error naming line 2, got %v (output %q)", args, err, got)
+		}
+	}
+}
+
 // endlessLine is stdin of one short line and then a line that never ends: a file with no
 // line end piped in by mistake. It fails the read once far more than the line limit is read.
 type endlessLine struct {
