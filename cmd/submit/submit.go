@@ -685,11 +685,15 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 	case m.Status == queue.BatchDeleted:
 		return m, false, fmt.Errorf("%w; to run these files again, give them another --batch-id", deletedErr(m))
 	case m.Status == queue.BatchSubmitted || (m.Status == queue.BatchCancelled && !m.SubmittedAt.IsZero()):
-		what := "already submitted"
-		if m.Status == queue.BatchCancelled {
-			what = "already submitted, and cancelled"
+		when := m.CreatedAt.Local().Format(time.DateTime)
+		switch {
+		case m.Status != queue.BatchCancelled:
+		case m.CancelledAt.IsZero(): // a manifest from before the time was kept
+			when += ", and cancelled"
+		default:
+			when += ", and cancelled on " + m.CancelledAt.Local().Format(time.DateTime)
 		}
-		fmt.Fprintf(env.stderr, "batch %s was %s on %s: not publishing it again\n", batch, what, m.CreatedAt.Local().Format(time.DateTime))
+		fmt.Fprintf(env.stderr, "batch %s was already submitted on %s: not publishing it again\n", batch, when)
 		return m, true, nil
 	case m.Status == queue.BatchCancelled:
 		// Cancelled while its publishing was interrupted: the jobs never published are

@@ -835,6 +835,19 @@ func TestCancelEndsRemainingJobsWithoutSampling(t *testing.T) {
 	if list, _, err := f.submit(ctx, "list"); err != nil || !regexp.MustCompile(`(?m)^to-cancel +cancelled +30 +0 +no `).MatchString(list) {
 		t.Fatalf("list before any worker: %v, want to-cancel without results, not done:\n%s", err, list)
 	}
+	// Submitted again, it says when it was submitted and when cancelled (a day apart here).
+	m, err := bind(t, f).UpdateManifest(ctx, "to-cancel", func(m *queue.Manifest) error {
+		m.CancelledAt = m.CreatedAt.Add(24 * time.Hour)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("batch to-cancel was already submitted on %s, and cancelled on %s: not publishing it again",
+		m.CreatedAt.Local().Format(time.DateTime), m.CancelledAt.Local().Format(time.DateTime))
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "to-cancel"); err != nil || !strings.Contains(stderr, want) {
+		t.Fatalf("submitted again: %v, said %q; want %q", err, stderr, want)
+	}
 	f.startWorker(8)
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	if _, stderr, err := f.submit(ctx, "results", "to-cancel", "-o", out, "--wait"); err != nil {
