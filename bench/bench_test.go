@@ -372,3 +372,21 @@ func TestAnInterruptedChildCleansUp(t *testing.T) {
 		t.Fatalf("left behind: %v", left)
 	}
 }
+
+// TestAnInterruptedTokenizerComparisonIsNotAResult: comparison 6 interrupted part way did not
+// run to the end: its loops after the interrupt ran not at all, and read 0 tokens/s.
+func TestAnInterruptedTokenizerComparisonIsNotAResult(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(time.Second) // after the tokenizer's load, in the first loop
+		cancel()
+	}()
+	var out bytes.Buffer
+	err := run(ctx, []string{"-only=6"}, &out, io.Discard)
+	if err == nil {
+		t.Fatalf("run returned nil after comparison 6 was interrupted:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "6. did not run to the end") || strings.Contains(out.String(), "every aim met") {
+		t.Fatalf("summary:\n%s", out.String())
+	}
+}

@@ -69,9 +69,14 @@ func runTokenizer(ctx context.Context, s settings, _ io.Writer) (*table, error) 
 	n := len(tok.Encode(text)) // warms the piece cache, as a long-running worker's is
 	mb := float64(len(text)) / 1e6
 
+	// An interrupt ends the loops, and those after it do not run: their rates would read 0 (or
+	// those of a few runs), so the comparison stops there as not run to the end.
 	one := repeat(ctx, 1, s.TokDuration, func() { tok.Encode(text) })
-	oneTok := float64(n) * float64(one.runs) / one.elapsed.Seconds()
 	fields := repeat(ctx, 1, s.TokDuration, func() { _ = strings.Fields(text) })
+	if err := ctx.Err(); err != nil {
+		return t, err
+	}
+	oneTok := float64(n) * float64(one.runs) / one.elapsed.Seconds()
 	oneMB := mb * float64(one.runs) / one.elapsed.Seconds()
 	fieldsMB := mb * float64(fields.runs) / fields.elapsed.Seconds()
 	t.add(row{Case: "Qwen3 Encode, 1 goroutine, warm cache",
@@ -81,6 +86,9 @@ func runTokenizer(ctx context.Context, s settings, _ io.Writer) (*table, error) 
 
 	g := runtime.GOMAXPROCS(0)
 	par := repeat(ctx, g, s.TokDuration, func() { tok.Encode(text) })
+	if err := ctx.Err(); err != nil {
+		return t, err
+	}
 	parTok := float64(n) * float64(par.runs) / par.elapsed.Seconds()
 	perCPU := float64(n) * float64(par.runs) / par.cpu.Seconds()
 	t.add(row{Case: fmt.Sprintf("Qwen3 Encode, %d goroutines (GOMAXPROCS), one shared tokenizer", g),
