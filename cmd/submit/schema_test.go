@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -220,4 +223,120 @@ func TestOutputsFollowTheirSchemas(t *testing.T) {
 	mustRun("delete", "schema-b")
 	valid("status", mustRun("status", "--json", "schema-b")) // deleted
 	valid("list", mustRun("list", "--json"))
+}
+
+// TestResultFilesFollowTheirSchemas runs jobs of every kind through a worker and the
+// simulator (ok with samples, logprobs, top-k logprobs and several samples, errors of several
+// codes, failed futures, cancelled jobs; native and OpenAI lines) and validates every line
+// submit writes, in each --result-format, against result.schema.json or
+// openai-result.schema.json.
+func TestResultFilesFollowTheirSchemas(t *testing.T) {
+	t.Parallel()
+	result, openai := compileSchema(t, "result.schema.json"), compileSchema(t, "openai-result.schema.json")
+	f := newFleet(t, queue.Config{}, tinkersim.Config{StopTokenProbability: 0.2})
+	// Half the samples fail as the service's fault of the request (failed_future).
+	if _, err := f.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultFailed, Rate: 0.5, Category: "user", Reason: "bad request <&>"}); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("1,", 40) + "2"
+	var lines []string
+	for i := range 16 { // so many of each that some fail and some do not (all but certainly)
+		for _, l := range []string{
+			`{"custom_id":"n-logprobs-%d","model":"Qwen/Qwen3-8B","prompt":"The sky is","sampling_params":{"max_tokens":8,"stop":["\n"," the"]},"num_samples":3,"prompt_logprobs":true,"topk_prompt_logprobs":3,"metadata":{"k":[1,"<v>"]}}`,
+			`{"custom_id":"n-tokens-%d","model":"Qwen/Qwen3-8B","prompt_tokens":[9707,11,1879],"sampling_params":{"max_tokens":6,"stop":[1000,1001,1002],"seed":7,"temperature":0,"top_k":5,"top_p":0.5},"topk_prompt_logprobs":20,"metadata":null}`,
+			`{"custom_id":"n-chat-%d","model":"Qwen/Qwen3-8B","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"thinking":true,"sampling_params":{"max_tokens":1}}`,
+			`{"custom_id":"n-long-%d","model":"Qwen/Qwen3-8B","prompt_tokens":[` + long + `],"sampling_params":{"max_tokens":32768}}`,
+			`{"custom_id":"n-notok-%d","model":"meta-llama/Llama-3.2-1B","prompt":"no tokenizer offline"}`,
+			`{"custom_id":"o-chat-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"developer","content":"Think."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_completion_tokens":12,"n":2,"chat_template_kwargs":{"enable_thinking":true},"metadata":{"m":1}}}`,
+			`{"custom_id":"o-long-%d","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"max_tokens":32768}}`,
+			`{"custom_id":"o-cmpl-%d","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":[[9707,11]],"max_tokens":5,"stop":"\n","n":2,"best_of":2}}`,
+			`{"custom_id":"o-notok-%d","url":"/v1/completions","body":{"model":"meta-llama/Llama-3.2-1B","prompt":"no tokenizer offline","max_tokens":5}}`,
+		} {
+			lines = append(lines, fmt.Sprintf(l, i))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	in := writeLines(t, lines)
+	// A batch cancelled before any worker runs: its jobs end as cancelled results.
+	cancelled, stderr, err := f.submit(ctx, in, "--batch-id", "schema-cancelled")
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	if _, stderr, err := f.submit(ctx, "cancel", strings.TrimSpace(cancelled)); err != nil {
+		t.Fatalf("cancel: %v: %s", err, stderr)
+	}
+	f.startWorker(8)
+	if _, stderr, err := f.submit(ctx, in, "--batch-id", "schema-done", "-o", filepath.Join(dir, "auto.jsonl")); err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	seen := map[string]bool{} // kinds of line met: status, code, format
+	check := func(what string, data []byte) {
+		t.Helper()
+		n := 0
+		for line := range strings.Lines(string(data)) {
+			n++
+			var head struct {
+				Status   string                 `json:"status"`
+				Format   string                 `json:"format"`
+				Error    *struct{ Code string } `json:"error"`
+				Response *struct {
+					StatusCode int `json:"status_code"`
+					Body       struct {
+						Object string                 `json:"object"`
+						Error  *struct{ Code string } `json:"error"`
+					} `json:"body"`
+				} `json:"response"`
+			}
+			if err := json.Unmarshal([]byte(line), &head); err != nil {
+				t.Fatalf("%s: %s: %v", what, line, err)
+			}
+			schema, kind := result, "native "+head.Status+" "+head.Format
+			if head.Status == "" {
+				schema, kind = openai, "openai"
+				if r := head.Response; r != nil {
+					kind += fmt.Sprint(" ", r.StatusCode, " ", r.Body.Object)
+					if r.Body.Error != nil {
+						kind += " " + r.Body.Error.Code
+					}
+				}
+			}
+			if head.Error != nil {
+				kind += " " + head.Error.Code
+			}
+			seen[kind] = true
+			if err := validLine(schema, []byte(line)); err != nil {
+				t.Errorf("%s: %s: %v", what, strings.TrimSpace(line), err)
+			}
+		}
+		if n != len(lines) {
+			t.Errorf("%s: %d lines for %d jobs", what, n, len(lines))
+		}
+	}
+	auto, err := os.ReadFile(filepath.Join(dir, "auto.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("auto", auto)
+	for _, batch := range []string{"schema-done", "schema-cancelled"} {
+		for _, format := range []string{"auto", "native", "openai"} {
+			stdout, stderr, err := f.submit(ctx, "results", batch, "--wait", "--result-format", format)
+			if err != nil {
+				t.Fatalf("results %s --result-format %s: %v: %s", batch, format, err, stderr)
+			}
+			check(batch+" "+format, []byte(stdout))
+		}
+	}
+	kinds := slices.Sorted(maps.Keys(seen))
+	for _, want := range []string{"native ok ", "native ok openai-chat", "native ok openai-completions",
+		"native error  context_too_long", "native error  tokenize_failed", "native error  failed_future",
+		"native error openai-chat context_too_long", "native error openai-completions tokenize_failed",
+		"native cancelled  cancelled", "native cancelled openai-chat cancelled",
+		"openai 200 chat.completion", "openai 200 text_completion", "openai 400  context_too_long",
+		"openai 400  tokenize_failed", "openai 400  failed_future", "openai batch_cancelled"} {
+		if !seen[want] {
+			t.Errorf("no %q line among %q", want, kinds)
+		}
+	}
 }

@@ -4,8 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +109,212 @@ func eachLine(t *testing.T, parts []string, f func(n int, line []byte)) {
 	for n := 1; sc.Scan(); n++ {
 		if len(bytes.TrimSpace(sc.Bytes())) > 0 {
 			f(n, sc.Bytes())
+		}
+	}
+}
+
+// TestJobSchemaAgreesWithTheReader takes valid lines of every kind (native prompt, tokens,
+// chat; OpenAI completions and chat, with every body field the rule names) and varies them one
+// place at a time: every value replaced by each of many values, every key left out, keys of
+// the other formats and unknown ones added. The reader must take a line exactly when
+// job.schema.json does, but for what the schema says it cannot say.
+func TestJobSchemaAgreesWithTheReader(t *testing.T) {
+	t.Parallel()
+	schema := compileSchema(t, "job.schema.json")
+	bases := []string{
+		`{"custom_id":"a","model":"Qwen/Qwen3-8B","prompt":"hi","sampling_params":{"max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":4,"seed":3,"stop":["x"]},"num_samples":2,"prompt_logprobs":true,"topk_prompt_logprobs":2,"metadata":{"a":1}}`,
+		`{"custom_id":"a","model_path":"tinker://a/b","prompt_tokens":[1,2],"sampling_params":{"stop":[5]}}`,
+		`{"custom_id":"a","model":"openai/gpt-oss-20b","messages":[{"role":"user","content":"hi"}],"thinking":false,"reasoning_effort":"low"}`,
+		`{"custom_id":"a","model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"thinking":true}`,
+		`{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"hi","max_tokens":5,"temperature":1,"top_p":1,"top_k":0,"n":2,"best_of":2,"stop":"x","seed":1,"metadata":null,"user":"u","store":true,"service_tier":"auto","stream":false,"frequency_penalty":0,"presence_penalty":0,"logit_bias":{},"logprobs":0,"echo":false,"suffix":""}}`,
+		`{"custom_id":"a","url":"/v1/completions","body":{"model":"tinker://x/y","prompt":[[1,2]]}}`,
+		`{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"developer","content":[{"type":"text","text":"a"}]},{"role":"user","content":"b","name":null}],"max_completion_tokens":5,"logprobs":true,"top_logprobs":0,"response_format":{"type":"text"},"chat_template_kwargs":{"enable_thinking":true},"reasoning_effort":"high","n":3,"stop":[1,2]}}`,
+	}
+	values := []string{
+		`null`, `true`, `false`, `0`, `-1`, `1`, `2`, `0.5`, `1.0`, `1e2`, `-0.0`, `16`, `17`, `20`, `21`, `32768`, `32769`,
+		`2147483647`, `2147483648`, `9223372036854775807`, `9223372036854775808`, `-9223372036854775809`,
+		`""`, `"a"`, `"x y"`, `"a\u0085b"`, `"a\u0000b"`, `"tinker://"`, `"tinker://a"`, `"low"`, `"text"`, `"POST"`, `"post"`,
+		`"/v1/completions"`, `"/v1/chat/completions"`, `"user"`, `"developer"`, `"system"`, `"tool"`,
+		`[]`, `[1]`, `[-1]`, `[1.5]`, `[""]`, `["a"]`, `["a",1]`, `[1,"a"]`, `[[1]]`, `[[]]`, `[["a"]]`, `["a","b"]`, `[[1],[2]]`, `[null]`,
+		`{}`, `{"type":"text"}`, `{"type":"json_object"}`, `{"type":"text","x":null}`, `{"a":null}`,
+		`[{"role":"user","content":"hi"}]`, `[{"role":"user","content":null}]`, `[{"type":"text","text":"a"}]`, `[{"type":"image_url","text":"a"}]`,
+		`{"enable_thinking":true}`, `{"enable_thinking":null}`, `{"enable_thinking":true,"thinking":true}`, `{"max_tokens":5}`,
+	}
+	added := []string{`null`, `1`, `0`, `"a"`, `true`, `false`, `{}`, `[]`}
+	keys := []string{"x", "model", "model_path", "prompt", "prompt_tokens", "messages", "thinking", "reasoning_effort",
+		"sampling_params", "num_samples", "prompt_logprobs", "topk_prompt_logprobs", "metadata", "format", "body", "url", "method",
+		"max_tokens", "max_completion_tokens", "n", "best_of", "echo", "suffix", "logprobs", "top_logprobs", "response_format",
+		"chat_template_kwargs", "stream", "tools", "refusal", "name", "role", "content", "type", "text", "enable_thinking", "custom_id"}
+	// What the schema says it cannot say: best_of equal to n, a string that escapes a lone
+	// surrogate; and a number past float64's range, which the validator takes as a number.
+	cannotSay := []string{"best_of: is only accepted when it is 1 or equal to n", "escapes a lone surrogate", "is out of range"}
+
+	seen := map[string]bool{}
+	check := func(doc any) {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(doc); err != nil {
+			t.Fatal(err)
+		}
+		line := bytes.TrimSpace(buf.Bytes())
+		if seen[string(line)] {
+			return
+		}
+		seen[string(line)] = true
+		j, names, fe := parseLine(line) // as the Reader does
+		if fe == nil {
+			fe = j.validate(DefaultLimits(), &names)
+		}
+		schemaErr := followsSchema(schema, line)
+		switch {
+		case fe == nil && schemaErr != nil:
+			t.Errorf("the reader takes %s, the schema does not: %v", line, schemaErr)
+		case fe != nil && schemaErr == nil:
+			for _, s := range cannotSay {
+				if strings.Contains(fe.Error(), s) {
+					return
+				}
+			}
+			t.Errorf("the schema takes %s, the reader does not: %v", line, fe)
+		}
+	}
+	// vary calls check with each one-place variation of v; set puts a new value in v's place
+	// and returns the whole line.
+	var vary func(v any, set func(any) any)
+	vary = func(v any, set func(any) any) {
+		for _, raw := range values {
+			check(set(json.RawMessage(raw)))
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			with := func(k string, nv any) any {
+				m := maps.Clone(v)
+				if nv == nil {
+					delete(m, k)
+				} else {
+					m[k] = nv
+				}
+				return set(m)
+			}
+			for k, kv := range v {
+				check(with(k, nil))
+				vary(kv, func(nv any) any { return with(k, nv) })
+			}
+			for _, k := range keys {
+				if _, ok := v[k]; !ok {
+					for _, raw := range added {
+						check(with(k, json.RawMessage(raw)))
+					}
+				}
+			}
+		case []any:
+			for i := range v {
+				vary(v[i], func(nv any) any {
+					s := slices.Clone(v)
+					s[i] = nv
+					return set(s)
+				})
+			}
+		}
+	}
+	for _, base := range bases {
+		dec := json.NewDecoder(strings.NewReader(base))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		vary(v, func(nv any) any { return nv })
+	}
+	if len(seen) < 10000 {
+		t.Fatalf("only %d lines checked", len(seen))
+	}
+}
+
+// TestResultLinesFollowTheSchemas writes many random results (ok with any number of samples,
+// texts that reason first or not, logprobs with NaN and infinities, top-k rows; errors of
+// every code and category; cancelled; native, chat and completions formats; odd metadata) as
+// the worker does, reads each back as submit does and writes it as an OpenAI Batch output
+// line: every line must follow result.schema.json or openai-result.schema.json.
+func TestResultLinesFollowTheSchemas(t *testing.T) {
+	t.Parallel()
+	result, openai := compileSchema(t, "result.schema.json"), compileSchema(t, "openai-result.schema.json")
+	rng := rand.New(rand.NewPCG(1, 2))
+	pick := func(n int) int { return rng.IntN(n) }
+	texts := []string{"", "plain", "<think>\nhm\n</think>\n\nParis", "<think>\nunfinished", "a</think>b",
+		"<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>y", "<|channel|>analysis",
+		"<|channel|>final<|message|>z<|return|>", "\xff\xfe cut", "\u2028 \u0000 \"q\" \\ <>&"}
+	models := []string{"Qwen/Qwen3-8B", "deepseek-ai/DeepSeek-V3.1", "openai/gpt-oss-20b", "tinker://a/b", ""}
+	floats := []float64{0, -0.5, math.NaN(), math.Inf(-1), math.Inf(1), -1e-40, -1e300, 1e300, -3.5e38, math.Copysign(0, -1)}
+	codes := []string{CodeAPIError, CodeContextTooLong, CodeDeadLetter, CodeFailedFuture, CodeInternal, CodeInvalidJob,
+		CodeRateLimited, CodeTimeout, CodeTokenize}
+	categories := []Category{CategoryUser, CategoryServer, CategoryUnknown}
+	metadata := []json.RawMessage{nil, json.RawMessage(`null`), json.RawMessage(`{"a": [1, 2]}`), json.RawMessage("{\n\"x\":1}"), json.RawMessage(`"s"`)}
+	logprobs := func(n int) Logprobs {
+		if pick(4) == 0 {
+			return nil
+		}
+		l := make(Logprobs, n)
+		for i := range l {
+			l[i] = floats[pick(len(floats))]
+		}
+		return l
+	}
+	for i := range 3000 {
+		r := Result{CustomID: fmt.Sprint("c-", i), BatchID: "b-1", Model: models[pick(len(models))],
+			Format: []string{"", FormatOpenAIChat, FormatOpenAICompletions}[pick(3)], Attempts: pick(5),
+			LatencyMS: rng.Int64N(1e6), Metadata: metadata[pick(len(metadata))]}
+		switch pick(3) {
+		case 0:
+			r.Status = StatusOK
+			for range pick(4) {
+				toks := make([]int, pick(4))
+				for j := range toks {
+					toks[j] = pick(200000)
+				}
+				r.Samples = append(r.Samples, Sample{Text: texts[pick(len(texts))], Tokens: toks,
+					Logprobs: logprobs(len(toks)), StopReason: []string{StopReasonStop, StopReasonLength}[pick(2)]})
+			}
+			if pick(2) == 0 {
+				r.Usage = &Usage{PromptTokens: pick(100), CompletionTokens: pick(100), CacheHitTokens: pick(10)}
+			}
+			r.PromptLogprobs = logprobs(pick(4))
+			for range pick(4) {
+				var row []TokenLogprob
+				if pick(3) > 0 {
+					row = []TokenLogprob{}
+					for range pick(3) {
+						row = append(row, TokenLogprob{Token: pick(1000), Logprob: floats[pick(len(floats))]})
+					}
+				}
+				r.TopKPromptLogprobs = append(r.TopKPromptLogprobs, row)
+			}
+		case 1:
+			r.Status = StatusError
+			r.Error = &ResultError{Code: codes[pick(len(codes))], Message: texts[pick(len(texts))],
+				Category: categories[pick(len(categories))], Retryable: pick(2) == 0}
+		default:
+			r.Status = StatusCancelled
+			r.Error = &ResultError{Code: CodeCancelled, Message: "batch cancelled", Category: CategoryUser}
+		}
+		native, err := r.AppendJSON(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := followsSchema(result, native); err != nil {
+			t.Fatalf("result line %s: %v", native, err)
+		}
+		back, err := DecodeResult(native)
+		if err != nil {
+			t.Fatalf("result line %s: %v", native, err)
+		}
+		line, err := back.AppendOpenAI(nil, time.Unix(rng.Int64N(2e9), 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := followsSchema(openai, line); err != nil {
+			t.Fatalf("OpenAI result line %s: %v", line, err)
 		}
 	}
 }
