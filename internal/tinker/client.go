@@ -44,7 +44,7 @@ type Client struct {
 
 	sessionID   atomic.Pointer[string] // nil when sessionless; replaced by renewSession
 	sessionBody []byte                 // the create_session request, sent again by renewSession
-	renewMu     sync.Mutex             // one renewSession at a time
+	renewing    chan struct{}          // one renewSession at a time: a lock a waiter's context can abandon
 
 	samplerSeq  atomic.Int64                    // sampling_session_seq_id counter (§3.5)
 	retryLogged atomic.Int64                    // clock time (unix nanos) of the last retry warning (logRetry)
@@ -115,6 +115,7 @@ func newClient(cfg Config) (*Client, error) {
 		userAgent:     cfg.UserAgent,
 		flags:         DefaultFlags(),
 		futureTimeout: cfg.FutureTimeout,
+		renewing:      make(chan struct{}, 1),
 	}
 	c.key.Store(&key)
 	c.clock = c.t.Clock
@@ -376,10 +377,15 @@ func (c *Client) setSession(id string) { c.sessionID.Store(&id) }
 // renewSession replaces the session stale, which the service no longer knows (it restarted,
 // or ended the session after heartbeats it missed, §3.4), with a new one. The SDK keeps such
 // a session, and every sampler it creates later fails; a worker of a fleet must go on.
-// Callers that find the same stale session share one create_session.
+// Callers that find the same stale session share one create_session; one that waits for
+// another's gives up when its ctx ends (the other's may retry for minutes, §6.1).
 func (c *Client) renewSession(ctx context.Context, stale string) error {
-	c.renewMu.Lock()
-	defer c.renewMu.Unlock()
+	select {
+	case c.renewing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("tinker: renew session %s, which the service no longer knows: %w", stale, ctx.Err())
+	}
+	defer func() { <-c.renewing }()
 	if c.SessionID() != stale {
 		return nil // renewed already
 	}

@@ -225,6 +225,50 @@ func TestSimForgottenSessionIsReplaced(t *testing.T) {
 	}
 }
 
+// TestSimSessionRenewalWaitIsCancellable: while the heartbeat replaces a session the service
+// forgot, and create_session keeps failing (the service is still coming back), a NewSampler
+// that finds the session gone waits for that renewal, but only as long as its context lasts:
+// every call returns promptly when its context is cancelled. Close, which ends the renewal,
+// does not wait for the NewSampler either.
+func TestSimSessionRenewalWaitIsCancellable(t *testing.T) {
+	e := newSimEnv(t, tinkersim.Config{}, func(c *tinker.Config) {
+		c.Timing.HeartbeatInterval = 10 * time.Millisecond
+		c.Timing.HTTPRetryBase, c.Timing.HTTPRetryMax = time.Minute, time.Minute // the renewal lasts
+	})
+	e.sim.ForgetSessions()
+	if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultDrop, Endpoints: []string{"create_session"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(e.eventsOf(tinker.EventRetry)) == 0 { // the heartbeat's create_session failed once
+		if time.Now().After(deadline) {
+			t.Fatal("the heartbeat did not try to renew the session within 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := e.client.NewSampler(ctx, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("NewSampler while the session is being renewed: %v; want its context's end", err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("NewSampler returned %v after its context's 300ms", took)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("NewSampler still waits for the session renewal 5s after its context ended")
+		_ = e.client.Close() // ends the renewal, and so the wait
+		<-done
+	}
+}
+
 // TestSimSessionTimeoutHeartbeatsKeepTheSession: a service that expires sessions without
 // heartbeats (§3.4, Config.SessionTimeout) keeps the client's, which heartbeats well within
 // the timeout: after three timeouts its first sampler still samples in its first session.
