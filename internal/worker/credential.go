@@ -76,10 +76,21 @@ func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, keysTa
 	case cerr == nil && w.keysTaken.Load() != keysTaken:
 		// Once per rotation for each job: a key the service refused in turn would stop
 		// the worker above, not send its jobs round at once again.
-		return outcome{settle: settleRetry, delay: time.Nanosecond, err: err}
+		return outcome{settle: settleRetry, delay: time.Nanosecond, err: &renewedError{err}}
+	case cerr == nil:
+		return transient(&renewedError{err}) // a 401: a JWT the service stopped honouring, renewed by the check
 	}
 	return transient(err)
 }
+
+// renewedError marks a request refused for a credential that the service accepts again by
+// the time the worker checked it (a key replaced since from its file, a JWT renewed): not
+// the job's failure. On the job's last delivery, where a failure ends the job as a dead
+// letter, the job is worked on again at once instead (handle).
+type renewedError struct{ err error }
+
+func (e *renewedError) Error() string { return e.err.Error() }
+func (e *renewedError) Unwrap() error { return e.err }
 
 // checkCredential asks the service whether it still accepts the worker's credential. A key it
 // refuses that came from a file (Config.TinkerAPIKeyFile) is read from the file again: if the

@@ -168,6 +168,53 @@ func TestARevokedJWTFailsNoJob(t *testing.T) {
 	}
 }
 
+// A credential the service accepts again once checked (a key rotated in its file, a JWT
+// renewed) fails no job on its last delivery either (every delivery is, with MaxDeliver 1):
+// the jobs it was refused for were sent back to the stream, which on the last delivery made
+// each of them (one per job slot) a dead letter, "gave up after 1 delivery: ... 401",
+// though none had failed. They are worked on again at once instead.
+func TestARenewedCredentialFailsNoJobOnItsLastDelivery(t *testing.T) {
+	t.Parallel()
+	const oldKey, newKey = fleettest.APIKey, "tml-new-key"
+	for _, tc := range []struct {
+		name   string
+		jwt    bool
+		revoke func(t *testing.T, sim *tinkersim.Server, file string)
+	}{
+		{"rotated key", false, func(t *testing.T, sim *tinkersim.Server, file string) {
+			if err := os.WriteFile(file, []byte(newKey+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := sim.SetAPIKeys(newKey); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"renewed JWT", true, func(t *testing.T, sim *tinkersim.Server, _ string) { sim.RevokeJWTs() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{Capacity: 64, BaseLatency: 100 * time.Millisecond, JWTAuth: tc.jwt})
+			file := filepath.Join(t.TempDir(), "tinker-api-key")
+			if err := os.WriteFile(file, []byte(oldKey+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			const n = 40
+			run(t, b.open(t, b.connect(t), Config{Concurrency: 8, TinkerAPIKey: oldKey, TinkerAPIKeyFile: file}))
+			publishJobs(t, b.results, "renewed", tokenJobs("j", n))
+			waitFirstResult(t, b.results, "renewed")
+			tc.revoke(t, b.sim, file)
+			for id, r := range waitResults(t, b.results, "renewed", n, 30*time.Second) {
+				if r.Status != jobs.StatusOK {
+					t.Errorf("%s: %+v", id, r.Error)
+				}
+			}
+			if st := b.sim.Stats(); st.Requests["session_heartbeat"][401] == 0 && st.JWTRejections == 0 {
+				t.Fatal("the service never refused the worker's credential: the test renewed nothing")
+			}
+		})
+	}
+}
+
 // A 403 on one job's request, while the service accepts the key, ends that job alone with an
 // api_error result; the worker and the other jobs go on.
 func TestAJobTheKeyMayNotRunEndsAloneWithAnAPIError(t *testing.T) {

@@ -77,6 +77,13 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		return false
 	}
 	out := w.work(ctx, msg, batch, customID, delivered, r)
+	last := delivered >= uint64(w.maxDeliver)
+	if out.settle == settleRetry && last && ctx.Err() == nil && errors.As(out.err, new(*renewedError)) {
+		// Refused for a credential the service accepts again (a rotated key, a renewed
+		// JWT), which is not the job's failure: on its last delivery, a nak would make the
+		// job a dead letter. It is worked on again at once, once, in this delivery.
+		out = w.work(ctx, msg, batch, customID, delivered, r)
+	}
 	if out.settle != settleNak && out.settle != settleLeave && w.cancelled.deleted(batch) {
 		// The batch was deleted while its job was at work: its results are purged, and this
 		// one, stored now, would stay until the results' max age with nobody to read it.
@@ -93,7 +100,6 @@ func (w *Worker) handle(ctx context.Context, d delivery) (handed bool) {
 		// delivery, rather than wait out a retry delay or end as a dead letter.
 		out.settle = settleNak
 	}
-	last := delivered >= uint64(w.maxDeliver)
 	if out.settle == settleRetry && last {
 		// The last allowed delivery: end the job here rather than leave it without a result.
 		out = w.deadLettered(ctx, msg, batch, customID, fmt.Sprintf("gave up after %s: %v", deliveries(int(delivered)), out.err), out.err.Error())
