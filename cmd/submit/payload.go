@@ -36,8 +36,8 @@ func checkJobSizes(ctx context.Context, files []string, limits jobs.Limits, long
 		}
 		if int64(len(data)+queue.JobHeaderRoom) > maxPayload {
 			if over++; over <= maxReported {
-				fmt.Fprintf(stderr, "%s: the job is %d bytes, over the %d the NATS server accepts in a message (its max_payload, less %d for headers)\n",
-					at, len(data), maxPayload, queue.JobHeaderRoom)
+				fmt.Fprintf(stderr, "%s: the job is %d bytes, over the %d bytes a job may take in a message to the NATS server (its max_payload, %d, less %d for headers)\n",
+					at, len(data), maxPayload-queue.JobHeaderRoom, maxPayload, queue.JobHeaderRoom)
 			}
 		}
 		return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -25,8 +26,14 @@ func TestJobsTooLargeForTheServerPublishNothing(t *testing.T) {
 	big := `{"custom_id":"big","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("x", 951560) + strings.Repeat("é", 48440) + `"}`
 	in := writeLines(t, []string{jobLine(0), big, jobLine(1)})
 	_, stderr, err := f.submit(context.Background(), "--batch-id", "big", in)
-	if !errors.Is(err, errJobsTooLarge) || !strings.Contains(stderr, in+":2: the job is ") || !strings.Contains(stderr, " bytes, over the 1048576 the NATS server accepts") {
+	if !errors.Is(err, errJobsTooLarge) || !strings.Contains(stderr, in+":2: the job is ") {
 		t.Fatalf("err = %v, said %q; want line 2 named, too large for the server", err, stderr)
+	}
+	// The job is over the limit by less than the headers' room: the limit said is what a job
+	// may take (max_payload less that room), not max_payload, which the job is under.
+	var size, limit int
+	if _, err := fmt.Sscanf(stderr[strings.Index(stderr, "the job is "):], "the job is %d bytes, over the %d bytes", &size, &limit); err != nil || size <= limit || limit != 1<<20-queue.JobHeaderRoom {
+		t.Errorf("said %q: want the job's size over the %d bytes it may take (%v)", stderr, 1<<20-queue.JobHeaderRoom, err)
 	}
 	q := bind(t, f)
 	if n := jobsIn(t, q); n != 0 {
