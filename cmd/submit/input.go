@@ -41,11 +41,14 @@ type inputFile struct {
 // checkReadTwice returns an error when the input named name is standard input, or, unless
 // once, a pipe or a device: submit reads its input twice (every line is validated before the
 // first is published), and failed reads it again later, which only a file allows. once is
-// for a dry run, which reads it once. Other errors are left to openInput.
+// for a dry run, which reads it once: a pipe, by its name (/dev/stdin for standard input).
+// Other errors are left to openInput.
 func checkReadTwice(name string, once bool) error {
 	const why = "submit reads its input twice, to validate every line before it publishes one, and failed reads it again later: write it to a file first, as in '… > prompts.jsonl'"
 	fi, err := os.Stat(name)
 	switch {
+	case err != nil && name == "-" && once:
+		return fmt.Errorf("input %q: a dry run reads standard input by its name: give /dev/stdin, as in '… | submit --dry-run /dev/stdin'", name)
 	case err != nil && name == "-":
 		return fmt.Errorf("input %q: standard input cannot be read: %s", name, why)
 	case err != nil || once || fi.Mode().IsRegular() || fi.IsDir():

@@ -76,4 +76,10 @@ func TestInputThatCannotBeReadTwiceIsRefused(t *testing.T) {
 	if err := <-written; err != nil {
 		t.Fatal(err)
 	}
+
+	// A dry run of "-", as in 'cat … | submit --dry-run -', is not told that submit reads its
+	// input twice (a dry run reads it once), but how to give it the pipe.
+	if _, err := submit("--dry-run", "-"); err == nil || strings.Contains(err.Error(), "reads its input twice") || !strings.Contains(err.Error(), "/dev/stdin") {
+		t.Errorf("a dry run of -: %v; want it told to name standard input /dev/stdin", err)
+	}
 }
