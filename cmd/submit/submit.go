@@ -222,6 +222,16 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	}
 	sess, err := openSession(ctx, o.conn, env, false)
 	if err != nil {
+		var inUse *queue.DataDirInUseError
+		if errors.As(err, &inUse) && inUse.URL != "" && !o.local.simulate {
+			// The holder may be a worker --embedded-nats, which serves until it is stopped:
+			// its fleet samples the batch once it is published there.
+			instead := "instead"
+			if o.conn.local {
+				instead = "instead of --local"
+			}
+			return fmt.Errorf("%w; if it is a worker serving NATS (worker --embedded-nats), submit the batch to its server %s: --nats-url %s", err, instead, inUse.URL)
+		}
 		return err
 	}
 	defer sess.close()

@@ -1494,6 +1494,45 @@ func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
 	}
 }
 
+// TestSubmitBesideAWorkerServingNATSSaysToSubmitToIt: a newcomer who started
+// worker --embedded-nats in a folder, then ran submit there without --nats-url, was told to
+// wait for the worker to end (it serves until stopped) or to take another data directory
+// (a run of its own, apart from the fleet). It is told the server to submit to; a --simulate
+// run, which samples in-process and takes no --nats-url, is not.
+func TestSubmitBesideAWorkerServingNATSSaysToSubmitToIt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	in := writeLines(t, jobLines(2))
+	getenv := func(k string) string {
+		if k == "TINKER_API_KEY" {
+			return "tml-test"
+		}
+		return ""
+	}
+	env := &environment{getenv: getenv, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	host, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1}) // the worker's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Shutdown()
+
+	err = run(context.Background(), []string{"--data-dir", data, "--progress", "none", in, "-o", filepath.Join(dir, "out.jsonl")}, env)
+	if err == nil || !strings.Contains(err.Error(), "is in use by another process") || !strings.Contains(err.Error(), "--nats-url "+host.ClientURL()) {
+		t.Fatalf("submit beside a worker serving NATS: %v; want it told to submit to --nats-url %s", err, host.ClientURL())
+	}
+
+	sim, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: simulatedDataDir(data), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Shutdown()
+	err = run(context.Background(), []string{"--simulate", "--data-dir", data, "--progress", "none", in}, env)
+	if err == nil || !strings.Contains(err.Error(), "is in use by another process") || strings.Contains(err.Error(), "--nats-url") {
+		t.Fatalf("a --simulate submit beside a running one: %v; want it refused, without --nats-url", err)
+	}
+}
+
 // TestWaitingOnALocalDataDirectoryAloneSaysHowToSample: results --wait on a local data
 // directory that no run holds would wait forever (no worker can reach the server it starts),
 // and keep the directory from the submit --local run that would sample the rest. It writes
