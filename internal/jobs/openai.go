@@ -16,7 +16,8 @@ const (
 //   - honoured: model, prompt (completions) / messages (chat), max_tokens,
 //     max_completion_tokens (chat), temperature, top_p, top_k (a vLLM extension), n (→ num_samples),
 //     stop, seed, metadata (kept as the job's metadata and returned in the result),
-//     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it);
+//     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it),
+//     chat_template_kwargs (chat; vLLM's extension, only its thinking switch);
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
 //     logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
@@ -28,7 +29,8 @@ const (
 
 // openaiUnsupported is the message for body fields outside the rule above.
 const openaiUnsupported = "is not supported: tinkerfleet cannot honour it (honoured: model, prompt or messages, " +
-	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata, reasoning_effort)"
+	"max_tokens, max_completion_tokens, temperature, top_p, top_k, n, stop, seed, metadata, reasoning_effort, " +
+	"chat_template_kwargs)"
 
 // parseOpenAI parses an OpenAI Batch API line.
 func parseOpenAI(b []byte) (Job, fieldNames, *FieldError) {

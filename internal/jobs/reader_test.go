@@ -141,6 +141,7 @@ func TestReaderBadLines(t *testing.T) {
 		{"oai lone surrogate in content", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"a\ud800"}]}}`, Limits{}, "body.messages[0].content", "lone surrogate"},
 		{"temperature past float64", `{"custom_id":"x","model":"m","prompt":"p","sampling_params":{"temperature":1e999}}`, Limits{}, "sampling_params.temperature", "is out of range"},
 		{"oai tools", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"tools":[]}}`, Limits{}, "body.tools", "is not supported"},
+		{"oai unsupported names all it honours", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"tools":[]}}`, Limits{}, "body.tools", "reasoning_effort, chat_template_kwargs)"},
 		{"oai logit_bias", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"logit_bias":{"1":5}}}`, Limits{}, "body.logit_bias", "only accepted at its default {}"},
 		{"oai penalty", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","presence_penalty":0.5}}`, Limits{}, "body.presence_penalty", "only accepted at its default 0"},
 		{"oai stream", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","stream":true}}`, Limits{}, "body.stream", "default false"},
