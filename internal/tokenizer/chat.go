@@ -101,10 +101,11 @@ func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, er
 	switch family {
 	case "qwen3":
 		// The Instruct models (Qwen3-*-Instruct-2507, Qwen3-VL-*-Instruct) do
-		// not think and their templates have no enable_thinking switch, so no
-		// empty think block is added.
-		noThinkBlock := opts.Thinking || strings.Contains(strings.ToLower(model), "-instruct")
-		return newQwen3(tok, !noThinkBlock)
+		// not think: their templates have no enable_thinking switch and no think
+		// branch, so no empty think block is added and an assistant's turn is
+		// its content as written.
+		instruct := strings.Contains(strings.ToLower(model), "-instruct")
+		return newQwen3(tok, !opts.Thinking && !instruct, instruct)
 	case "llama3":
 		return newLlama3(tok)
 	case "gpt_oss":
@@ -157,20 +158,24 @@ func need(tok *Tokenizer, family string, names ...string) ([]int, error) {
 	return ids, nil
 }
 
-// qwen3 follows the chat_template of Qwen3's tokenizer_config.json (no tools).
+// qwen3 follows the chat_template of Qwen3's tokenizer_config.json (no tools), or with
+// instruct set that of the Instruct models (Qwen3-*-Instruct-2507), which renders an
+// assistant's content as written: no reasoning is dropped and no think block added.
 type qwen3Renderer struct {
 	tok            *Tokenizer
 	imStart, imEnd int
 	stops          []int
 	emptyThink     bool
+	instruct       bool
 }
 
-func newQwen3(tok *Tokenizer, emptyThink bool) (*qwen3Renderer, error) {
+func newQwen3(tok *Tokenizer, emptyThink, instruct bool) (*qwen3Renderer, error) {
 	ids, err := need(tok, "qwen3", "<|im_start|>", "<|im_end|>", "<|endoftext|>")
 	if err != nil {
 		return nil, err
 	}
-	return &qwen3Renderer{tok: tok, imStart: ids[0], imEnd: ids[1], stops: []int{ids[1], ids[2]}, emptyThink: emptyThink}, nil
+	return &qwen3Renderer{tok: tok, imStart: ids[0], imEnd: ids[1], stops: []int{ids[1], ids[2]},
+		emptyThink: emptyThink, instruct: instruct}, nil
 }
 
 func (r *qwen3Renderer) Family() string { return "qwen3" }
@@ -208,8 +213,8 @@ func (r *qwen3Renderer) Render(msgs []Message) ([]int, error) {
 		case "user":
 			turn("user", m.Content)
 		case "assistant":
-			content, reasoning := m.Content, ""
-			if k := strings.Index(m.Content, "</think>"); k >= 0 {
+			content, reasoning := m.Content, "" // an Instruct model's as written
+			if k := strings.Index(m.Content, "</think>"); k >= 0 && !r.instruct {
 				content = strings.TrimLeft(m.Content[strings.LastIndex(m.Content, "</think>")+len("</think>"):], "\n")
 				before := strings.TrimRight(m.Content[:k], "\n")
 				if j := strings.LastIndex(before, "<think>"); j >= 0 {
@@ -218,7 +223,7 @@ func (r *qwen3Renderer) Render(msgs []Message) ([]int, error) {
 				reasoning = strings.TrimLeft(before, "\n")
 			}
 			p.special(r.imStart)
-			if i > lastQuery && (i == len(msgs)-1 || reasoning != "") {
+			if !r.instruct && i > lastQuery && (i == len(msgs)-1 || reasoning != "") {
 				p.text("assistant\n<think>\n" + strings.Trim(reasoning, "\n") + "\n</think>\n\n" + strings.TrimLeft(content, "\n"))
 			} else {
 				p.text("assistant\n" + content)

@@ -85,6 +85,43 @@ func TestQwen3RenderMatchesTemplateText(t *testing.T) {
 	}
 }
 
+// TestQwen3InstructRenderMatchesTemplateText checks the Instruct models' renderer against
+// their template (Qwen3-*-Instruct-2507's, and Qwen3-VL-*-Instruct's for these messages)
+// rendered as text: it has no think branch at all, so an assistant's turn is its content as
+// written. Qwen3's own template puts an empty think block before the last assistant turn
+// after the user's last query, and drops the reasoning of earlier ones.
+func TestQwen3InstructRenderMatchesTemplateText(t *testing.T) {
+	tok := qwen3(t)
+	msgs := []Message{
+		{Role: "system", Content: "You are terse."},
+		{Role: "user", Content: "Hi"},
+		{Role: "assistant", Content: "<think>\nhmm\n</think>\n\nHello!"},
+		{Role: "user", Content: "And then?"},
+		{Role: "assistant", Content: "Then this."},
+	}
+	text := "<|im_start|>system\nYou are terse.<|im_end|>\n" +
+		"<|im_start|>user\nHi<|im_end|>\n" +
+		"<|im_start|>assistant\n<think>\nhmm\n</think>\n\nHello!<|im_end|>\n" + // kept as written
+		"<|im_start|>user\nAnd then?<|im_end|>\n" +
+		"<|im_start|>assistant\nThen this.<|im_end|>\n" + // no empty think block
+		"<|im_start|>assistant\n"
+	for _, model := range []string{"Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-VL-30B-A3B-Instruct"} {
+		for _, thinking := range []bool{false, true} {
+			r, err := RendererFor(model, tok, RenderOptions{Thinking: thinking})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.Render(msgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tok.Encode(text); !slices.Equal(got, want) {
+				t.Errorf("%s, thinking %v:\n got %q\nwant %q", model, thinking, tok.Decode(got), text)
+			}
+		}
+	}
+}
+
 func TestLlama3RenderByHand(t *testing.T) {
 	tok := llama3(t)
 	r, err := RendererFor("meta-llama/Llama-3.1-8B-Instruct", tok, RenderOptions{})
