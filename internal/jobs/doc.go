@@ -9,8 +9,9 @@
 // own:
 //
 //   - a native line has custom_id, model or model_path, exactly one of prompt, prompt_tokens or
-//     messages, and optional sampling_params (max_tokens, temperature, top_p, top_k, seed, stop),
-//     num_samples, prompt_logprobs, topk_prompt_logprobs and metadata (§3.6, §T2);
+//     messages (with thinking or reasoning_effort for a chat), and optional sampling_params
+//     (max_tokens, temperature, top_p, top_k, seed, stop), num_samples, prompt_logprobs,
+//     topk_prompt_logprobs and metadata (§3.6, §T2);
 //   - a line with body, url or method is an OpenAI Batch API request to /v1/completions or
 //     /v1/chat/completions; n becomes num_samples, max_completion_tokens is max_tokens, a model
 //     starting with tinker:// is a model_path, and body.metadata is the job's metadata. Body fields

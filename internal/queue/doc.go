@@ -12,6 +12,7 @@
 //	stream P_DEAD     subjects p.dead.<batch>               payloads of jobs that exhausted MaxDeliver
 //	KV p_batches      <batch> -> manifest (counts, digest, status)
 //	KV p_backoff      <account> -> fleet backoff deadline (owned by internal/backoff)
+//	                  <account>.share.<worker> -> a worker's capacity report (internal/share)
 //	                  retry.<batch> -> why a worker last put off a job of the batch (RetryNote)
 //	                  service.retry -> what a worker's Tinker client last retried, or the refused
 //	                                   key that stopped a worker (ServiceNote)

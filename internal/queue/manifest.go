@@ -22,8 +22,8 @@ const (
 	BatchCancelled = "cancelled"
 	// BatchDeleted: the batch's jobs, results and dead letters are removed (DeleteBatch).
 	// The manifest stays, so that the id is not used again while the stream's duplicate
-	// window may still drop its job ids, and workers end a job of it that they have not begun
-	// to sample as cancelled.
+	// window may still drop its job ids, and workers end a job of it without storing a result
+	// (its results are purged; nobody could read one stored later).
 	BatchDeleted = "deleted"
 )
 
