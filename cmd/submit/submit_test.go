@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1607,7 +1608,7 @@ func TestRunAgainAfterAKilledLocalRunGoesOnAtOnce(t *testing.T) {
 // killed run had stored.
 func TestCommandsBetweenAKilledLocalRunAndItsRerunSampleNothingTwice(t *testing.T) {
 	t.Parallel()
-	rerunAfterAKilledLocalRun(t, func(env *environment, dataDir string) {
+	rerunAfterAKilledLocalRun(t, func(env *environment, dataDir string, _ []string) {
 		for _, args := range [][]string{{"status", "--data-dir", dataDir, "sim-killed"}, {"list", "--data-dir", dataDir}} {
 			if err := run(context.Background(), args, env); err != nil {
 				t.Fatalf("%s: %v", args[0], err)
@@ -1616,10 +1617,45 @@ func TestCommandsBetweenAKilledLocalRunAndItsRerunSampleNothingTwice(t *testing.
 	})
 }
 
+// TestARerunInterruptedAfterItTookBackTheJobsLeavesTheNextSamplingNothingTwice: a rerun of a
+// killed local run takes the killed run's jobs back at once; interrupted then (Ctrl-C, or
+// killed in turn), before its worker pulled them, it leaves them first deliveries that no
+// worker holds. The run after it must still know that the results of some are stored: before,
+// it found no job to take back, told its worker nothing, and sampled those again.
+func TestARerunInterruptedAfterItTookBackTheJobsLeavesTheNextSamplingNothingTwice(t *testing.T) {
+	t.Parallel()
+	rerunAfterAKilledLocalRun(t, func(env *environment, _ string, rerun []string) {
+		ctx, interrupt := context.WithCancel(context.Background())
+		defer interrupt()
+		// The interrupt comes the moment the jobs are taken back, before the worker starts.
+		w := &interruptOn{w: io.Discard, text: "are ready again", interrupt: interrupt}
+		err := run(ctx, rerun, &environment{getenv: env.getenv, stdin: env.stdin, stdout: io.Discard, stderr: w})
+		if err == nil || !w.seen.Load() {
+			t.Fatalf("the interrupted rerun: %v (jobs taken back: %v)", err, w.seen.Load())
+		}
+	})
+}
+
+// interruptOn writes to w and calls interrupt once a write holds text.
+type interruptOn struct {
+	w         io.Writer
+	text      string
+	interrupt func()
+	seen      atomic.Bool
+}
+
+func (i *interruptOn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(i.text)) {
+		i.seen.Store(true)
+		i.interrupt()
+	}
+	return i.w.Write(p)
+}
+
 // rerunAfterAKilledLocalRun kills a local run of 30 jobs after its worker stored the results
 // of 10 of them, calls between (if not nil) with the run's --data-dir, runs it again and
 // checks that every job has its result and that only the 20 others were sampled.
-func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, dataDir string)) {
+func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, dataDir string, rerun []string)) {
 	dir := t.TempDir()
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
 	const n, stored = 30, 10
@@ -1674,8 +1710,9 @@ func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, data
 	}
 	q.JS.Conn().Close()
 	emb.Shutdown()
+	rerun := append([]string{"--local", "--simulate", "-v", "-o", out}, args...)
 	if between != nil {
-		between(env, dataDir)
+		between(env, dataDir, rerun)
 	}
 
 	// Run again: the jobs wait out ten minutes of AckWait unless submit takes them back.
@@ -1683,7 +1720,7 @@ func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, data
 	defer cancel()
 	var stderr bytes.Buffer
 	env.stderr = &stderr
-	if err := run(ctx, append([]string{"--local", "--simulate", "-v", "-o", out}, args...), env); err != nil {
+	if err := run(ctx, rerun, env); err != nil {
 		t.Fatalf("run again: %v", err)
 	}
 	results := readResults(t, out)

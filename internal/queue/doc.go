@@ -17,6 +17,8 @@
 //	                  service.retry -> what a worker's Tinker client last retried, or the refused
 //	                                   key that stopped a worker (ServiceNote)
 //	                  worker.<id> -> a running worker's presence, renewed every 5 s (Presence)
+//	                  local.reclaimed -> the last job sequence submit --local took back from a
+//	                                     run that stopped without handing it back (Reclaim)
 //	subject p.held    (core NATS, no stream) workers that hold results the server cannot
 //	                  store answer a reader's question (AskHeld), which a full store cannot stop
 //

@@ -423,11 +423,18 @@ const setupAttemptTimeout = 10 * time.Second
 type Reclaimed struct {
 	// Jobs is how many there were.
 	Jobs int
-	// Through is the highest stream sequence among them. A job at or below it comes back as
-	// a first delivery, but its result may be stored already: its run may have stopped
-	// between storing the result and acking the job.
+	// Through is the highest stream sequence among them, or among the jobs an earlier
+	// Reclaim made deliverable again (reclaimedKey). A job at or below it comes back as a
+	// first delivery, but its result may be stored already: its run may have stopped between
+	// storing the result and acking the job.
 	Through uint64
 }
+
+// reclaimedKey, in the backoff bucket, keeps the highest Reclaimed.Through of the store: a
+// rerun interrupted after its Reclaim and before its worker pulled those jobs leaves them
+// first deliveries that no worker holds, and the run after it, finding none to reclaim,
+// would otherwise take them for jobs that were never worked.
+const reclaimedKey = "local.reclaimed"
 
 // Reclaim makes every job delivered and not settled deliverable again at once. Call it only
 // where no worker can hold a job: on the embedded server of submit --local, just started on
@@ -446,12 +453,45 @@ func (q *Queue) Reclaim(ctx context.Context) (Reclaimed, error) {
 	if err != nil {
 		return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
 	}
+	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		// As internal/backoff makes it: a worker that opens the fleet backoff binds it.
+		kv, err = q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      q.Names.BackoffBucket(),
+			Description: "tinkerfleet fleet-wide backoff deadlines per Tinker account",
+			History:     1,
+			Replicas:    q.Config.Replicas,
+			Storage:     jetstream.FileStorage,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = q.JS.KeyValue(ctx, q.Names.BackoffBucket())
+		}
+	}
+	if err != nil {
+		return Reclaimed{}, fmt.Errorf("queue: reclaim: bucket %s: %w", q.Names.BackoffBucket(), err)
+	}
+	var before uint64
+	e, err := kv.Get(ctx, reclaimedKey)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
+	default:
+		before, _ = strconv.ParseUint(string(e.Value()), 10, 64)
+	}
 	info := c.CachedInfo()
 	if info.NumAckPending == 0 {
-		return Reclaimed{}, nil
+		return Reclaimed{Through: before}, nil
+	}
+	through := max(before, info.Delivered.Stream)
+	if through > before {
+		// Kept before the reset: a run stopped right after it still leaves it to the next.
+		if _, err := kv.Put(ctx, reclaimedKey, strconv.AppendUint(nil, through, 10)); err != nil {
+			return Reclaimed{}, fmt.Errorf("queue: reclaim %d jobs: %w", info.NumAckPending, err)
+		}
 	}
 	if _, err := q.JS.ResetConsumer(ctx, q.Names.JobsStream(), ConsumerName); err != nil {
 		return Reclaimed{}, fmt.Errorf("queue: reclaim %d jobs: reset consumer %s: %w", info.NumAckPending, ConsumerName, err)
 	}
-	return Reclaimed{Jobs: info.NumAckPending, Through: info.Delivered.Stream}, nil
+	return Reclaimed{Jobs: info.NumAckPending, Through: through}, nil
 }
