@@ -1674,6 +1674,12 @@ func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, data
 		t.Fatalf("publishing: %v", err)
 	}
 	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{AckWait: 10 * time.Minute})
+	// Its worker opened the fleet backoff, which makes the bucket.
+	fleet, err := backoff.Open(context.Background(), q.JS, backoff.Config{Bucket: q.Names.BackoffBucket(), Account: "killed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.Close()
 	cons, err := q.Consumer(context.Background())
 	if err != nil {
 		t.Fatal(err)

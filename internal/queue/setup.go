@@ -453,38 +453,29 @@ func (q *Queue) Reclaim(ctx context.Context) (Reclaimed, error) {
 	if err != nil {
 		return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
 	}
+	// The bucket is made by the first worker that opened the fleet backoff, and so exists on
+	// any store where a worker held jobs; on one where none ever ran there is nothing to keep.
 	kv, err := q.JS.KeyValue(ctx, q.Names.BackoffBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		// As internal/backoff makes it: a worker that opens the fleet backoff binds it.
-		kv, err = q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      q.Names.BackoffBucket(),
-			Description: "tinkerfleet fleet-wide backoff deadlines per Tinker account",
-			History:     1,
-			Replicas:    q.Config.Replicas,
-			Storage:     jetstream.FileStorage,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = q.JS.KeyValue(ctx, q.Names.BackoffBucket())
-		}
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return Reclaimed{}, fmt.Errorf("queue: reclaim: bucket %s: %w", q.Names.BackoffBucket(), err)
 	}
 	var before uint64
-	e, err := kv.Get(ctx, reclaimedKey)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-	case err != nil:
-		return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
-	default:
-		before, _ = strconv.ParseUint(string(e.Value()), 10, 64)
+	if kv != nil {
+		e, err := kv.Get(ctx, reclaimedKey)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return Reclaimed{}, fmt.Errorf("queue: reclaim: %w", err)
+		default:
+			before, _ = strconv.ParseUint(string(e.Value()), 10, 64)
+		}
 	}
 	info := c.CachedInfo()
 	if info.NumAckPending == 0 {
 		return Reclaimed{Through: before}, nil
 	}
 	through := max(before, info.Delivered.Stream)
-	if through > before {
+	if through > before && kv != nil {
 		// Kept before the reset: a run stopped right after it still leaves it to the next.
 		if _, err := kv.Put(ctx, reclaimedKey, strconv.AppendUint(nil, through, 10)); err != nil {
 			return Reclaimed{}, fmt.Errorf("queue: reclaim %d jobs: %w", info.NumAckPending, err)
