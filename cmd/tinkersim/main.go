@@ -128,7 +128,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (0 or negative: none)")
 	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|drop|slow_heartbeat|slow_accept|401|403), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, should_retry (true|false: an x-should-retry header on the reply), endpoints (a+b). E.g. kind=429,start=30s,duration=10s; kind=drop,endpoints=auth/token,duration=2m (a JWT exchange outage)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug (a line per request), info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: tinkersim [flags]\n\nA wire-compatible simulator of the Tinker sampling API (see internal/tinkersim).\n\nFlags:\n")
 		fs.PrintDefaults()

@@ -109,7 +109,9 @@ type Config struct {
 	MaxBodyBytes int64
 	// Faults are injected at start, as if passed to Inject.
 	Faults []Fault
-	// Logger receives request and lifecycle logs; nil discards them. API keys are never logged.
+	// Logger receives a debug line per request (method, path, endpoint, status, duration; a
+	// dropped request has status 0) and errors of the listeners; nil discards them. API keys
+	// are never logged.
 	Logger *slog.Logger
 }
 

@@ -373,10 +373,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.st.http2++
 		s.mu.Unlock()
 	}
+	start := time.Now()
 	defer func() {
 		if rec.status == 0 {
 			rec.WriteHeader(http.StatusOK)
 		}
+		// The request log of Config.Logger: no header and no query, so never a key.
+		s.cfg.Logger.Debug("tinkersim request", "method", r.Method, "path", r.URL.Path, "endpoint", rec.endpoint,
+			"status", max(rec.status, 0), "duration", time.Since(start))
 	}()
 	path := r.URL.Path
 	apiAt, adminAt := strings.Index(path, apiPrefix), strings.Index(path, "/admin/")

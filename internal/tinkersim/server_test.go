@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -755,3 +757,37 @@ func TestAFieldNamedInAnotherCaseIsUnknown(t *testing.T) {
 		t.Fatalf("requests with misspelt fields created %d samples", st.SamplesAccepted)
 	}
 }
+
+// TestRequestsAreLoggedAtDebug checks Config.Logger's promise of request logs: each reply is
+// logged at debug level with its endpoint and status, never with the API key.
+func TestRequestsAreLoggedAtDebug(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var buf strings.Builder
+	logs := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+	w := writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	})
+	h := newHarness(t, Config{Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	mustStatus(t, h.do("GET", "/api/v1/healthz", nil), 200)
+	mustJSONError(t, h.do("POST", "/api/v1/asample", "{", "X-API-Key", testKey), 400)
+	eventually(t, "request logs", func() bool {
+		l := logs()
+		return strings.Contains(l, "endpoint=healthz") && strings.Contains(l, "status=200") &&
+			strings.Contains(l, "endpoint=asample") && strings.Contains(l, "status=400")
+	})
+	if strings.Contains(logs(), testKey) {
+		t.Fatalf("the API key is in the logs:\n%s", logs())
+	}
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
