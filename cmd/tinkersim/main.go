@@ -11,7 +11,7 @@
 // X-Admin-Token, or an API key when no admin token is set. With -tls-cert FILE -tls-key FILE it
 // serves HTTPS with that PEM key pair instead, HTTP/2 offered by ALPN like the real service
 // (§1.4). With -jwt-auth the API wants a JWT from POST /api/v1/auth/token instead of the API key
-// (§2.2; -jwt-lifetime sets its validity). Run with -h for every flag. SIGINT or SIGTERM shut it
+// (§2.2; -jwt-lifetime sets its validity). Run with -h for every flag. SIGINT, SIGTERM or SIGHUP shut it
 // down gracefully (held long polls answer 408 try_again).
 package main
 
@@ -127,7 +127,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	clientConfig := fs.String("client-config", "", `JSON object of client/config flags (§3.1) replacing or adding to the defaults, e.g. {"billing_exception_max_pause_duration_sec": 60}: a 402 fault (-fault kind=402) then outlasts the client's billing window (§2.3) within a minute, not an hour`)
 	fs.IntVar(&c.TrainingRuns, "training-runs", 3, "synthetic training runs listed by the REST endpoints (0 or negative: none)")
 	fs.Var(&faults, "fault", "inject a fault at start; repeatable. Comma-separated key=value: kind (429|5xx|408|try_again_200|410|402|paused_capacity|paused_rate_limit|never_complete|failed|bare_400|drop|slow_heartbeat|slow_accept|401|403), rate, count (at most so many hits), start (delay), duration, reason (last), category, status, delay, retry_after, should_retry (true|false: an x-should-retry header on the reply), endpoints (a+b). E.g. kind=429,start=30s,duration=10s; kind=drop,endpoints=auth/token,duration=2m (a JWT exchange outage)")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT/SIGTERM")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "grace period for in-flight requests on SIGINT, SIGTERM or SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug (a line per request), info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: tinkersim [flags]\n\nA wire-compatible simulator of the Tinker sampling API (see internal/tinkersim).\n\nFlags:\n")
