@@ -358,9 +358,31 @@ func shownURL(raw string) string {
 	return u.String()
 }
 
+// checkEndpoint refuses an HF_ENDPOINT whose user information cannot be read: a password
+// holding a '/', '?', '#' or '%' not percent-encoded ends the URL's host there, so that the
+// URL does not parse, with an error that quotes it (or the piece of the password it took for
+// a port or an escape), or parses with the password's end in its path, which errors show.
+func checkEndpoint(endpoint string) error {
+	_, rest, _ := strings.Cut(endpoint, "://")
+	if !strings.Contains(rest, "@") {
+		if _, err := url.Parse(endpoint); err != nil {
+			return fmt.Errorf("HF_ENDPOINT %q is not a URL: %w", endpoint, errors.Unwrap(err))
+		}
+		return nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || u.User == nil || strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") {
+		return errors.New("HF_ENDPOINT: its user information cannot be read: percent-encode a '/', '?', '#' or '%' of a password in the URL (%2F, %3F, %23, %25)")
+	}
+	return nil
+}
+
 // fetch GETs <endpoint>/<id>/resolve/main/<file>; it returns the body and
 // the X-Repo-Commit revision, of the answer or of a redirect that led to it.
 func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, error) {
+	if err := checkEndpoint(r.opts.Endpoint); err != nil {
+		return nil, "", fmt.Errorf("download %s/resolve/main/%s: %w", id, file, err)
+	}
 	full := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
 	u := shownURL(full)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, full, nil)

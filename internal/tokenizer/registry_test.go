@@ -483,3 +483,28 @@ func TestAnEndpointsPasswordIsNotShownInErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEndpointThatDoesNotParseShowsNoPassword: a password of HF_ENDPOINT that holds a '/',
+// '#' or '%' not percent-encoded makes the URL unparsable, and the parse error quotes the URL
+// (or the piece of the password it took for a port or escape), or parses with the
+// password's end in its path: the download's error says what to do without either.
+func TestAnEndpointThatDoesNotParseShowsNoPassword(t *testing.T) {
+	for _, endpoint := range []string{
+		"https://proxyuser:s3cret/pw@127.0.0.1:1", // "s3cret" taken for a port
+		"https://proxyuser:s3cret%zz@127.0.0.1:1", // a bad escape
+		"https://proxyuser:s3cret#pw@127.0.0.1:1", // a fragment
+		"https://proxyuser:12/s3cret@127.0.0.1:1", // parses: host proxyuser:12, the rest a path
+	} {
+		reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: endpoint})
+		_, err := reg.ForID(context.Background(), "org/model")
+		if err == nil {
+			t.Fatalf("%s: no error", endpoint)
+		}
+		if strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "proxyuser") {
+			t.Errorf("%s: the error shows the endpoint's credentials: %v", endpoint, err)
+		}
+		if !strings.Contains(err.Error(), "HF_ENDPOINT") {
+			t.Errorf("%s: the error does not name HF_ENDPOINT: %v", endpoint, err)
+		}
+	}
+}
