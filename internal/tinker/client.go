@@ -89,7 +89,12 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("tinker: invalid base URL %q", base)
+		return nil, fmt.Errorf("tinker: invalid base URL %q", shownURL(base))
+	}
+	if strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") {
+		// A password holding an unescaped '/', '?' or '#' ended the host there: the request
+		// would go to the password's start, and its errors would show the rest as a path.
+		return nil, fmt.Errorf("tinker: base URL %q: its user information cannot be read: percent-encode a '/', '?', '#' or '%%' of a password in the URL (%%2F, %%3F, %%23, %%25)", shownURL(base))
 	}
 	if !strings.HasSuffix(base, "/") {
 		base += "/" // §1.1: force a trailing slash, then append the relative path
@@ -247,6 +252,23 @@ func keepCredentialHome(hc *http.Client) *http.Client {
 		return nil
 	}
 	return &kept
+}
+
+// shownURL is raw as errors and logs show it: without the user information before its last
+// '@' (a proxy's password, or a token as the user name), even where raw does not parse.
+// net/http's own errors hide only a password, and only of a URL that parses.
+func shownURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		scheme, rest = "", raw
+	} else {
+		scheme += "://"
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	return scheme + "redacted@" + rest[at+1:]
 }
 
 // redirectedAwayError is the error of a redirect keepCredentialHome does not follow.

@@ -699,3 +699,28 @@ func TestTheServicesMessagesAreLoggedWithoutTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestABaseURLsUserInformationIsNotShown: a base URL may carry a proxy's user and password,
+// or a token as its user name. The errors and warnings of a base URL that is no URL, of one
+// whose password's '/' ends its host, and of a service that cannot be reached show neither.
+func TestABaseURLsUserInformationIsNotShown(t *testing.T) {
+	closed := strings.TrimPrefix(fleettest.ClosedURL(t), "http://")
+	for _, base := range []string{
+		"htps://proxyuser:s3cret@" + closed,     // no scheme Dial takes
+		"http://proxyuser:s3cret/pw@" + closed,  // "s3cret" taken for a port
+		"http://proxyuser:12/s3cret@" + closed,  // parses: host proxyuser:12, the rest a path
+		"http://proxyuser:s3cret%zz@" + closed,  // a bad escape
+		"http://s3cret-token-as-user@" + closed, // net/http shows a URL's user name
+		"http://proxyuser:s3cret-pw@" + closed,  // net/http shows it as proxyuser:***
+	} {
+		logs := &fleettest.Buffer{}
+		_, err := Dial(testCtx(t), Config{BaseURL: base, APIKey: testKey, Logger: debugLogger(logs),
+			Timing: Timing{Clock: newFakeClock()}})
+		if err == nil {
+			t.Fatalf("%s: Dial to a closed port succeeded", base)
+		}
+		if all := err.Error() + logs.String(); strings.Contains(all, "s3cret") {
+			t.Errorf("%s: the base URL's user information is shown: %v\n%s", base, err, logs)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,9 @@ func (c *Client) roundTrip(ctx context.Context, cl *call, retryCount int, idem s
 		if cause := context.Cause(rctx); errors.Is(cause, context.DeadlineExceeded) {
 			// The request's own timeout ended it; HTTP/2 reports that as a plain cancellation.
 			return nil, &ConnectionError{Endpoint: cl.name, Timeout: true, Err: fmt.Errorf("no answer within %s: %w", timeout, cause)}
+		}
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			ue.URL = shownURL(ue.URL) // net/http hides a password, not a token as the user name
 		}
 		var ne net.Error // a dial, TLS handshake or read that timed out by itself
 		return nil, &ConnectionError{Endpoint: cl.name, Timeout: errors.As(err, &ne) && ne.Timeout(), Err: err}
