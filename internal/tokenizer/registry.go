@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -154,7 +155,30 @@ func NewRegistry(opts Options) *Registry {
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{Timeout: 2 * time.Minute}
 	}
+	opts.HTTPClient = tokenOverTLSOnly(opts.HTTPClient)
 	return &Registry{opts: opts, entries: map[string]*regEntry{}}
+}
+
+// tokenOverTLSOnly returns a copy of hc that drops the Authorization header (the HF token)
+// from a redirect away from https: net/http keeps it for any redirect to the same host or a
+// subdomain, whatever the scheme, and would send the token in clear text where huggingface_hub
+// (requests) drops it. The download goes on without it, as huggingface_hub's does.
+func tokenOverTLSOnly(hc *http.Client) *http.Client {
+	kept := *hc
+	next := hc.CheckRedirect
+	kept.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.URL.Scheme != "https" && slices.ContainsFunc(via, func(r *http.Request) bool { return r.URL.Scheme == "https" }) {
+			req.Header.Del("Authorization")
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &kept
 }
 
 // ForModel returns the tokenizer of a model name (see TokenizerID).

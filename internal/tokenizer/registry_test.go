@@ -508,3 +508,32 @@ func TestAnEndpointThatDoesNotParseShowsNoPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestTheHFTokenIsNotSentOverPlainHTTPAfterARedirect: a hub (a mirror in HF_ENDPOINT) that
+// redirects a download from https to http on its own host does not get the token in clear
+// text; net/http copies Authorization to any redirect of the same host, whatever its scheme,
+// where huggingface_hub (requests) drops it.
+func TestTheHFTokenIsNotSentOverPlainHTTPAfterARedirect(t *testing.T) {
+	const token = "hf_secret_value"
+	var clear atomic.Value
+	h := &hub{data: miniTokenizerJSON(t)}
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clear.Store(r.Header.Get("Authorization"))
+		h.ServeHTTP(w, r)
+	}))
+	defer plain.Close()
+	secure := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			t.Errorf("the https hub got Authorization %q", r.Header.Get("Authorization"))
+		}
+		http.Redirect(w, r, plain.URL+r.URL.Path, http.StatusFound)
+	}))
+	defer secure.Close()
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: secure.URL, Token: token, HTTPClient: secure.Client()})
+	if _, err := reg.ForID(context.Background(), "org/mini"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := clear.Load().(string); got != "" {
+		t.Fatalf("the token went over plain HTTP after a redirect: Authorization %q", got)
+	}
+}
