@@ -175,6 +175,10 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 			o.conn = o.conn.Plain()
 		}
 		log.Info("embedded NATS server ready; other workers and submit can join it", "url", emb.ClientURL(), "data_dir", o.dataDir)
+		if !loopback(o.embeddedHost) {
+			log.Warn("the embedded NATS server has no authentication: whoever reaches it can read the prompts and results and submit jobs sampled with this worker's key; keep it on a private network, or run a NATS server with users and TLS (deploy/README.md)",
+				"host", o.embeddedHost)
+		}
 	}
 	o.conn.Name = "tinkerfleet-worker"
 	o.conn.Logger = log
@@ -316,4 +320,14 @@ func newLogger(w io.Writer, level string, asJSON bool) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// loopback reports whether host, an address to listen on, is reachable from this machine
+// only: "localhost" or a loopback IP.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -645,3 +645,26 @@ func TestANegativeEmbeddedPortOtherThanMinusOneIsRefused(t *testing.T) {
 		t.Errorf("--embedded-port -1: %+v, %v", o.embeddedPort, err)
 	}
 }
+
+// TestAnEmbeddedServerOffLoopbackIsSaidToHaveNoAuthentication: --embedded-host 0.0.0.0 (as
+// the README's fleet example has it) serves NATS with no users to anyone who reaches it; the
+// worker's log says so, and a loopback host's does not.
+func TestAnEmbeddedServerOffLoopbackIsSaidToHaveNoAuthentication(t *testing.T) {
+	const warning = "the embedded NATS server has no authentication"
+	for host, warned := range map[string]bool{"0.0.0.0": true, "127.0.0.1": false, "localhost": false} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		logs, done := startRun(ctx, []string{"--embedded-nats", "--embedded-host", host, "--embedded-port", "-1", "--data-dir", t.TempDir(),
+			"--tinker-base-url", fleettest.ClosedURL(t), "--metrics-addr", ""},
+			map[string]string{"TINKER_API_KEY": fleettest.APIKey})
+		fleettest.Eventually(t, 30*time.Second, "the embedded server ready", func() bool {
+			return strings.Contains(logs.String(), "embedded NATS server ready")
+		})
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: run = %v", host, err)
+		}
+		if got := strings.Contains(logs.String(), warning); got != warned {
+			t.Errorf("--embedded-host %s: warned %v, want %v; log:\n%s", host, got, warned, logs.String())
+		}
+	}
+}
