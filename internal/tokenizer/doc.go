@@ -30,7 +30,7 @@
 //
 // A Tokenizer is immutable and safe for concurrent use. A Registry loads each
 // tokenizer once per process: from a local directory, the HuggingFace cache
-// (HF_HOME), or the hub, after mapping the model name as §9 of the wire
+// (HF_HOME, or HF_HUB_CACHE), or the hub, after mapping the model name as §9 of the wire
 // protocol notes says (TokenizerID). RendererFor returns a chat Renderer
 // (Qwen3, Llama 3, DeepSeek V3.1 or gpt-oss; ChatFamily says which, CheckOptions whether a
 // thinking switch or reasoning effort applies) and CheckContext checks prompt plus max_tokens

@@ -41,9 +41,14 @@ type Options struct {
 	// subdirectory per tokenizer id ("Qwen/Qwen3-8B" or "Qwen--Qwen3-8B"),
 	// or a directory holding tokenizer.json itself.
 	Dir string
-	// HFHome is the HuggingFace home (env HF_HOME); the cache is HFHome/hub.
-	// Empty disables the cache and downloads.
+	// HFHome is the HuggingFace home (env HF_HOME); the cache is HFHome/hub
+	// unless HubCache names another. Empty, with HubCache, disables the cache
+	// and downloads.
 	HFHome string
+	// HubCache is the hub cache (env HF_HUB_CACHE, or the older
+	// HUGGINGFACE_HUB_CACHE), as huggingface_hub reads it; empty means
+	// HFHome/hub.
+	HubCache string
 	// Endpoint is the hub (env HF_ENDPOINT); DefaultEndpoint when empty.
 	Endpoint string
 	// Token is sent as "Authorization: Bearer" (env HF_TOKEN, else the
@@ -61,7 +66,8 @@ type Options struct {
 }
 
 // OptionsFromEnv reads TINKERFLEET_TOKENIZER_DIR, HF_HOME (default
-// $XDG_CACHE_HOME/huggingface or $HOME/.cache/huggingface), HF_ENDPOINT,
+// $XDG_CACHE_HOME/huggingface or $HOME/.cache/huggingface), HF_HUB_CACHE
+// (or HUGGINGFACE_HUB_CACHE), HF_ENDPOINT,
 // HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv). Without
 // HF_TOKEN, the token is read from the file huggingface_hub reads it from:
 // HF_TOKEN_PATH, default $HF_HOME/token (a Kubernetes secret mounted as a
@@ -70,8 +76,12 @@ func OptionsFromEnv(getenv func(string) string) Options {
 	o := Options{
 		Dir:      getenv("TINKERFLEET_TOKENIZER_DIR"),
 		HFHome:   getenv("HF_HOME"),
+		HubCache: getenv("HF_HUB_CACHE"),
 		Endpoint: getenv("HF_ENDPOINT"),
 		Token:    getenv("HF_TOKEN"),
+	}
+	if o.HubCache == "" {
+		o.HubCache = getenv("HUGGINGFACE_HUB_CACHE")
 	}
 	switch strings.ToLower(getenv("HF_HUB_OFFLINE")) {
 	case "1", "true", "yes", "on":
@@ -230,7 +240,7 @@ func (r *Registry) load(ctx context.Context, id string) (*Tokenizer, error) {
 	if strings.HasPrefix(id, "TML/") || strings.HasPrefix(id, "thinkingmachines/") {
 		return nil, fmt.Errorf("tokenizer %s is private to Thinking Machines (tml_tokenizers, §9); put it under Options.Dir: %w", id, ErrNotFound)
 	}
-	if r.opts.HFHome == "" || r.opts.Offline {
+	if r.hubCache() == "" || r.opts.Offline {
 		return nil, fmt.Errorf("tokenizer %s: not in the tokenizer dir or the HF cache, and downloads are off: %w", id, ErrNotFound)
 	}
 	return r.download(ctx, id)
@@ -278,14 +288,22 @@ func (r *Registry) localPath(id string) string {
 	return ""
 }
 
+// hubCache is the HF hub cache: Options.HubCache, or HFHome/hub; "" for none.
+func (r *Registry) hubCache() string {
+	if r.opts.HubCache != "" || r.opts.HFHome == "" {
+		return r.opts.HubCache
+	}
+	return filepath.Join(r.opts.HFHome, "hub")
+}
+
 // repoDir is the HF cache directory of a model repository.
 func (r *Registry) repoDir(id string) string {
-	return filepath.Join(r.opts.HFHome, "hub", "models--"+strings.ReplaceAll(id, "/", "--"))
+	return filepath.Join(r.hubCache(), "models--"+strings.ReplaceAll(id, "/", "--"))
 }
 
 // cachedPath finds tokenizer.json in the HF cache through refs/main.
 func (r *Registry) cachedPath(id string) string {
-	if r.opts.HFHome == "" {
+	if r.hubCache() == "" {
 		return ""
 	}
 	repo := r.repoDir(id)

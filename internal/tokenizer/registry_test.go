@@ -206,6 +206,34 @@ func TestRegistryHubErrors(t *testing.T) {
 	}
 }
 
+// TestRegistryUsesHFHubCache: HF_HUB_CACHE (or the older HUGGINGFACE_HUB_CACHE) moves the hub
+// cache out of $HF_HOME/hub, as huggingface_hub reads it: a tokenizer that library cached there
+// is found offline, and a download goes there, not under HF_HOME.
+func TestRegistryUsesHFHubCache(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t)}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, name := range []string{"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"} {
+		cache, home := t.TempDir(), t.TempDir()
+		env := map[string]string{name: cache, "HF_HOME": home, "HF_ENDPOINT": srv.URL}
+		opts := OptionsFromEnv(func(k string) string { return env[k] })
+		if _, err := NewRegistry(opts).ForID(context.Background(), "org/mini"); err != nil {
+			t.Fatalf("%s: download: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(cache, "models--org--mini", "snapshots", "0123abcd", "tokenizer.json")); err != nil {
+			t.Errorf("%s: not downloaded into it: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(home, "hub")); err == nil {
+			t.Errorf("%s: a download went under HF_HOME too", name)
+		}
+		env["HF_HUB_OFFLINE"] = "1"
+		opts = OptionsFromEnv(func(k string) string { return env[k] })
+		if tok, err := NewRegistry(opts).ForID(context.Background(), "org/mini"); err != nil || tok.Count("hello") != 2 {
+			t.Errorf("%s: offline, the cached tokenizer: %v", name, err)
+		}
+	}
+}
+
 // TestRegistryReadsHFTokenFile: without HF_TOKEN the token comes from the file huggingface_hub
 // keeps it in (HF_TOKEN_PATH, default $HF_HOME/token), so a Kubernetes secret mounted as a file
 // or `huggingface-cli login` opens gated repositories; a refusal names the file, never the token.
