@@ -138,11 +138,15 @@ func tokensNote(t queue.Tokens) string {
 func followToFile(ctx context.Context, q *queue.Queue, m queue.Manifest, path string, f resultFormat, wait bool, po progressOptions, env *environment) (summary, error) {
 	seen := map[queue.JobKey]bool{}
 	var sum summary
-	out, _, err := openOutput(path, m.BatchID, seen, &sum)
+	out, created, err := openOutput(path, m.BatchID, seen, &sum)
 	if err != nil {
 		return sum, err
 	}
-	return followInto(ctx, q, m, path, out, f, seen, sum, wait, po, env)
+	sum, err = followInto(ctx, q, m, path, out, f, seen, sum, wait, po, env)
+	if created && err != nil { // stopped before its first result: no empty file left, as submit -o
+		removeIfEmpty(path)
+	}
+	return sum, err
 }
 
 // followInto is followToFile on the file at path that openOutput opened as out, finding the

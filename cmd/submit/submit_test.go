@@ -1259,6 +1259,21 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 			t.Fatalf("the interrupted run left its output file %s behind (%v, %v)", name, fi, err)
 		}
 	}
+	// So does `results -o --wait`, interrupted before its first result.
+	batch, _, err := f.submit(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "results-waited.jsonl")
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	_, _, err = f.submit(ctx, "results", strings.TrimSpace(batch), "-o", out, "--wait")
+	cancel()
+	if !errors.Is(err, errInterrupted) {
+		t.Fatalf("results with no worker, interrupted: %v", err)
+	}
+	if fi, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the interrupted results left its output file behind (%v, %v)", fi, err)
+	}
 }
 
 // TestLocalSimulatedWorkerKeepsConnections: submit's in-process worker samples on the
