@@ -162,7 +162,9 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 	}
 	if !done {
 		res := deadLetterResult(raw.Data, batch, customID, unfinished(int(adv.Deliveries)))
-		if err := q.PublishDead(ctx, batch, customID, "max deliveries", raw.Data); err != nil {
+		if w.cancelled.has(batch) {
+			res = cancelledResult(raw.Data, batch, customID)
+		} else if err := q.PublishDead(ctx, batch, customID, "max deliveries", raw.Data); err != nil {
 			return err
 		}
 		first, err := w.publish(ctx, batch, &res)
@@ -183,7 +185,8 @@ func (w *Worker) deadLetter(ctx context.Context, adv maxDeliveriesAdvisory) erro
 // queue.Config.MaxDeliver): no worker finished it in the deliveries it had, each worker
 // having died with it (or handed it back on the last, the publish again failing). It is not
 // worked on again, as it may be what killed them; a worker that died between storing its
-// result and the ack may have finished it, though.
+// result and the ack may have finished it, though. A job of a cancelled batch ends as
+// cancelled, as every job of that batch without a result does, rather than as a dead letter.
 func (w *Worker) outOfDeliveries(ctx context.Context, msg jetstream.Msg, batch, customID string) outcome {
 	done, err := w.cfg.Queue.HasResult(ctx, batch, customID)
 	if err != nil {
@@ -191,6 +194,10 @@ func (w *Worker) outOfDeliveries(ctx context.Context, msg jetstream.Msg, batch, 
 	}
 	if done {
 		return outcome{settle: settleAck}
+	}
+	if w.cancelled.has(batch) {
+		res := cancelledResult(msg.Data(), batch, customID)
+		return outcome{result: &res, settle: settleAck}
 	}
 	return w.deadLettered(ctx, msg, batch, customID, unfinished(w.maxDeliver), "max deliveries")
 }
@@ -218,6 +225,16 @@ func deadLetterResult(data []byte, batch, customID, message string) jobs.Result 
 		Category:  jobs.CategoryServer,
 		Retryable: true,
 	})
+}
+
+// cancelledResult is the result of a job of a cancelled batch, its payload data, that ends
+// unsampled. Undecodable, the job is named by its custom id alone.
+func cancelledResult(data []byte, batch, customID string) jobs.Result {
+	job, err := jobs.DecodeJob(data)
+	if err != nil {
+		job = jobs.Job{CustomID: customID}
+	}
+	return *cancelled(job, batch).result
 }
 
 // unfinished is a dead letter's message for a job that no worker finished in n deliveries.

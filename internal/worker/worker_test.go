@@ -1131,6 +1131,47 @@ func TestAJobOutOfDeliveriesWhileNoWorkerRanIsDeadLettered(t *testing.T) {
 	}
 }
 
+// TestAJobOfACancelledBatchOutOfDeliveriesEndsCancelled: a job of a cancelled batch that no
+// worker finished in its deliveries ends as cancelled, as every other job of the batch
+// without a result does, not as a dead letter: whether the server announces it (its
+// delivery kept for the dead letter died too) or a worker gets it on that delivery.
+func TestAJobOfACancelledBatchOutOfDeliveriesEndsCancelled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  queue.Config
+		die  func(b *testBundle) time.Time
+	}{
+		{"announced", queue.Config{MaxDeliver: 2, AckWait: 2 * time.Second}, func(b *testBundle) time.Time { return exhaust(t, b, 1) }},
+		{"on its extra delivery", queue.Config{MaxDeliver: 1, AckWait: 300 * time.Millisecond}, func(b *testBundle) time.Time {
+			dieWith(t, b, 1)
+			time.Sleep(4 * b.results.Config.AckWait) // out of deliveries with no worker to hear of it
+			return time.Time{}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.cfg, tinkersim.Config{Capacity: 8})
+			publishJobs(t, b.results, "called-off", []jobs.Job{{CustomID: "orphan", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1}, NumSamples: 1}})
+			taken := tc.die(b)
+			if _, err := b.results.PutManifest(context.Background(), queue.Manifest{BatchID: "called-off", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
+				t.Fatal(err)
+			}
+			run(t, b.open(t, b.connect(t), Config{Concurrency: 4}))
+			if !taken.IsZero() {
+				listening(t, b, 1, taken)
+			}
+			r := waitResults(t, b.results, "called-off", 1, 30*time.Second)["orphan"]
+			if r.Status != jobs.StatusCancelled || r.Error == nil || r.Error.Code != jobs.CodeCancelled {
+				t.Fatalf("result = %+v, error %+v; want cancelled", r, r.Error)
+			}
+			if n := b.sim.Stats().SamplesAccepted; n != 0 {
+				t.Fatalf("the job of a cancelled batch was sampled %d times", n)
+			}
+		})
+	}
+}
+
 // TestAWorkerCutOffTakesNoDeadLetterFromTheOthers: a worker whose link to NATS died without a
 // word (a dead network, a frozen machine) still counts, for the server, until the server's
 // own pings give up on it (minutes, with its defaults). The server announces each job out
