@@ -11,9 +11,16 @@ const (
 	URLCompletions     = "/v1/completions"
 )
 
+// CompletionsDefaultMaxTokens is the max_tokens of a /v1/completions line that leaves it out
+// (or null): OpenAI's documented default, which vLLM's server takes too. Without it the line
+// would sample as many tokens as the Tinker service allows, not the 16 it asks for elsewhere.
+// A chat line has no such default (OpenAI's is the rest of the context window).
+const CompletionsDefaultMaxTokens = 16
+
 // The rule for OpenAI body fields (also stated in schemas/job.schema.json):
 //
-//   - honoured: model, prompt (completions) / messages (chat), max_tokens,
+//   - honoured: model, prompt (completions) / messages (chat), max_tokens (completions: 16
+//     when absent or null, OpenAI's default),
 //     max_completion_tokens (chat), temperature, top_p, top_k (a vLLM extension), n (→ num_samples),
 //     stop, seed, metadata (kept as the job's metadata and returned in the result),
 //     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it),
@@ -300,6 +307,10 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 	}
 	if j.Params.MaxTokens, fe = intPtr(maxTokens, names.maxTokens); fe != nil {
 		return j, fe
+	}
+	if j.Params.MaxTokens == nil && !chat {
+		def := CompletionsDefaultMaxTokens
+		j.Params.MaxTokens = &def
 	}
 	if j.Params.Temperature, fe = floatPtr(temperature, "body.temperature"); fe != nil {
 		return j, fe

@@ -80,24 +80,38 @@ func TestOpenAIMapping(t *testing.T) {
 		{
 			name: "a completion with the chat endpoint's fields as null",
 			line: `{"custom_id":"p2","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","messages":null,"max_completion_tokens":null,"top_logprobs":null,"chat_template_kwargs":null,"reasoning_effort":null,"response_format":null}}`,
-			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1},
+			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1,
+				Params: SamplingParams{MaxTokens: intp(16)}},
 		},
 		{
 			name: "completions top_k 0, vLLM's no limit",
 			line: `{"custom_id":"p0","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","top_k":0}}`,
 			want: Job{CustomID: "p0", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1,
-				Params: SamplingParams{TopK: intp(-1)}},
+				Params: SamplingParams{MaxTokens: intp(16), TopK: intp(-1)}},
 		},
 		{
 			name: "completions list of one string",
 			line: `{"custom_id":"p2","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":["Only one"]}}`,
-			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Only one", NumSamples: 1},
+			want: Job{CustomID: "p2", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Only one", NumSamples: 1,
+				Params: SamplingParams{MaxTokens: intp(16)}},
 		},
 		{
 			name: "completions token ids and stop token ids",
 			line: `{"custom_id":"p3","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":[151644,872,198],"stop":[151645]}}`,
 			want: Job{CustomID: "p3", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", PromptTokens: []int{151644, 872, 198},
-				NumSamples: 1, Params: SamplingParams{Stop: Stop{TokenIDs: []int{151645}}}},
+				NumSamples: 1, Params: SamplingParams{MaxTokens: intp(16), Stop: Stop{TokenIDs: []int{151645}}}},
+		},
+		{
+			name: "completions without max_tokens: OpenAI's (and vLLM's) default of 16",
+			line: `{"custom_id":"p5","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon"}}`,
+			want: Job{CustomID: "p5", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once upon", NumSamples: 1,
+				Params: SamplingParams{MaxTokens: intp(16)}},
+		},
+		{
+			name: "completions max_tokens null, which asks for the default",
+			line: `{"custom_id":"p6","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":null}}`,
+			want: Job{CustomID: "p6", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once upon", NumSamples: 1,
+				Params: SamplingParams{MaxTokens: intp(16)}},
 		},
 		{
 			name: "completions list of one token list, tinker model path",
