@@ -26,7 +26,8 @@ const CompletionsDefaultMaxTokens = 16
 //     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it),
 //     chat_template_kwargs (chat; vLLM's extension, only its thinking switch);
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
-//     logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
+//     safety_identifier, prompt_cache_key and prompt_cache_retention (what OpenAI now has in
+//     place of user), logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
 //     logit_bias ({}), top_logprobs (0), completions logprobs (0), echo (false), suffix (""),
@@ -187,7 +188,7 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 			seed = v
 		case "metadata":
 			metadata = v
-		case "user", "store", "service_tier":
+		case "user", "store", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention":
 			// Bookkeeping only; ignored.
 		case "logprobs":
 			if chat {

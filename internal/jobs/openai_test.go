@@ -36,6 +36,12 @@ func TestOpenAIMapping(t *testing.T) {
 			},
 		},
 		{
+			name: "chat with the bookkeeping fields that replace user (safety_identifier, prompt_cache_key)",
+			line: `{"custom_id":"c6","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":8,"safety_identifier":"u-9f2c","prompt_cache_key":"eval-v2","prompt_cache_retention":"24h"}}`,
+			want: Job{CustomID: "c6", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, NumSamples: 1, Params: SamplingParams{MaxTokens: intp(8)}},
+		},
+		{
 			name: "chat with the thinking switch (vLLM's chat_template_kwargs)",
 			line: `{"custom_id":"c3","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":true}}}`,
 			want: Job{CustomID: "c3", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
