@@ -447,3 +447,181 @@ func TestFormatOfResult(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendOpenAIParsesAsOpenAIPythonTypes reads every kind of line AppendOpenAI writes the way
+// the official openai-python client's pydantic types would (ChatCompletion, Completion,
+// CompletionUsage, ErrorObject; the batch line itself is the OpenAPI spec's BatchRequestOutput):
+// each required field present with its type, each Literal one of the values the client knows,
+// Optional fields null or of their type. Extra fields (reasoning_content) are allowed, as the
+// client allows them.
+func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
+	t.Parallel()
+	ok := func(format, model string, samples ...Sample) Result {
+		return Result{CustomID: "ok-" + format + model, BatchID: "b", Status: StatusOK, Model: model, Format: format,
+			Samples: samples, Usage: &Usage{PromptTokens: 9, CompletionTokens: 4, CacheHitTokens: 3}}
+	}
+	s := func(text, stop string) Sample { return Sample{Text: text, Tokens: []int{1}, StopReason: stop} }
+	results := []Result{
+		ok(FormatOpenAIChat, "Qwen/Qwen3-8B", s("Hi", StopReasonStop), s("", StopReasonLength)),
+		ok(FormatOpenAIChat, "Qwen/Qwen3-8B", s("<think>\nhm\n</think>\n\nYes", StopReasonStop)),
+		ok(FormatOpenAIChat, "openai/gpt-oss-20b", s("<|channel|>analysis<|message|>cut", StopReasonLength)),
+		ok(FormatOpenAICompletions, "tinker://x:train:0/sampler_weights/s", s(" a", StopReasonStop), s(" é\u2028", StopReasonLength)),
+		ok("", "m", s("native", StopReasonStop)),
+		{CustomID: "no-usage", BatchID: "b", Status: StatusOK, Model: "m", Format: FormatOpenAIChat, Samples: []Sample{s("x", StopReasonStop)}},
+		CancelledResult(Job{CustomID: "cc", Model: "m", Format: FormatOpenAIChat}, "b", "batch cancelled"),
+	}
+	for _, code := range []string{CodeInvalidJob, CodeContextTooLong, CodeTokenize, CodeAPIError, CodeFailedFuture,
+		CodeRateLimited, CodeTimeout, CodeDeadLetter, CodeInternal} {
+		for _, cat := range []Category{CategoryUser, CategoryServer, CategoryUnknown} {
+			results = append(results, Result{CustomID: "e-" + code + string(cat), BatchID: "b", Status: StatusError,
+				Model: "m", Format: FormatOpenAICompletions, Error: &ResultError{Code: code, Message: "m", Category: cat}})
+		}
+	}
+	for _, r := range results {
+		b, err := r.AppendOpenAI(nil, created)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line map[string]any
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		if err := dec.Decode(&line); err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		p := pyChecker{t: t, line: b}
+		p.str(line, "id", false)
+		p.str(line, "custom_id", false)
+		if e := p.obj(line, "error", true); e != nil {
+			p.str(e, "code", false)
+			p.str(e, "message", false)
+		}
+		resp := p.obj(line, "response", true)
+		if resp == nil {
+			continue
+		}
+		status := p.integer(resp, "status_code", false)
+		p.str(resp, "request_id", false)
+		body := p.obj(resp, "body", false)
+		if status != 200 {
+			e := p.obj(body, "error", false) // ErrorObject
+			p.str(e, "message", false)
+			p.str(e, "type", false)
+			p.str(e, "param", true)
+			p.str(e, "code", true)
+			continue
+		}
+		p.str(body, "id", false)
+		p.integer(body, "created", false)
+		p.str(body, "model", false)
+		object := p.str(body, "object", false)
+		if u := p.obj(body, "usage", true); u != nil { // CompletionUsage
+			in, out, total := p.integer(u, "prompt_tokens", false), p.integer(u, "completion_tokens", false), p.integer(u, "total_tokens", false)
+			if total != in+out {
+				t.Errorf("%s: total_tokens %d is not prompt_tokens + completion_tokens", b, total)
+			}
+			if d := p.obj(u, "prompt_tokens_details", true); d != nil {
+				p.integer(d, "cached_tokens", true)
+			}
+		}
+		choices, ok := body["choices"].([]any)
+		if !ok {
+			t.Errorf("%s: choices is not a list", b)
+		}
+		for i, c := range choices {
+			choice, _ := c.(map[string]any)
+			if p.integer(choice, "index", false) != int64(i) {
+				t.Errorf("%s: choice %d has index %v", b, i, choice["index"])
+			}
+			finish := p.str(choice, "finish_reason", false)
+			switch object {
+			case "chat.completion": // Choice, ChatCompletionMessage, ChoiceLogprobs
+				p.literal(finish, "stop", "length", "tool_calls", "content_filter", "function_call")
+				m := p.obj(choice, "message", false)
+				p.literal(p.str(m, "role", false), "assistant")
+				p.str(m, "content", true)
+				p.str(m, "refusal", true)
+				if lp := p.obj(choice, "logprobs", true); lp != nil {
+					t.Errorf("%s: logprobs %v (the content and refusal lists of ChoiceLogprobs)", b, lp)
+				}
+			case "text_completion": // CompletionChoice
+				p.literal(finish, "stop", "length", "content_filter")
+				p.str(choice, "text", false)
+				if _, ok := choice["logprobs"]; !ok {
+					t.Errorf("%s: CompletionChoice.logprobs is required (Optional, no default)", b)
+				}
+				p.obj(choice, "logprobs", true)
+			default:
+				t.Errorf("%s: object %q is neither chat.completion nor text_completion", b, object)
+			}
+		}
+	}
+}
+
+// pyChecker checks fields of a decoded line as a pydantic model of openai-python would.
+type pyChecker struct {
+	t    *testing.T
+	line []byte
+}
+
+// field returns m[k]; a missing or null field is an error unless optional.
+func (p pyChecker) field(m map[string]any, k string, optional bool) (any, bool) {
+	p.t.Helper()
+	v, ok := m[k]
+	if !ok && !optional {
+		p.t.Errorf("%s: required field %q missing", p.line, k)
+	}
+	if ok && v == nil && !optional {
+		p.t.Errorf("%s: field %q is null but not Optional", p.line, k)
+	}
+	return v, ok && v != nil
+}
+
+func (p pyChecker) str(m map[string]any, k string, optional bool) string {
+	p.t.Helper()
+	v, set := p.field(m, k, optional)
+	if !set {
+		return ""
+	}
+	s, ok := v.(string)
+	if !ok {
+		p.t.Errorf("%s: field %q is %T, not str", p.line, k, v)
+	}
+	return s
+}
+
+func (p pyChecker) integer(m map[string]any, k string, optional bool) int64 {
+	p.t.Helper()
+	v, set := p.field(m, k, optional)
+	if !set {
+		return 0
+	}
+	n, ok := v.(json.Number)
+	i, err := n.Int64()
+	if !ok || err != nil {
+		p.t.Errorf("%s: field %q is %v, not int", p.line, k, v)
+	}
+	return i
+}
+
+func (p pyChecker) obj(m map[string]any, k string, optional bool) map[string]any {
+	p.t.Helper()
+	v, set := p.field(m, k, optional)
+	if !set {
+		return nil
+	}
+	o, ok := v.(map[string]any)
+	if !ok {
+		p.t.Errorf("%s: field %q is %T, not an object", p.line, k, v)
+	}
+	return o
+}
+
+func (p pyChecker) literal(v string, allowed ...string) {
+	p.t.Helper()
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	p.t.Errorf("%s: %q is not one of the Literal values %q", p.line, v, allowed)
+}
