@@ -27,7 +27,8 @@ const CompletionsDefaultMaxTokens = 16
 //     chat_template_kwargs (chat; vLLM's extension, only its thinking switch);
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
 //     safety_identifier, prompt_cache_key and prompt_cache_retention (what OpenAI now has in
-//     place of user), logprobs in chat (a boolean: the result always carries the sampled tokens' logprobs);
+//     place of user), logprobs in chat (a boolean: a native result always carries the sampled
+//     tokens' logprobs, an OpenAI-format one never does);
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
 //     logit_bias ({}), top_logprobs (0), completions logprobs (0), echo (false), suffix (""),
