@@ -44,12 +44,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// stoppedBy starts the child through sh (script first, then exec), sends it signals in order,
-// and returns what it says stopped it.
-func stoppedBy(t *testing.T, script string, signals ...syscall.Signal) string {
+// startChild starts the child through sh (script first, then exec) with env added to its
+// environment, and returns it once it says it is ready, with the reader of its lines.
+func startChild(t *testing.T, script string, env ...string) (*exec.Cmd, *bufio.Scanner) {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", script+`; exec "$0" -test.run=^$`, os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +61,14 @@ func stoppedBy(t *testing.T, script string, signals ...syscall.Signal) string {
 	if !lines.Scan() || lines.Text() != "ready" {
 		t.Fatalf("child did not start: %q", lines.Text())
 	}
+	return cmd, lines
+}
+
+// stoppedBy starts the child (startChild), sends it signals in order, and returns what it
+// says stopped it.
+func stoppedBy(t *testing.T, script string, signals ...syscall.Signal) string {
+	t.Helper()
+	cmd, lines := startChild(t, script)
 	for _, sig := range signals {
 		if err := cmd.Process.Signal(sig); err != nil {
 			t.Fatal(err)
@@ -101,24 +109,7 @@ func TestSignalsIgnoredAtStartStayIgnored(t *testing.T) {
 // (a supervisor's) lets the stop go on.
 func TestASecondCtrlCKillsAtOnce(t *testing.T) {
 	t.Parallel()
-	start := func(drain string) (*exec.Cmd, *bufio.Scanner) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=1", drainEnv+"="+drain)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := bufio.NewScanner(out)
-		if !lines.Scan() || lines.Text() != "ready" {
-			t.Fatalf("child did not start: %q", lines.Text())
-		}
-		return cmd, lines
-	}
-
-	cmd, lines := start("20s")
+	cmd, lines := startChild(t, "true", drainEnv+"=20s")
 	cmd.Process.Signal(syscall.SIGINT)
 	if !lines.Scan() || lines.Text() != "stopped by interrupt signal received" {
 		t.Fatalf("after the first Ctrl-C: %q", lines.Text())
@@ -149,7 +140,7 @@ wait:
 		t.Errorf("after a second Ctrl-C the child ended with %v, want killed by SIGINT", err)
 	}
 
-	cmd, lines = start("500ms")
+	cmd, lines = startChild(t, "true", drainEnv+"=500ms")
 	cmd.Process.Signal(syscall.SIGTERM)
 	lines.Scan()
 	cmd.Process.Signal(syscall.SIGTERM)
