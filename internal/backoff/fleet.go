@@ -477,10 +477,12 @@ func (f *Fleet) streamCreated(at time.Time) bool {
 // restore creates the bucket again if err says it is gone (deleted, or a store lost), so that
 // the fleet backoff works again without a restart: every Signal failed meanwhile. The bucket's
 // new revisions start from 1, so the last revision seen is forgotten. It reports whether it
-// made the bucket again.
+// made the bucket again. A watch made while the bucket is gone (a server back without its
+// store) fails with the older nats package's ErrStreamNotFound, which KeyValue.Watch
+// subscribes through.
 func (f *Fleet) restore(ctx context.Context, err error) bool {
 	if !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) &&
-		!errors.Is(err, nats.ErrNoResponders) {
+		!errors.Is(err, nats.ErrStreamNotFound) && !errors.Is(err, nats.ErrNoResponders) {
 		return false
 	}
 	if _, err := f.js.KeyValue(ctx, f.cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {

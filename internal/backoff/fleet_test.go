@@ -3,6 +3,7 @@ package backoff
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -626,4 +627,35 @@ func twoFleets(t *testing.T, resync time.Duration) (url string, a, b *Fleet, js 
 	_, js = connect(t, s.ClientURL())
 	b = open(t, js, Config{Resync: resync})
 	return s.ClientURL(), a, b, js
+}
+
+// TestAServerThatLostItsStoreGetsTheBucketAgain: a NATS server restarted without its store
+// (no persistent volume) comes back with no backoff bucket. The workers reconnect, and their
+// watches, made again at once, fail with the older nats package's "stream not found", which
+// was not taken for a bucket gone: they retried for ever, never reaching the resync that
+// makes the bucket again, every Signal failed, and no worker learned another's 429 until one
+// restarted.
+func TestAServerThatLostItsStoreGetsTheBucketAgain(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	port := s.Addr().(*net.TCPAddr).Port
+	_, js := connect(t, s.ClientURL())
+	fleets := threeFleets(t, s.ClientURL())
+	if err := fleets[0].Signal(ctxT(t), ReasonRateLimited, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range fleets {
+		eventually(t, fmt.Sprintf("fleet %d to see the first pause", i), func() bool { return f.State().Revision == 1 })
+	}
+	stopServer(s)
+	startServer(t, t.TempDir(), port) // the same address, an empty store
+	eventually(t, "the bucket to be made again", func() bool {
+		_, err := js.KeyValue(ctxT(t), DefaultBucket)
+		return err == nil
+	})
+	if err := fleets[0].Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range fleets[1:] {
+		eventually(t, fmt.Sprintf("fleet %d to see the pause", i+1), f.Active)
+	}
 }
