@@ -45,11 +45,12 @@
 // by the one-way latency of the probe (tens of µs on a LAN). Signal skips
 // the write when the known deadline surely covers now + d less a coalescing
 // slack (d/10, at most 250 ms), judged with hi (server now ≤ local now + hi),
-// so a burst of 429s costs one write, not one per sample. Before writing,
-// Signal applies at once the lower bound now + lo + d of the new deadline, so
-// the signalling worker's next Wait blocks without waiting for the watch, and
-// still backs off when NATS is unreachable; the watch then delivers the exact
-// value.
+// so a burst of 429s costs one write, not one per sample; a deadline that a
+// failed write of this worker may have set alone does not count (the fleet
+// would never learn of the pause). Before writing, Signal applies at once the
+// lower bound now + lo + d of the new deadline, so the signalling worker's
+// next Wait blocks without waiting for the watch, and still backs off when
+// NATS is unreachable; the watch then delivers the exact value.
 //
 // # The watch
 //

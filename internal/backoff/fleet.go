@@ -97,6 +97,9 @@ type Fleet struct {
 	deadline atomic.Int64 // server unix ns, 0 = none; only moves forward
 	offLo    atomic.Int64 // lower bound of server − local clock, ns
 	offHi    atomic.Int64 // upper bound of server − local clock, ns
+	// unwritten is the latest deadline this worker applied for a Signal whose write failed
+	// (server unix ns, 0 = none): up to it, the deadline in memory may be known here only.
+	unwritten atomic.Int64
 
 	mu      sync.Mutex // guards reason, lastRev and created
 	reason  string
@@ -276,19 +279,38 @@ func (f *Fleet) State() State {
 // shortens it: the new entry's floor is the current deadline, written with a
 // compare-and-swap on the revision read (kv.Create for the first write), and
 // retried on conflict. It returns without writing if the deadline known in
-// memory already covers now + d for sure. On success the local copy is
+// memory already covers now + d for sure, unless a failed Signal of this
+// worker may have set that deadline alone. On success the local copy is
 // extended at once to a lower bound of the new deadline; the watch then
 // delivers the exact one.
 func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	if f.covers(f.deadline.Load(), d) {
+	// A deadline in memory no later than one of a failed write may be this worker's alone:
+	// it spares no signal its write, or the fleet would never learn of the pause.
+	if dl := f.deadline.Load(); dl > f.unwritten.Load() && f.covers(dl, d) {
 		return nil
 	}
 	// This worker backs off at once, whatever happens to the write: a lower bound of the
 	// deadline about to be stored (or, if NATS is unreachable, of the one it would have).
-	f.extend(f.now().UnixNano()+f.offLo.Load()+int64(d), reason, 0)
+	own := f.now().UnixNano() + f.offLo.Load() + int64(d)
+	f.extend(own, reason, 0)
+	err := f.write(ctx, reason, d)
+	if err != nil {
+		for {
+			old := f.unwritten.Load()
+			if own <= old || f.unwritten.CompareAndSwap(old, own) {
+				break
+			}
+		}
+	}
+	return err
+}
+
+// write stores a deadline of at least (server now) + d for Signal, with a compare-and-swap
+// on the revision read, retried on conflict.
+func (f *Fleet) write(ctx context.Context, reason string, d time.Duration) error {
 	for range maxCASRetries {
 		var (
 			rev    uint64

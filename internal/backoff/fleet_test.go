@@ -515,6 +515,26 @@ func TestSignalBacksOffLocallyWhenNATSIsDown(t *testing.T) {
 	}
 }
 
+// TestASignalThatFailedIsNotTakenAsWritten: a Signal that could not be written (NATS
+// unreachable for a moment, its context ended) still backs the worker off on its own copy
+// of the deadline. The next 429s of the same worker found that copy covering them and
+// returned without writing, so the rest of the fleet never learned of the pause.
+func TestASignalThatFailedIsNotTakenAsWritten(t *testing.T) {
+	_, a, b, _ := twoFleets(t, time.Hour)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.Signal(ended, ReasonRateLimited, time.Hour); err == nil {
+		t.Fatal("a Signal with its context ended reported success")
+	}
+	if !a.Active() {
+		t.Fatal("the worker whose Signal failed does not back off")
+	}
+	if err := a.Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the other worker to see the pause", b.Active)
+}
+
 func TestWaitersWakeSpreadOverTheJitterAndRecheck(t *testing.T) {
 	s := startServer(t, t.TempDir(), -1)
 	_, js := connect(t, s.ClientURL())
