@@ -96,6 +96,31 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 	}
 }
 
+// TestContractionOfLongS: HF's regex engine (Oniguruma) matches (?i:'s|...) by Unicode case
+// folding, so "'ſ" (U+017F, which folds to s) is a contraction, where regexp2 sees none. The
+// pieces are HF's (pre_tokenize_str of the Qwen3, Llama 3 and gpt-oss tokenizers). For gpt-oss
+// the ids differ too: "a'ſ'SV" is [64 6 70067 6 22636] in HF (gpt-oss-golden.jsonl).
+func TestContractionOfLongS(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sp   splitter
+		text string
+		want []string
+	}{
+		{"qwen2", scanner{maxDigits: 1}, "'ſſ", []string{"'ſ", "ſ"}},
+		{"qwen2", scanner{maxDigits: 1}, "The King'ſ Crown", []string{"The", " King", "'ſ", " Crown"}},
+		{"llama3", scanner{maxDigits: 3}, "'ſtand", []string{"'ſ", "tand"}},
+		{"llama3", scanner{maxDigits: 3}, "a'ſ'SV", []string{"a", "'ſ", "'S", "V"}},
+		{"o200k", o200kScanner{}, "a'ſ'SV", []string{"a'ſ", "'SV"}},
+		{"o200k", o200kScanner{}, "Let'ſ 'SEE", []string{"Let'ſ", " '", "SEE"}},
+		{"o200k", o200kScanner{}, "'ſtand", []string{"'ſtand"}},
+	} {
+		if got := collect(tc.sp, tc.text); !slices.Equal(got, tc.want) {
+			t.Errorf("%s %q: pieces %q, HF's %q", tc.name, tc.text, got, tc.want)
+		}
+	}
+}
+
 // withRegexSplitter returns a copy of tok that splits with regexp2.
 func withRegexSplitter(t testing.TB, tok *Tokenizer, pattern string) *Tokenizer {
 	return withRegexSplitters(t, tok, pattern)

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -87,7 +88,8 @@ func classAt(s string, i int) (uint8, int) {
 // (maxDigits 3) by hand, with the exact leftmost-first, greedy, backtracking
 // semantics of the regex engines (Oniguruma in HF tokenizers). It is about
 // twenty times faster than regexp2; TestScannerMatchesRegexp2 proves the two
-// agree on a large mixed corpus.
+// agree on a large mixed corpus. Where regexp2 is not Oniguruma, the scanner follows
+// Oniguruma: "'ſ" is a contraction (see contraction).
 type scanner struct {
 	maxDigits int
 }
@@ -100,10 +102,16 @@ func (sc scanner) split(s string, emit func(string)) {
 	}
 }
 
-// contraction returns the length of (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[i:], or 0.
+// contraction returns the length of (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[i:], or 0. HF's regex
+// engine (Oniguruma) matches case-insensitively by Unicode case folding, under which U+017F
+// LATIN SMALL LETTER LONG S is an s: "'ſ" is a contraction too. It is the only character
+// beyond ASCII that folds to one of these letters.
 func contraction(s string, i int) int {
 	if s[i] != '\'' || i+1 >= len(s) {
 		return 0
+	}
+	if strings.HasPrefix(s[i+1:], "\u017f") {
+		return 1 + len("\u017f")
 	}
 	switch s[i+1] | 0x20 {
 	case 's', 't', 'm', 'd':
