@@ -563,6 +563,14 @@ func (t *Tokenizer) Decode(ids []int) string {
 	return string(buf)
 }
 
+// AppendTokenBytes appends to dst the bytes that token id stands for: its raw bytes as the
+// byte-level vocabulary gives them (a token may be part of a UTF-8 sequence, then they are
+// not valid UTF-8 alone), or an added token's content. An unknown id appends nothing, as
+// Decode skips it. Decode(ids) is the concatenation of its tokens' bytes, made valid UTF-8.
+func (t *Tokenizer) AppendTokenBytes(dst []byte, id int) []byte {
+	return append(dst, t.idBytes.get(id)...)
+}
+
 // TokenID returns the id of an added token by its content (e.g.
 // "<|im_end|>"), or else of the vocabulary token whose text is s.
 func (t *Tokenizer) TokenID(s string) (int, bool) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -131,6 +132,31 @@ func TestTokenBytes(t *testing.T) {
 		if got := tb.get(id); !bytes.Equal(got, []byte(want)) {
 			t.Errorf("get(%d) = %q, want %q", id, got, want)
 		}
+	}
+}
+
+// TestAppendTokenBytes: a token's bytes are those of the byte-level vocabulary, a part of a
+// UTF-8 sequence included, and an added token's content; an unknown id has none; and the
+// bytes of a text's tokens, one after another, are the text.
+func TestAppendTokenBytes(t *testing.T) {
+	tok := qwen3(t)
+	for id, want := range map[int]string{9707: "Hello", 1879: " world", 220: " ", 56568: "你", 100: "\xa7",
+		151645: "<|im_end|>", -1: "", 1 << 30: ""} {
+		if got := tok.AppendTokenBytes([]byte("x"), id); string(got) != "x"+want {
+			t.Errorf("AppendTokenBytes(%q, %d) = %q, want %q", "x", id, got, "x"+want)
+		}
+	}
+	text := "Hello, 你好 🙂 𝔘 <|im_end|>"
+	ids := tok.Encode(text)
+	var b []byte
+	partial := false
+	for _, id := range ids {
+		n := len(b)
+		b = tok.AppendTokenBytes(b, id)
+		partial = partial || !utf8.Valid(b[n:])
+	}
+	if string(b) != text || !partial {
+		t.Errorf("bytes of the tokens %v of %q: %q (a token part of a character: %v)", ids, text, b, partial)
 	}
 }
 
