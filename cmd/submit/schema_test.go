@@ -227,7 +227,8 @@ func TestOutputsFollowTheirSchemas(t *testing.T) {
 
 // TestResultFilesFollowTheirSchemas runs jobs of every kind through a worker and the
 // simulator (ok with samples, logprobs, top-k logprobs and several samples, errors of several
-// codes, failed futures, cancelled jobs; native and OpenAI lines) and validates every line
+// codes, failed futures, cancelled jobs; native and OpenAI lines, some asking for logprobs,
+// one of them without a tokenizer) and validates every line
 // submit writes, in each --result-format, against result.schema.json or
 // openai-result.schema.json.
 func TestResultFilesFollowTheirSchemas(t *testing.T) {
@@ -247,9 +248,10 @@ func TestResultFilesFollowTheirSchemas(t *testing.T) {
 			`{"custom_id":"n-chat-%d","model":"Qwen/Qwen3-8B","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"thinking":true,"sampling_params":{"max_tokens":1}}`,
 			`{"custom_id":"n-long-%d","model":"Qwen/Qwen3-8B","prompt_tokens":[` + long + `],"sampling_params":{"max_tokens":32768}}`,
 			`{"custom_id":"n-notok-%d","model":"meta-llama/Llama-3.2-1B","prompt":"no tokenizer offline"}`,
-			`{"custom_id":"o-chat-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"developer","content":"Think."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_completion_tokens":12,"n":2,"chat_template_kwargs":{"enable_thinking":true},"metadata":{"m":1}}}`,
+			`{"custom_id":"o-chat-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"developer","content":"Think."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_completion_tokens":12,"n":2,"chat_template_kwargs":{"enable_thinking":true},"metadata":{"m":1},"logprobs":true}}`,
 			`{"custom_id":"o-long-%d","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"max_tokens":32768}}`,
-			`{"custom_id":"o-cmpl-%d","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":[[9707,11]],"max_tokens":5,"stop":"\n","n":2,"best_of":2}}`,
+			`{"custom_id":"o-cmpl-%d","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":[[9707,11]],"max_tokens":5,"stop":"\n","n":2,"best_of":2,"logprobs":0}}`,
+			`{"custom_id":"o-ids-notok-%d","url":"/v1/completions","body":{"model":"meta-llama/Llama-3.2-1B","prompt":[128000,9906],"max_tokens":5,"logprobs":0}}`,
 			`{"custom_id":"o-notok-%d","url":"/v1/completions","body":{"model":"meta-llama/Llama-3.2-1B","prompt":"no tokenizer offline","max_tokens":5}}`,
 		} {
 			lines = append(lines, fmt.Sprintf(l, i))

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -2332,6 +2333,168 @@ func TestOpenAILinesGetOpenAIResults(t *testing.T) {
 	}
 	if len(all) != 4 {
 		t.Errorf("%d openai lines", len(all))
+	}
+}
+
+// TestOpenAILogprobsComeBackInOpenAIShapes: a chat line with "logprobs": true and a
+// completions line with "logprobs": 0, run through a worker and the simulator, get OpenAI's
+// logprobs, one entry per completion token, whose bytes (tokens, for a completion) make the
+// choice's text: a chat's with the stop token that ended it after it. A line that did not ask
+// keeps "logprobs": null, and its stored result has no token bytes. The simulator samples
+// Qwen3 ids from 1000 to 1276, each whole UTF-8 alone (id 1277 is the first above 1000 that is
+// a part of a character), so that the text is the bytes exactly, not them made valid UTF-8.
+func TestOpenAILogprobsComeBackInOpenAIShapes(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 16, TokenMin: 1000, TokenMax: 1277})
+	f.startWorker(4)
+	in := writeLines(t, []string{
+		`{"custom_id":"chat","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":24,"n":3,"logprobs":true,"top_logprobs":0}}`,
+		`{"custom_id":"cmpl","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":24,"n":2,"logprobs":0}}`,
+		`{"custom_id":"plain","method":"POST","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":8,"logprobs":false}}`,
+	})
+	ctx := context.Background()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	batch, stderr, err := f.submit(ctx, in, "-o", out)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := outputLines(t, data)
+	type choice struct {
+		Text    *string `json:"text"`
+		Message *struct {
+			Content   string  `json:"content"`
+			Reasoning *string `json:"reasoning_content"`
+		} `json:"message"`
+		FinishReason string          `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+	}
+	body := func(id string) (choices []choice, completionTokens int) {
+		t.Helper()
+		var o struct {
+			Response struct {
+				Body struct {
+					Choices []choice `json:"choices"`
+					Usage   struct {
+						CompletionTokens int `json:"completion_tokens"`
+					} `json:"usage"`
+				} `json:"body"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal(lines[id], &o); err != nil || len(o.Response.Body.Choices) == 0 {
+			t.Fatalf("%s: %s: %v", id, lines[id], err)
+		}
+		return o.Response.Body.Choices, o.Response.Body.Usage.CompletionTokens
+	}
+	strict := func(raw []byte, v any) {
+		t.Helper()
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			t.Fatalf("logprobs %s: %v", raw, err)
+		}
+	}
+
+	choices, completionTokens := body("chat")
+	entries := 0
+	for i, c := range choices {
+		var lp struct {
+			Content []struct {
+				Token       string            `json:"token"`
+				Logprob     float64           `json:"logprob"`
+				RawBytes    []int             `json:"bytes"`
+				TopLogprobs []json.RawMessage `json:"top_logprobs"`
+			} `json:"content"`
+			Refusal json.RawMessage `json:"refusal"`
+		}
+		strict(c.Logprobs, &lp)
+		if c.Message == nil || c.Message.Reasoning != nil || len(lp.Content) == 0 || string(lp.Refusal) != "null" {
+			t.Fatalf("chat choice %d: %+v, logprobs %s", i, c, c.Logprobs)
+		}
+		entries += len(lp.Content)
+		var text []byte
+		for k, e := range lp.Content {
+			if e.Logprob > 0 || e.Logprob < -9999 || e.TopLogprobs == nil || len(e.TopLogprobs) != 0 {
+				t.Errorf("chat choice %d entry %d: %+v", i, k, e)
+			}
+			var tb []byte
+			for _, b := range e.RawBytes {
+				tb = append(tb, byte(b))
+			}
+			if e.Token != string(tb) {
+				t.Errorf("chat choice %d entry %d: token %q, bytes %q", i, k, e.Token, tb)
+			}
+			if k == len(lp.Content)-1 && c.FinishReason == "stop" {
+				if !strings.HasPrefix(e.Token, "<|") {
+					t.Errorf("chat choice %d ended by %q, not a stop token", i, e.Token)
+				}
+				break // the stop token that ended the answer, which the text leaves out
+			}
+			text = append(text, tb...)
+		}
+		if string(text) != c.Message.Content {
+			t.Errorf("chat choice %d: the tokens' bytes make %q, the content is %q", i, text, c.Message.Content)
+		}
+	}
+	if entries != completionTokens {
+		t.Errorf("chat: %d logprobs for %d completion tokens", entries, completionTokens)
+	}
+
+	choices, completionTokens = body("cmpl")
+	entries = 0
+	for i, c := range choices {
+		var lp struct {
+			Tokens        []string             `json:"tokens"`
+			TokenLogprobs []float64            `json:"token_logprobs"`
+			TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+			TextOffset    []int                `json:"text_offset"`
+		}
+		strict(c.Logprobs, &lp)
+		n := len(lp.Tokens)
+		if c.Text == nil || n == 0 || len(lp.TokenLogprobs) != n || len(lp.TopLogprobs) != n || len(lp.TextOffset) != n {
+			t.Fatalf("completion choice %d: %+v, logprobs %s", i, c, c.Logprobs)
+		}
+		entries += n
+		var text string
+		for k, tok := range lp.Tokens {
+			if lp.TextOffset[k] != utf8.RuneCountInString(text) {
+				t.Errorf("completion choice %d token %d: text_offset %d after %q", i, k, lp.TextOffset[k], text)
+			}
+			if top := lp.TopLogprobs[k]; len(top) != 1 || top[tok] != lp.TokenLogprobs[k] {
+				t.Errorf("completion choice %d token %d: top_logprobs %v, token %q logprob %v", i, k, top, tok, lp.TokenLogprobs[k])
+			}
+			text += tok
+		}
+		if text != *c.Text {
+			t.Errorf("completion choice %d: the tokens make %q, the text is %q", i, text, *c.Text)
+		}
+	}
+	if entries != completionTokens {
+		t.Errorf("completions: %d logprobs for %d completion tokens", entries, completionTokens)
+	}
+
+	if choices, _ := body("plain"); string(choices[0].Logprobs) != "null" {
+		t.Errorf("a line that did not ask has logprobs %s", choices[0].Logprobs)
+	}
+	// The stored results: token bytes for the jobs that asked, none for the one that did not.
+	stdout, stderr, err := f.submit(ctx, "results", strings.TrimSpace(batch), "--result-format", "native")
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	for id, line := range outputLines(t, []byte(stdout)) {
+		r, err := jobs.DecodeResult(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		asked := id != "plain"
+		for _, s := range r.Samples {
+			if r.OpenAILogprobs != asked || (s.TokenBytes != nil) != asked || (asked && len(s.TokenBytes) != len(s.Tokens)) {
+				t.Errorf("native result of %s: %s", id, line)
+			}
+		}
 	}
 }
 

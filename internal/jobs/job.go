@@ -64,6 +64,11 @@ type Job struct {
 	PromptTokens []int
 	// TopKPromptLogprobs asks for the k most likely tokens at every prompt position, 0..20 (§3.6).
 	TopKPromptLogprobs int
+	// OpenAILogprobs says that an OpenAI line asked for the sampled tokens' logprobs (chat
+	// "logprobs": true, completions "logprobs": 0): its result then carries each sampled
+	// token's bytes (Sample.TokenBytes), which the "logprobs" of its OpenAI-format line need
+	// (AppendOpenAI). Encoded as "openai_logprobs"; a native line has no such field.
+	OpenAILogprobs bool
 }
 
 // Message is one turn of a chat prompt.
@@ -183,6 +188,9 @@ func (j *Job) AppendJSON(b []byte) ([]byte, error) {
 	if j.TopKPromptLogprobs != 0 {
 		b = append(b, `,"topk_prompt_logprobs":`...)
 		b = strconv.AppendInt(b, int64(j.TopKPromptLogprobs), 10)
+	}
+	if j.OpenAILogprobs {
+		b = append(b, `,"openai_logprobs":true`...)
 	}
 	if j.Metadata != nil {
 		var err error

@@ -30,6 +30,7 @@ func TestJobEncodeDecodeRoundTrip(t *testing.T) {
 			CustomID: "d", Format: FormatOpenAIChat, Model: "openai/gpt-oss-20b",
 			Messages: []Message{{Role: RoleUser, Content: "x"}}, ReasoningEffort: "low", NumSamples: 1,
 		},
+		{CustomID: "e", Format: FormatOpenAICompletions, Model: "m", Prompt: "p", NumSamples: 1, OpenAILogprobs: true},
 	}
 	for _, j := range jobs {
 		if err := j.Validate(Limits{}); err != nil {
@@ -88,6 +89,7 @@ func TestDecodeJobStrict(t *testing.T) {
 		{`{"custom_id":"a","model":"m","prompt":"p","sampling_params":{"temperature":"x"}}`, "field sampling_params.temperature"},
 		{`not json`, "malformed JSON"},
 		{`{"custom_id":"a","format":5}`, "field format: must be a string"},
+		{`{"custom_id":"a","openai_logprobs":0}`, "field openai_logprobs: must be true or false"},
 	}
 	for _, tt := range tests {
 		_, err := DecodeJob([]byte(tt.in))
@@ -95,6 +97,10 @@ func TestDecodeJobStrict(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.As(err, &fe) {
 			t.Errorf("DecodeJob(%s) = %v, want a *FieldError containing %q", tt.in, err, tt.want)
 		}
+	}
+	// A payload of an older submit has no openai_logprobs: no OpenAI logprobs were asked for.
+	if j, err := DecodeJob([]byte(`{"custom_id":"a","format":"openai-chat","model":"m","messages":[{"role":"user","content":"c"}],"num_samples":1}`)); err != nil || j.OpenAILogprobs {
+		t.Fatalf("DecodeJob of a payload without openai_logprobs = %+v, %v", j, err)
 	}
 	// Absent num_samples defaults to 1; DecodeJob does not apply limits, Validate does.
 	j, err := DecodeJob([]byte(`{"custom_id":"a","model":"m","prompt":"p","num_samples":99}`))

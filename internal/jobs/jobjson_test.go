@@ -26,11 +26,12 @@ func referenceJobEncode(j Job) ([]byte, error) {
 		NumSamples         int             `json:"num_samples"`
 		PromptLogprobs     bool            `json:"prompt_logprobs,omitempty"`
 		TopKPromptLogprobs int             `json:"topk_prompt_logprobs,omitempty"`
+		OpenAILogprobs     bool            `json:"openai_logprobs,omitempty"`
 	}
 	w := wireJob{CustomID: j.CustomID, Format: j.Format, Model: j.Model, ModelPath: j.ModelPath,
 		PromptTokens: j.PromptTokens, Messages: j.Messages, Thinking: j.Thinking,
 		ReasoningEffort: j.ReasoningEffort, NumSamples: j.NumSamples, PromptLogprobs: j.PromptLogprobs,
-		TopKPromptLogprobs: j.TopKPromptLogprobs}
+		TopKPromptLogprobs: j.TopKPromptLogprobs, OpenAILogprobs: j.OpenAILogprobs}
 	if j.Prompt != "" {
 		w.Prompt = &j.Prompt
 	}
@@ -80,7 +81,7 @@ func trickyJobs() []Job {
 		{CustomID: "a"},
 		{CustomID: "q\"uote\\\x00\x1f\b\f\n\r\t\x7f<>&\u2028\u2029é漢🙂\xff", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
 			Messages: []Message{{Role: RoleSystem, Content: "<|im_start|>sys & \"x\""}, {Role: RoleUser, Content: "line\nbreak\u2028"}},
-			Thinking: true, ReasoningEffort: "high", NumSamples: 4, PromptLogprobs: true, TopKPromptLogprobs: 20,
+			Thinking: true, ReasoningEffort: "high", NumSamples: 4, PromptLogprobs: true, TopKPromptLogprobs: 20, OpenAILogprobs: true,
 			Params: SamplingParams{MaxTokens: i(256), Seed: &seed, Stop: Stop{Strings: []string{"\n\n", "</s>"}},
 				Temperature: f(0.7), TopK: i(-1), TopP: f(0.95)},
 			Metadata: json.RawMessage(`{"k": [1, 2],   "s":"v"}`)},
@@ -134,7 +135,7 @@ func FuzzJobJSON(f *testing.F) {
 		v := math.Float64frombits(fBits)
 		mt, seed := int(fBits>>40), int64(fBits)
 		j := Job{CustomID: id, Model: model, Prompt: prompt, NumSamples: int(flags), Thinking: flags&1 != 0,
-			PromptLogprobs: flags&2 != 0, TopKPromptLogprobs: int(flags >> 4)}
+			PromptLogprobs: flags&2 != 0, TopKPromptLogprobs: int(flags >> 4), OpenAILogprobs: flags&8 != 0}
 		for _, c := range toks {
 			j.PromptTokens = append(j.PromptTokens, int(c)*1000-5)
 		}

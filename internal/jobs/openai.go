@@ -25,13 +25,15 @@ const CompletionsDefaultMaxTokens = 16
 //     stop, seed, metadata (kept as the job's metadata and returned in the result),
 //     reasoning_effort (chat; low, medium or high, for gpt-oss, whose chat template takes it),
 //     chat_template_kwargs (chat; vLLM's extension, only its thinking switch);
+//   - honoured in the OpenAI-format result only: logprobs (chat: true; completions: 0, the
+//     sampled tokens' logprobs without alternatives; Job.OpenAILogprobs), as a native result
+//     always carries the sampled tokens' logprobs;
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
 //     safety_identifier, prompt_cache_key and prompt_cache_retention (what OpenAI now has in
-//     place of user), logprobs in chat (a boolean: a native result always carries the sampled
-//     tokens' logprobs, an OpenAI-format one never does);
+//     place of user);
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
-//     logit_bias ({}), top_logprobs (0), completions logprobs (0), echo (false), suffix (""),
+//     logit_bias ({}), top_logprobs (0), echo (false), suffix (""),
 //     best_of (1 or equal to n), response_format ({"type": "text"});
 //   - everything else (tools, tool_choice, functions, modalities, audio, prediction, …) is
 //     rejected with a field error naming body.<field>.
@@ -192,12 +194,15 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 		case "user", "store", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention":
 			// Bookkeeping only; ignored.
 		case "logprobs":
-			if chat {
-				if present(v) {
-					_, fe = getBool(v, "body.logprobs") // ignored: sampled-token logprobs are always returned
-				}
-			} else {
-				fe = defaultOnly(v, k, isZeroNumber, "0 (per-token top alternatives are not returned; each sampled token's logprob always is)")
+			switch {
+			case !present(v):
+			case chat:
+				j.OpenAILogprobs, fe = getBool(v, "body.logprobs")
+			case isZeroNumber(v):
+				j.OpenAILogprobs = true
+			default:
+				fe = fieldErr("body.logprobs", "must be 0 or null (0 returns each sampled token's logprob; "+
+					"the top alternatives that a number above 0 asks for are not returned)")
 			}
 		case "top_logprobs":
 			if !chat {

@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // OpenAICodeBatchCancelled is the error.code of an OpenAI Batch output line for a request that
@@ -36,10 +38,28 @@ const (
 // FormatOpenAIChat, and a completion ("object":"text_completion", id "cmpl-<h>", each choice's
 // "text") otherwise, native jobs included: a result does not record whether a native job had
 // messages. There is one choice per sample (n > 1 gives several), "finish_reason" is the sample's
-// stop_reason ("stop" or "length"), "logprobs" is null (OpenAI's logprobs carry token strings,
-// which the sampler does not return: use the native format for tokens and logprobs), and "usage"
-// has prompt_tokens, completion_tokens, total_tokens and prompt_tokens_details.cached_tokens
-// (the prefix-cache hits). A chat sample that reasons first is read as vLLM's reasoning
+// stop_reason ("stop" or "length"), and "usage" has prompt_tokens, completion_tokens,
+// total_tokens and prompt_tokens_details.cached_tokens (the prefix-cache hits).
+//
+// A choice's "logprobs" is null unless the job asked for them (OpenAILogprobs: chat
+// "logprobs": true, completions "logprobs": 0); then they have one entry per sampled token,
+// the stop token that ended the sample and a chat's reasoning included, as vLLM answers:
+//
+//	chat:        {"content":[{"token":t,"logprob":lp,"bytes":[…],"top_logprobs":[]},…],"refusal":null}
+//	completions: {"tokens":[t,…],"token_logprobs":[lp,…],"top_logprobs":[{t:lp},…],"text_offset":[n,…]}
+//
+// t is the token's bytes (Sample.TokenBytes) as text when they are UTF-8, and when the token is
+// a part of a character OpenAI's "bytes:" with each byte outside a whole character as \xNN
+// ("bytes:\xe4\xbd"), its "bytes" saying which; without bytes (the worker had no tokenizer for
+// a prompt of token ids) t is vLLM's "token_id:<id>" and "bytes" null. lp is at least -9999.0,
+// OpenAI's "very unlikely", which also stands for a logprob the service did not return (vLLM
+// writes both so; openai-python's types have no null there). A completion's top_logprobs hold
+// the sampled token alone, as vLLM answers "logprobs": 0 (OpenAI's API returns the sampled
+// token's beside the alternatives asked for), and text_offset counts the characters (code
+// points) of the tokens before each one from the start of the completion, as vLLM does
+// without echo.
+//
+// A chat sample that reasons first is read as vLLM's reasoning
 // parsers read it: "content" is the answer ("" when the sample ended before it) and
 // "reasoning_content" the reasoning. That is a sample in gpt-oss's harmony format (its text
 // begins with "<|channel|>"): its final channel, and its other channels (analysis,
@@ -165,14 +185,25 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 			} else {
 				b = appendJSONString(b, s.Text)
 			}
-			b = append(b, `,"refusal":null},"logprobs":null,"finish_reason":`...)
+			b = append(b, `,"refusal":null},"logprobs":`...)
+			if r.OpenAILogprobs {
+				b = appendChatLogprobs(b, s)
+			} else {
+				b = append(b, "null"...)
+			}
 		} else {
 			b = append(b, `{"text":`...)
 			b = appendJSONString(b, s.Text)
 			b = append(b, `,"index":`...)
 			b = strconv.AppendInt(b, int64(i), 10)
-			b = append(b, `,"logprobs":null,"finish_reason":`...)
+			b = append(b, `,"logprobs":`...)
+			if r.OpenAILogprobs {
+				b = appendCompletionLogprobs(b, s)
+			} else {
+				b = append(b, "null"...)
+			}
 		}
+		b = append(b, `,"finish_reason":`...)
 		b = appendJSONString(b, s.StopReason)
 		b = append(b, '}')
 	}
@@ -189,6 +220,141 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
 	b = strconv.AppendInt(b, int64(u.CacheHitTokens), 10)
 	return append(b, "}}}"...)
+}
+
+// openAIMinLogprob is the least logprob an OpenAI line holds: OpenAI's "very unlikely", which
+// vLLM writes for -inf and lower values, and in a chat for a token without a logprob.
+const openAIMinLogprob = -9999.0
+
+// appendChatLogprobs appends the ChoiceLogprobs of sample s: {"content": [one
+// ChatCompletionTokenLogprob per sampled token], "refusal": null}, each {"token", "logprob",
+// "bytes", "top_logprobs": []} (see AppendOpenAI).
+func appendChatLogprobs(b []byte, s *Sample) []byte {
+	b = append(b, `{"content":[`...)
+	for i, id := range s.Tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"token":`...)
+		b = appendJSONString(b, openAIToken(s.TokenBytes, i, id))
+		b = append(b, `,"logprob":`...)
+		b = appendOpenAILogprob(b, openAILogprob(s.Logprobs, i))
+		b = append(b, `,"bytes":`...)
+		if s.TokenBytes != nil {
+			b = appendByteList(b, s.TokenBytes[i])
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, `,"top_logprobs":[]}`...)
+	}
+	return append(b, `],"refusal":null}`...)
+}
+
+// appendCompletionLogprobs appends the completion Logprobs of sample s: "tokens",
+// "token_logprobs", "top_logprobs" (per token the sampled token alone, {token: logprob}, as
+// vLLM answers "logprobs": 0) and "text_offset" (see AppendOpenAI).
+func appendCompletionLogprobs(b []byte, s *Sample) []byte {
+	tokens := make([]string, len(s.Tokens))
+	for i, id := range s.Tokens {
+		tokens[i] = openAIToken(s.TokenBytes, i, id)
+	}
+	b = append(b, `{"tokens":[`...)
+	for i, t := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, t)
+	}
+	b = append(b, `],"token_logprobs":[`...)
+	for i := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendOpenAILogprob(b, openAILogprob(s.Logprobs, i))
+	}
+	b = append(b, `],"top_logprobs":[`...)
+	for i, t := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(append(b, '{'), t)
+		b = appendOpenAILogprob(append(b, ':'), openAILogprob(s.Logprobs, i))
+		b = append(b, '}')
+	}
+	b = append(b, `],"text_offset":[`...)
+	var offset int     // characters before the token
+	var partial []byte // the bytes of a character that the tokens so far only began
+	for i := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(offset), 10)
+		if s.TokenBytes == nil {
+			continue // no text to count in: the worker had no tokenizer, and the text is ""
+		}
+		rest := s.TokenBytes[i]
+		if len(partial) > 0 {
+			rest = append(partial, rest...)
+		}
+		for len(rest) > 0 {
+			r, size := utf8.DecodeRune(rest)
+			if r == utf8.RuneError && size <= 1 && !utf8.FullRune(rest) {
+				break // a character the next token ends
+			}
+			offset++ // a character, or a byte no character holds (U+FFFD in the text)
+			rest = rest[size:]
+		}
+		partial = append(partial[:0:0], rest...)
+	}
+	return append(b, "]}"...)
+}
+
+// openAILogprob returns the logprob of token i, at least openAIMinLogprob (as vLLM writes
+// them), and openAIMinLogprob when there is none (no logprobs, or NaN): openai-python's
+// types have a number there, never null.
+func openAILogprob(l Logprobs, i int) float64 {
+	if i >= len(l) || math.IsNaN(l[i]) {
+		return openAIMinLogprob
+	}
+	return max(l[i], openAIMinLogprob)
+}
+
+// appendOpenAILogprob appends lp, from openAILogprob, as the native format writes a logprob,
+// and openAIMinLogprob as OpenAI writes it, "-9999.0".
+func appendOpenAILogprob(b []byte, lp float64) []byte {
+	if lp <= openAIMinLogprob {
+		return append(b, "-9999.0"...)
+	}
+	return appendLogprob(b, lp)
+}
+
+// openAIToken is the "token" string of token i, id, of a sample whose tokens' bytes are tb:
+// its bytes when they are UTF-8; OpenAI's "bytes:" and the bytes as \xNN when they are a part
+// of a character (each byte outside a whole character escaped, as Python's
+// decode("utf-8", "backslashreplace") writes it), so that "bytes" holds them; and vLLM's
+// "token_id:<id>" when there are no bytes (the worker had no tokenizer).
+func openAIToken(tb TokenBytes, i, id int) string {
+	if tb == nil {
+		return "token_id:" + strconv.Itoa(id)
+	}
+	t := tb[i]
+	if utf8.Valid(t) {
+		return string(t)
+	}
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, len("bytes:")+4*len(t))
+	out = append(out, "bytes:"...)
+	for len(t) > 0 {
+		r, size := utf8.DecodeRune(t)
+		if r == utf8.RuneError && size <= 1 {
+			out = append(out, '\\', 'x', hex[t[0]>>4], hex[t[0]&0xf])
+			t = t[1:]
+			continue
+		}
+		out = append(out, t[:size]...)
+		t = t[size:]
+	}
+	return string(out)
 }
 
 // OpenAIRequestID is the id of the OpenAI Batch output line that AppendOpenAI writes for the

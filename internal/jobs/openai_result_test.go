@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -145,6 +146,69 @@ func TestAppendOpenAIChatOK(t *testing.T) {
 	// Appending keeps what the buffer held.
 	if got, err := r.AppendOpenAI([]byte("prefix:"), created); err != nil || string(got) != "prefix:"+want {
 		t.Fatalf("AppendOpenAI onto a prefix: %q, %v", got, err)
+	}
+}
+
+// TestAppendOpenAILogprobs: a job that asked for logprobs gets OpenAI's shapes, one entry per
+// sampled token (the stop token included): a token that is a part of a character as
+// "bytes:\xNN" with its raw bytes, -inf and a missing logprob as -9999.0, a completion's
+// top_logprobs the sampled token alone and its text_offset in characters; without a
+// tokenizer's bytes, vLLM's "token_id:<id>". One that did not ask keeps "logprobs": null.
+func TestAppendOpenAILogprobs(t *testing.T) {
+	t.Parallel()
+	nan := math.NaN()
+	body := func(r Result) string {
+		t.Helper()
+		_, line := appendOpenAI(t, r, created)
+		var c struct {
+			Choices []struct {
+				Logprobs json.RawMessage `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(line.Response.Body, &c); err != nil || len(c.Choices) == 0 {
+			t.Fatalf("body %s: %v", line.Response.Body, err)
+		}
+		var all []string
+		for _, ch := range c.Choices {
+			all = append(all, string(ch.Logprobs))
+		}
+		return strings.Join(all, "\n")
+	}
+	chat := Result{CustomID: "c", BatchID: "b", Status: StatusOK, Model: "Qwen/Qwen3-8B", Format: FormatOpenAIChat,
+		OpenAILogprobs: true, Usage: &Usage{PromptTokens: 3, CompletionTokens: 5},
+		Samples: []Sample{{Text: "H\u00e9 \U0001F642", Tokens: []int{39, 2, 3, 4, 151645}, Logprobs: Logprobs{-0.5, math.Inf(-1), nan, -1e5, 0},
+			TokenBytes: TokenBytes{[]byte("H"), {0xc3}, {0xa9, ' ', 0xf0, 0x9f}, {0x99, 0x82}, []byte("<|im_end|>")}, StopReason: StopReasonStop}}}
+	want := `{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[]},` +
+		`{"token":"bytes:\\xc3","logprob":-9999.0,"bytes":[195],"top_logprobs":[]},` +
+		`{"token":"bytes:\\xa9 \\xf0\\x9f","logprob":-9999.0,"bytes":[169,32,240,159],"top_logprobs":[]},` +
+		`{"token":"bytes:\\x99\\x82","logprob":-9999.0,"bytes":[153,130],"top_logprobs":[]},` +
+		`{"token":"<|im_end|>","logprob":0,"bytes":[60,124,105,109,95,101,110,100,124,62],"top_logprobs":[]}],"refusal":null}`
+	if got := body(chat); got != want {
+		t.Errorf("chat logprobs\n got %s\nwant %s", got, want)
+	}
+
+	cmpl := Result{CustomID: "p", BatchID: "b", Status: StatusOK, Model: "Qwen/Qwen3-8B", Format: FormatOpenAICompletions,
+		OpenAILogprobs: true, Usage: &Usage{PromptTokens: 3, CompletionTokens: 6},
+		Samples: []Sample{
+			{Text: "H\u00e9\"!", Tokens: []int{39, 2, 3, 1, 0}, Logprobs: Logprobs{-0.5, -1, nan, -0.25, -2},
+				TokenBytes: TokenBytes{[]byte("H"), {0xc3}, {0xa9}, []byte(`"`), []byte("!")}, StopReason: StopReasonLength},
+			{Text: "", Tokens: []int{5}, Logprobs: Logprobs{-3}, StopReason: StopReasonLength}, // no tokenizer: no bytes
+		}}
+	want = `{"tokens":["H","bytes:\\xc3","bytes:\\xa9","\"","!"],"token_logprobs":[-0.5,-1,-9999.0,-0.25,-2],` +
+		`"top_logprobs":[{"H":-0.5},{"bytes:\\xc3":-1},{"bytes:\\xa9":-9999.0},{"\"":-0.25},{"!":-2}],"text_offset":[0,1,1,2,3]}` + "\n" +
+		`{"tokens":["token_id:5"],"token_logprobs":[-3],"top_logprobs":[{"token_id:5":-3}],"text_offset":[0]}`
+	if got := body(cmpl); got != want {
+		t.Errorf("completion logprobs\n got %s\nwant %s", got, want)
+	}
+
+	// Chat bytes null without a tokenizer; and no logprobs at all without the request.
+	chat.Samples[0].TokenBytes = nil
+	if got := body(chat); !strings.Contains(got, `{"token":"token_id:39","logprob":-0.5,"bytes":null,"top_logprobs":[]}`) {
+		t.Errorf("chat logprobs without token bytes: %s", got)
+	}
+	chat.OpenAILogprobs, cmpl.OpenAILogprobs = false, false
+	if got := body(chat) + "\n" + body(cmpl); got != "null\nnull\nnull" {
+		t.Errorf("logprobs not asked for: %s", got)
 	}
 }
 
@@ -450,10 +514,12 @@ func TestFormatOfResult(t *testing.T) {
 
 // TestAppendOpenAIParsesAsOpenAIPythonTypes reads every kind of line AppendOpenAI writes the way
 // the official openai-python client's pydantic types would (ChatCompletion, Completion,
-// CompletionUsage, ErrorObject; the batch line itself is the OpenAPI spec's BatchRequestOutput):
-// each required field present with its type, each Literal one of the values the client knows,
-// Optional fields null or of their type. Extra fields (reasoning_content) are allowed, as the
-// client allows them.
+// CompletionUsage, ErrorObject, and for lines that asked for logprobs ChoiceLogprobs,
+// ChatCompletionTokenLogprob and the completion choice's Logprobs; the batch line itself is the
+// OpenAPI spec's BatchRequestOutput): each required field present with its type, each Literal
+// one of the values the client knows, Optional fields null or of their type, and logprobs
+// non-null, with one entry per sampled token, exactly when asked for. Extra fields
+// (reasoning_content) are allowed, as the client allows them.
 func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
 	t.Parallel()
 	ok := func(format, model string, samples ...Sample) Result {
@@ -461,7 +527,18 @@ func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
 			Samples: samples, Usage: &Usage{PromptTokens: 9, CompletionTokens: 4, CacheHitTokens: 3}}
 	}
 	s := func(text, stop string) Sample { return Sample{Text: text, Tokens: []int{1}, StopReason: stop} }
+	// with is a sample of a job that asked for logprobs: bytes (a part of a character
+	// included, or none without a tokenizer) and logprobs (one NaN, one -inf).
+	with := func(text string, tb TokenBytes) Sample {
+		return Sample{Text: text, Tokens: []int{7, 8, 9}, Logprobs: Logprobs{-0.25, math.NaN(), math.Inf(-1)}, TokenBytes: tb, StopReason: StopReasonStop}
+	}
+	logprobs := func(r Result) Result { r.OpenAILogprobs = true; return r }
+	tb := TokenBytes{[]byte("a"), {0xe4, 0xbd}, {0xa0}}
 	results := []Result{
+		logprobs(ok(FormatOpenAIChat, "Qwen/Qwen3-8B", with("a你", tb), with("", nil))),
+		logprobs(ok(FormatOpenAIChat, "Qwen/Qwen3-8B", with("<think>\nhm\n</think>\n\nYes", tb))),
+		logprobs(ok(FormatOpenAICompletions, "Qwen/Qwen3-8B", with("a你", tb), with("", nil))),
+		logprobs(ok(FormatOpenAICompletions, "Qwen/Qwen3-8B", Sample{Text: "", Tokens: []int{}, StopReason: StopReasonLength})),
 		ok(FormatOpenAIChat, "Qwen/Qwen3-8B", s("Hi", StopReasonStop), s("", StopReasonLength)),
 		ok(FormatOpenAIChat, "Qwen/Qwen3-8B", s("<think>\nhm\n</think>\n\nYes", StopReasonStop)),
 		ok(FormatOpenAIChat, "openai/gpt-oss-20b", s("<|channel|>analysis<|message|>cut", StopReasonLength)),
@@ -528,6 +605,10 @@ func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
 			t.Errorf("%s: choices is not a list", b)
 		}
 		for i, c := range choices {
+			if lp, _ := c.(map[string]any)["logprobs"]; (lp != nil) != r.OpenAILogprobs {
+				t.Errorf("%s: choice %d has logprobs %v, asked for: %v", b, i, lp, r.OpenAILogprobs)
+			}
+			tokens := len(r.Samples[i].Tokens)
 			choice, _ := c.(map[string]any)
 			if p.integer(choice, "index", false) != int64(i) {
 				t.Errorf("%s: choice %d has index %v", b, i, choice["index"])
@@ -540,8 +621,26 @@ func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
 				p.literal(p.str(m, "role", false), "assistant")
 				p.str(m, "content", true)
 				p.str(m, "refusal", true)
-				if lp := p.obj(choice, "logprobs", true); lp != nil {
-					t.Errorf("%s: logprobs %v (the content and refusal lists of ChoiceLogprobs)", b, lp)
+				if lp := p.obj(choice, "logprobs", true); lp != nil { // ChoiceLogprobs
+					content := p.list(lp, "content", true)
+					p.list(lp, "refusal", true)
+					if len(content) != tokens {
+						t.Errorf("%s: %d logprobs for %d tokens", b, len(content), tokens)
+					}
+					for _, e := range content { // ChatCompletionTokenLogprob
+						tl := p.value(e, "content[]")
+						p.str(tl, "token", false)
+						p.float(tl, "logprob", false)
+						for _, c := range p.list(tl, "bytes", true) {
+							p.isInt(c, "bytes[]")
+						}
+						for _, top := range p.list(tl, "top_logprobs", false) { // TopLogprob
+							tl := p.value(top, "top_logprobs[]")
+							p.str(tl, "token", false)
+							p.float(tl, "logprob", false)
+							p.list(tl, "bytes", true)
+						}
+					}
 				}
 			case "text_completion": // CompletionChoice
 				p.literal(finish, "stop", "length", "content_filter")
@@ -549,7 +648,22 @@ func TestAppendOpenAIParsesAsOpenAIPythonTypes(t *testing.T) {
 				if _, ok := choice["logprobs"]; !ok {
 					t.Errorf("%s: CompletionChoice.logprobs is required (Optional, no default)", b)
 				}
-				p.obj(choice, "logprobs", true)
+				if lp := p.obj(choice, "logprobs", true); lp != nil { // Logprobs
+					lists := map[string][]any{}
+					for _, k := range []string{"text_offset", "token_logprobs", "tokens", "top_logprobs"} {
+						if lists[k] = p.list(lp, k, true); len(lists[k]) != tokens {
+							t.Errorf("%s: %d %s for %d tokens", b, len(lists[k]), k, tokens)
+						}
+					}
+					for k := range tokens {
+						p.isInt(lists["text_offset"][k], "text_offset[]")
+						p.isFloat(lists["token_logprobs"][k], "token_logprobs[]")
+						p.isStr(lists["tokens"][k], "tokens[]")
+						for _, v := range p.value(lists["top_logprobs"][k], "top_logprobs[]") { // Dict[str, float]
+							p.isFloat(v, "top_logprobs[] value")
+						}
+					}
+				}
 			default:
 				t.Errorf("%s: object %q is neither chat.completion nor text_completion", b, object)
 			}
@@ -614,6 +728,61 @@ func (p pyChecker) obj(m map[string]any, k string, optional bool) map[string]any
 		p.t.Errorf("%s: field %q is %T, not an object", p.line, k, v)
 	}
 	return o
+}
+
+// list returns m[k], which must be a list.
+func (p pyChecker) list(m map[string]any, k string, optional bool) []any {
+	p.t.Helper()
+	v, set := p.field(m, k, optional)
+	if !set {
+		return nil
+	}
+	l, ok := v.([]any)
+	if !ok {
+		p.t.Errorf("%s: field %q is %T, not a list", p.line, k, v)
+	}
+	return l
+}
+
+// float checks that m[k] is a number, as pydantic's float takes one.
+func (p pyChecker) float(m map[string]any, k string, optional bool) {
+	p.t.Helper()
+	if v, set := p.field(m, k, optional); set {
+		p.isFloat(v, k)
+	}
+}
+
+// value returns v, an element of a list, which must be an object.
+func (p pyChecker) value(v any, what string) map[string]any {
+	p.t.Helper()
+	o, ok := v.(map[string]any)
+	if !ok {
+		p.t.Errorf("%s: %s is %T, not an object", p.line, what, v)
+	}
+	return o
+}
+
+func (p pyChecker) isFloat(v any, what string) {
+	p.t.Helper()
+	n, ok := v.(json.Number)
+	if _, err := n.Float64(); !ok || err != nil {
+		p.t.Errorf("%s: %s is %v, not float", p.line, what, v)
+	}
+}
+
+func (p pyChecker) isInt(v any, what string) {
+	p.t.Helper()
+	n, ok := v.(json.Number)
+	if _, err := n.Int64(); !ok || err != nil {
+		p.t.Errorf("%s: %s is %v, not int", p.line, what, v)
+	}
+}
+
+func (p pyChecker) isStr(v any, what string) {
+	p.t.Helper()
+	if _, ok := v.(string); !ok {
+		p.t.Errorf("%s: %s is %v, not str", p.line, what, v)
+	}
 }
 
 func (p pyChecker) literal(v string, allowed ...string) {

@@ -32,8 +32,20 @@ func TestOpenAIMapping(t *testing.T) {
 				CustomID: "c2", Format: FormatOpenAIChat, Model: "meta-llama/Llama-3.1-8B-Instruct",
 				Messages:   []Message{{Role: "system", Content: "Rules."}, {Role: "user", Content: "part one\npart two"}},
 				NumSamples: 1,
-				Params:     SamplingParams{MaxTokens: intp(64)},
+				Params:     SamplingParams{MaxTokens: intp(64)}, OpenAILogprobs: true,
 			},
+		},
+		{
+			name: "chat logprobs false, and completions logprobs null: OpenAI's defaults, no logprobs",
+			line: `{"custom_id":"c7","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"logprobs":false}}`,
+			want: Job{CustomID: "c7", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages: []Message{{Role: "user", Content: "Hi"}}, NumSamples: 1},
+		},
+		{
+			name: "completions logprobs null",
+			line: `{"custom_id":"p3","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once","logprobs":null}}`,
+			want: Job{CustomID: "p3", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once", NumSamples: 1,
+				Params: SamplingParams{MaxTokens: intp(16)}},
 		},
 		{
 			name: "chat with the bookkeeping fields that replace user (safety_identifier, prompt_cache_key)",
@@ -64,8 +76,9 @@ func TestOpenAIMapping(t *testing.T) {
 			line: `{"custom_id":"p1","method":"POST","url":"/v1/completions","body":{"model":"Qwen/Qwen3-8B","prompt":"Once upon","max_tokens":10,"stop":"\n","top_k":40,"n":2,"best_of":2,"echo":false,"suffix":null,"logprobs":0}}`,
 			want: Job{
 				CustomID: "p1", Format: FormatOpenAICompletions, Model: "Qwen/Qwen3-8B", Prompt: "Once upon",
-				NumSamples: 2,
-				Params:     SamplingParams{MaxTokens: intp(10), TopK: intp(40), Stop: Stop{Strings: []string{"\n"}}},
+				NumSamples:     2,
+				Params:         SamplingParams{MaxTokens: intp(10), TopK: intp(40), Stop: Stop{Strings: []string{"\n"}}},
+				OpenAILogprobs: true,
 			},
 		},
 		{

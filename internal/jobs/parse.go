@@ -180,11 +180,12 @@ func nativeTopLevelHint(key string) string {
 	return "unknown field"
 }
 
-// parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job).
+// parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job, which
+// may also have format and openai_logprobs).
 func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 	var r struct {
 		customID, format, model, modelPath, prompt, promptTokens, messages, thinking, effort,
-		params, numSamples, promptLogprobs, topk, metadata []byte
+		params, numSamples, promptLogprobs, topk, openaiLogprobs, metadata []byte
 	}
 	it := newObjIter(b)
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
@@ -219,6 +220,10 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 		case "format":
 			if allowFormat {
 				dst = &r.format
+			}
+		case "openai_logprobs":
+			if allowFormat {
+				dst = &r.openaiLogprobs
 			}
 		}
 		if dst == nil {
@@ -310,6 +315,11 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 			return Job{}, fe
 		}
 		j.TopKPromptLogprobs = *k
+	}
+	if present(r.openaiLogprobs) {
+		if j.OpenAILogprobs, fe = getBool(r.openaiLogprobs, "openai_logprobs"); fe != nil {
+			return Job{}, fe
+		}
 	}
 	if r.metadata != nil {
 		j.Metadata = append(json.RawMessage(nil), r.metadata...)

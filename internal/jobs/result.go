@@ -76,6 +76,10 @@ type Result struct {
 	// FormatOpenAICompletions, so that submit can write the result in the OpenAI Batch output
 	// format (AppendOpenAI); "" for native jobs (see ResultFormat).
 	Format string `json:"format,omitempty"`
+	// OpenAILogprobs says that the job asked for the sampled tokens' logprobs in its
+	// OpenAI-format line (Job.OpenAILogprobs); set on ok results only. Its samples then carry
+	// TokenBytes, unless the worker had no tokenizer for the model (a prompt of token ids).
+	OpenAILogprobs bool `json:"openai_logprobs,omitempty"`
 	// Samples are the completions (num_samples of them) when Status is ok.
 	Samples []Sample `json:"samples,omitempty"`
 	// PromptLogprobs has one entry per prompt token when the job asked for prompt_logprobs; NaN
@@ -106,6 +110,9 @@ type Sample struct {
 	// Logprobs holds the log-probability of each sampled token (same length as Tokens), or nil
 	// when the service returned none.
 	Logprobs Logprobs `json:"logprobs,omitempty"`
+	// TokenBytes holds the bytes of each sampled token (same length as Tokens) when the job
+	// asked for logprobs in OpenAI's format (Result.OpenAILogprobs), nil otherwise.
+	TokenBytes TokenBytes `json:"token_bytes,omitempty"`
 	// StopReason is StopReasonStop or StopReasonLength.
 	StopReason string `json:"stop_reason"`
 }
@@ -170,6 +177,74 @@ func (t *TokenLogprob) UnmarshalJSON(b []byte) error {
 	}
 	t.Token, t.Logprob = int(tok), lp
 	return nil
+}
+
+// TokenBytes are the bytes of a sample's tokens, one list per token: what the token stands for
+// in the tokenizer's byte-level vocabulary (tokenizer.AppendTokenBytes), which may be a part of
+// a UTF-8 sequence, so not valid UTF-8 alone. It is written as a JSON list of lists of
+// integers 0..255, as OpenAI writes a token's "bytes".
+type TokenBytes [][]byte
+
+// MarshalJSON writes [[b, …], …].
+func (t TokenBytes) MarshalJSON() ([]byte, error) {
+	if t == nil {
+		return []byte("null"), nil
+	}
+	return t.appendJSON(make([]byte, 0, 2+len(t)*16)), nil
+}
+
+// UnmarshalJSON reads a list of lists of integers 0..255.
+func (t *TokenBytes) UnmarshalJSON(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" {
+		*t = nil
+		return nil
+	}
+	var raw [][]int
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("token bytes: %w", err)
+	}
+	n := 0
+	for _, tok := range raw {
+		n += len(tok)
+	}
+	buf := make([]byte, 0, n) // one allocation for the bytes of every token
+	out := make(TokenBytes, len(raw))
+	for i, tok := range raw {
+		start := len(buf)
+		for _, c := range tok {
+			if c < 0 || c > 255 {
+				return fmt.Errorf("token bytes: %d is not a byte", c)
+			}
+			buf = append(buf, byte(c))
+		}
+		out[i] = buf[start:len(buf):len(buf)]
+	}
+	*t = out
+	return nil
+}
+
+// appendJSON writes the lists (see MarshalJSON).
+func (t TokenBytes) appendJSON(b []byte) []byte {
+	b = append(b, '[')
+	for i, tok := range t {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendByteList(b, tok)
+	}
+	return append(b, ']')
+}
+
+// appendByteList appends bs as a JSON list of integers.
+func appendByteList(b, bs []byte) []byte {
+	b = append(b, '[')
+	for i, c := range bs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(c), 10)
+	}
+	return append(b, ']')
 }
 
 // Logprobs is a list of log-probabilities in which NaN marks a missing value (§T4). It is written
@@ -373,6 +448,9 @@ func (r *Result) Validate() error {
 		}
 		if s.Logprobs != nil && len(s.Logprobs) != len(s.Tokens) {
 			return fieldErr("samples["+strconv.Itoa(i)+"].logprobs", "must have one entry per token")
+		}
+		if s.TokenBytes != nil && len(s.TokenBytes) != len(s.Tokens) {
+			return fieldErr("samples["+strconv.Itoa(i)+"].token_bytes", "must have one entry per token")
 		}
 	}
 	return nil

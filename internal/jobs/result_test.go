@@ -91,6 +91,7 @@ func TestResultConstructorsAndValidate(t *testing.T) {
 		{`{"custom_id":"x","batch_id":"b","status":"error","error":{"code":"internal","message":"m","category":"mine","retryable":false},"attempts":0,"latency_ms":0}`, "error.category"},
 		{`{"custom_id":"x","batch_id":"b","status":"ok","samples":[{"text":"","tokens":[1],"stop_reason":"eos"}],"attempts":0,"latency_ms":0}`, "samples[0].stop_reason"},
 		{`{"custom_id":"x","batch_id":"b","status":"ok","samples":[{"text":"","tokens":[1],"logprobs":[],"stop_reason":"stop"}],"attempts":0,"latency_ms":0}`, "samples[0].logprobs"},
+		{`{"custom_id":"x","batch_id":"b","status":"ok","samples":[{"text":"","tokens":[1],"token_bytes":[[1],[2]],"stop_reason":"stop"}],"attempts":0,"latency_ms":0}`, "samples[0].token_bytes"},
 	}
 	for _, tt := range bad {
 		_, err := DecodeResult([]byte(tt.line))
@@ -101,6 +102,48 @@ func TestResultConstructorsAndValidate(t *testing.T) {
 	}
 	if _, err := DecodeResult([]byte(`{"custom_id":"x","batch_id":"b","status":"ok","attempts":0,"latency_ms":0,"surprise":1}`)); err == nil || !strings.Contains(err.Error(), "surprise") {
 		t.Errorf("unknown result field: %v", err)
+	}
+}
+
+// TestResultTokenBytesEncodeDecode: the bytes of the sampled tokens of a job that asked for
+// OpenAI logprobs, a part of a UTF-8 character and a token of no bytes included, are written
+// as lists of integers, follow the schema and read back as they were; a number that is no
+// byte is refused.
+func TestResultTokenBytesEncodeDecode(t *testing.T) {
+	t.Parallel()
+	schema := compileSchema(t, "result.schema.json")
+	r := Result{CustomID: "x", BatchID: "b", Status: StatusOK, Model: "Qwen/Qwen3-8B", Format: FormatOpenAICompletions,
+		OpenAILogprobs: true, Usage: &Usage{CompletionTokens: 4},
+		Samples: []Sample{{Text: "Hié", Tokens: []int{13048, 2, 3, 4}, Logprobs: Logprobs{-0.5, -1, -2, 0},
+			TokenBytes: TokenBytes{[]byte("Hi"), {0xc3}, {0xa9}, {}}, StopReason: StopReasonLength}}}
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"custom_id":"x","batch_id":"b","status":"ok","model":"Qwen/Qwen3-8B","format":"openai-completions","openai_logprobs":true,` +
+		`"samples":[{"text":"Hié","tokens":[13048,2,3,4],"logprobs":[-0.5,-1,-2,0],"token_bytes":[[72,105],[195],[169],[]],"stop_reason":"length"}],` +
+		`"usage":{"prompt_tokens":0,"completion_tokens":4,"cache_hit_tokens":0},"attempts":0,"latency_ms":0}`
+	if string(b) != want {
+		t.Fatalf("Encode:\n got %s\nwant %s", b, want)
+	}
+	if err := followsSchema(schema, b); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	if FormatOfResult(b) != FormatOpenAICompletions {
+		t.Errorf("FormatOfResult(%s) = %q", b, FormatOfResult(b))
+	}
+	back, err := DecodeResult(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, r) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", back, r)
+	}
+	for _, bad := range []string{`[[256]]`, `[[-1]]`, `[1]`, `"SGk="`} {
+		line := strings.Replace(want, `[[72,105],[195],[169],[]]`, bad, 1)
+		if _, err := DecodeResult([]byte(line)); err == nil || !strings.Contains(err.Error(), "token") {
+			t.Errorf("DecodeResult with token_bytes %s: %v", bad, err)
+		}
 	}
 }
 

@@ -27,6 +27,9 @@ func (r *Result) AppendJSON(b []byte) ([]byte, error) {
 		b = append(b, `,"format":`...)
 		b = appendJSONString(b, r.Format)
 	}
+	if r.OpenAILogprobs {
+		b = append(b, `,"openai_logprobs":true`...)
+	}
 	if len(r.Samples) > 0 {
 		b = append(b, `,"samples":[`...)
 		for i := range r.Samples {
@@ -111,6 +114,10 @@ func (s *Sample) appendJSON(b []byte) []byte {
 	if len(s.Logprobs) > 0 {
 		b = append(b, `,"logprobs":`...)
 		b = s.Logprobs.appendJSON(b)
+	}
+	if len(s.TokenBytes) > 0 {
+		b = append(b, `,"token_bytes":`...)
+		b = s.TokenBytes.appendJSON(b)
 	}
 	b = append(b, `,"stop_reason":`...)
 	b = appendJSONString(b, s.StopReason)

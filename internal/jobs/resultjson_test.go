@@ -42,6 +42,10 @@ func tricky() []Result {
 		{CustomID: "c", BatchID: "b", Status: StatusCancelled, Error: &ResultError{Code: CodeCancelled, Category: CategoryUser},
 			PromptLogprobs: Logprobs{}, TopKPromptLogprobs: [][]TokenLogprob{}, Samples: []Sample{}, Metadata: json.RawMessage(`null`)},
 		{CustomID: "n", BatchID: "b", Status: StatusOK, Metadata: json.RawMessage(`"string"`), Usage: &Usage{}},
+		{CustomID: "o", BatchID: "b", Status: StatusOK, Format: FormatOpenAIChat, OpenAILogprobs: true, Samples: []Sample{
+			{Text: "é", Tokens: []int{1, 2, 3}, Logprobs: Logprobs{-1, -2, nan}, TokenBytes: TokenBytes{{0xc3}, {0xa9, 0, 255}, nil}, StopReason: StopReasonStop},
+			{Text: "", Tokens: []int{}, TokenBytes: TokenBytes{}, StopReason: StopReasonLength},
+		}},
 		// A format without a model, and one no reader produces: still encoded as encoding/json does.
 		{CustomID: "f", BatchID: "b", Status: StatusOK, Format: FormatOpenAIChat},
 		{CustomID: "g", BatchID: "b", Status: StatusOK, Model: "m", Format: "\u2028<x>\"q\""},

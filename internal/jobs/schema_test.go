@@ -69,6 +69,16 @@ func TestSchemasTakeWhatTheCodeTakesAndWrites(t *testing.T) {
 			Samples: samples, Usage: usage, Attempts: 1, LatencyMS: 1200, Metadata: json.RawMessage(`{"k":[1,"v"]}`),
 			PromptLogprobs: Logprobs{math.NaN(), -1.25}, TopKPromptLogprobs: [][]TokenLogprob{nil, {{Token: 7, Logprob: -0.1}}}}
 		results = append(results, ok)
+		// Asked for logprobs in OpenAI's format: with token bytes (a part of a character, a NaN
+		// and an -inf logprob among them), and without them (no tokenizer).
+		ok.CustomID, ok.OpenAILogprobs = "logprobs-"+format, true
+		ok.Samples = []Sample{
+			{Text: "a你", Tokens: []int{1, 2, 3}, Logprobs: Logprobs{-0.5, math.NaN(), math.Inf(-1)},
+				TokenBytes: TokenBytes{[]byte("a"), {0xe4, 0xbd}, {0xa0}}, StopReason: StopReasonStop},
+			{Text: "", Tokens: []int{4}, Logprobs: Logprobs{-2}, StopReason: StopReasonLength},
+			{Text: "", Tokens: []int{}, StopReason: StopReasonLength},
+		}
+		results = append(results, ok)
 		for _, code := range []string{CodeAPIError, CodeContextTooLong, CodeDeadLetter, CodeFailedFuture, CodeInternal,
 			CodeInvalidJob, CodeRateLimited, CodeTimeout, CodeTokenize} {
 			r := Result{CustomID: code + "-" + format, BatchID: "b-1", Status: StatusError, Model: "Qwen/Qwen3-8B", Format: ResultFormat(format),

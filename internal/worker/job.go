@@ -524,6 +524,9 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 	cells := replyCells(res.Response)
+	if job.OpenAILogprobs {
+		cells += sampledTokens(res.Response) // each token's bytes beside it (okResult)
+	}
 	if err := mem.grow(ctx, int64(cells)*resultCellBytes); err != nil {
 		return w.failure(ctx, job, batch, keysTaken, err)
 	}
@@ -778,10 +781,14 @@ func okResult(job jobs.Job, batch string, res *tinker.SampleResult, promptLen in
 		}
 		if tok != nil {
 			s.Text = completionText(tok, seq, stop)
+			if job.OpenAILogprobs { // the one cost to jobs that did not ask: this test
+				s.TokenBytes = tokenBytes(tok, s.Tokens)
+			}
 		}
 		out.Usage.CompletionTokens += len(seq.Tokens)
 		out.Samples = append(out.Samples, s)
 	}
+	out.OpenAILogprobs = job.OpenAILogprobs
 	if job.PromptLogprobs {
 		out.PromptLogprobs = res.Response.PromptLogprobs
 	}
@@ -797,6 +804,24 @@ func okResult(job jobs.Job, batch string, res *tinker.SampleResult, promptLen in
 			}
 			out.TopKPromptLogprobs[i] = cells
 		}
+	}
+	return out
+}
+
+// tokenBytes returns the bytes of each of ids, which the OpenAI-format line of a job that
+// asked for logprobs needs (jobs.Result.AppendOpenAI), in one buffer.
+func tokenBytes(tok *tokenizer.Tokenizer, ids []int) jobs.TokenBytes {
+	ends := make([]int, len(ids))
+	buf := make([]byte, 0, 4*len(ids))
+	for i, id := range ids {
+		buf = tok.AppendTokenBytes(buf, id)
+		ends[i] = len(buf)
+	}
+	out := make(jobs.TokenBytes, len(ids))
+	start := 0
+	for i, end := range ends {
+		out[i] = buf[start:end:end]
+		start = end
 	}
 	return out
 }

@@ -188,3 +188,13 @@ func replyCells(r *tinker.SampleResponse) int {
 	}
 	return n
 }
+
+// sampledTokens counts the sampled tokens of a reply: the cells a job that asked for OpenAI
+// logprobs adds, each token's bytes (jobs.Sample.TokenBytes).
+func sampledTokens(r *tinker.SampleResponse) int {
+	n := 0
+	for _, s := range r.Sequences {
+		n += len(s.Tokens)
+	}
+	return n
+}

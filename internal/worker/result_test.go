@@ -2,6 +2,8 @@ package worker
 
 import (
 	"bytes"
+	"context"
+	"slices"
 	"testing"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
@@ -22,5 +24,49 @@ func TestASampleOfNoTokensHasAnEmptyTokenList(t *testing.T) {
 	}
 	if !bytes.Contains(data, []byte(`"tokens":[]`)) {
 		t.Fatalf("result %s: want \"tokens\":[]", data)
+	}
+}
+
+// A job that asked for OpenAI logprobs gets each sampled token's bytes in its result, the stop
+// token's too, which make the sample's text; a job that did not gets none; and without a
+// tokenizer (a prompt of token ids) the result still says logprobs were asked for.
+func TestOpenAILogprobsCarryTheTokensBytes(t *testing.T) {
+	tok, err := builtinTokens().ForModel(context.Background(), "Qwen/Qwen3-8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Encode("Hi 𝔘!") // "𝔘" is two tokens, each a part of its UTF-8 bytes
+	seq := tinker.SampledSequence{Tokens: append(slices.Clone(ids), 151645), StopReason: tinker.StopReasonStop}
+	res := &tinker.SampleResult{Response: &tinker.SampleResponse{Sequences: []tinker.SampledSequence{seq}}}
+	job := jobs.Job{CustomID: "c", Format: jobs.FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+		Messages: []jobs.Message{{Role: jobs.RoleUser, Content: "x"}}, NumSamples: 1, OpenAILogprobs: true}
+	stop := tinker.Stop{Tokens: []int{151645}}
+
+	r := okResult(job, "b", res, 1, tok, stop)
+	s := r.Samples[0]
+	if !r.OpenAILogprobs || len(s.TokenBytes) != len(seq.Tokens) || s.Text != "Hi 𝔘!" {
+		t.Fatalf("result %+v", r)
+	}
+	var all []byte
+	for i, b := range s.TokenBytes {
+		if want := tok.AppendTokenBytes(nil, seq.Tokens[i]); !bytes.Equal(b, want) {
+			t.Errorf("bytes of token %d (%d): %q, want %q", i, seq.Tokens[i], b, want)
+		}
+		all = append(all, b...)
+	}
+	if string(all) != s.Text+"<|im_end|>" {
+		t.Errorf("the tokens' bytes make %q, not the text and its stop token", all)
+	}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	job.OpenAILogprobs = false
+	if r := okResult(job, "b", res, 1, tok, stop); r.OpenAILogprobs || r.Samples[0].TokenBytes != nil {
+		t.Errorf("a job that did not ask has token bytes: %+v", r)
+	}
+	job.OpenAILogprobs, job.Messages, job.PromptTokens = true, nil, []int{1}
+	if r := okResult(job, "b", res, 1, nil, tinker.Stop{}); !r.OpenAILogprobs || r.Samples[0].TokenBytes != nil {
+		t.Errorf("without a tokenizer: %+v", r)
 	}
 }
