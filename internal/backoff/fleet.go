@@ -100,6 +100,9 @@ type Fleet struct {
 	// unwritten is the latest deadline this worker applied for a Signal whose write failed
 	// (server unix ns, 0 = none): up to it, the deadline in memory may be known here only.
 	unwritten atomic.Int64
+	// retrying is set while a Signal writes again a deadline that a failed write left
+	// unwritten: the others of a burst of 429s leave it to that one.
+	retrying atomic.Bool
 
 	mu      sync.Mutex // guards reason, lastRev and created
 	reason  string
@@ -280,17 +283,26 @@ func (f *Fleet) State() State {
 // compare-and-swap on the revision read (kv.Create for the first write), and
 // retried on conflict. It returns without writing if the deadline known in
 // memory already covers now + d for sure, unless a failed Signal of this
-// worker may have set that deadline alone. On success the local copy is
+// worker may have set that deadline alone (then one Signal at a time writes
+// it again, the others returning at once). On success the local copy is
 // extended at once to a lower bound of the new deadline; the watch then
 // delivers the exact one.
 func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	// A deadline in memory no later than one of a failed write may be this worker's alone:
-	// it spares no signal its write, or the fleet would never learn of the pause.
-	if dl := f.deadline.Load(); dl > f.unwritten.Load() && f.covers(dl, d) {
-		return nil
+	if dl := f.deadline.Load(); f.covers(dl, d) {
+		if dl > f.unwritten.Load() {
+			return nil
+		}
+		// A deadline in memory no later than one of a failed write may be this worker's
+		// alone: it spares no signal its write, or the fleet would never learn of the pause.
+		// But one write at a time: while NATS cannot be reached, each write waits out its
+		// timeout, and a burst of 429s would be as many waits, and warnings.
+		if !f.retrying.CompareAndSwap(false, true) {
+			return nil
+		}
+		defer f.retrying.Store(false)
 	}
 	// This worker backs off at once, whatever happens to the write: a lower bound of the
 	// deadline about to be stored (or, if NATS is unreachable, of the one it would have).

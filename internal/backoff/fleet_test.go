@@ -679,3 +679,42 @@ func TestAServerThatLostItsStoreGetsTheBucketAgain(t *testing.T) {
 		eventually(t, fmt.Sprintf("fleet %d to see the pause", i+1), f.Active)
 	}
 }
+
+// TestABurstOfSignalsWhileNATSIsDownWritesOneAtATime: after a Signal whose write failed (NATS
+// unreachable), the next Signals of the same worker try the write again, so that the fleet
+// learns of the pause once NATS is back; but one at a time: each write waits out its timeout
+// while NATS is down, and a burst of 429s made as many waits (and warnings), one per sample.
+func TestABurstOfSignalsWhileNATSIsDownWritesOneAtATime(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	_, js := connect(t, s.ClientURL())
+	f := open(t, js, Config{})
+	stopServer(s)
+	failed, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := f.Signal(failed, ReasonRateLimited, time.Hour); err == nil {
+		t.Fatal("a Signal with NATS down reported success")
+	}
+	const burst = 20
+	quick := make(chan bool, burst)
+	var wg sync.WaitGroup
+	for range burst {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			start := time.Now()
+			f.Signal(ctx, ReasonRateLimited, time.Minute)
+			quick <- time.Since(start) < time.Second
+		})
+	}
+	wg.Wait()
+	close(quick)
+	waited := 0
+	for q := range quick {
+		if !q {
+			waited++
+		}
+	}
+	if waited != 1 {
+		t.Fatalf("%d of a burst of %d Signals waited on NATS, want 1", waited, burst)
+	}
+}
