@@ -245,8 +245,11 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 	}
 	var sum summary
 	if output == "" {
-		if po.mode == "auto" && writesToTerminal(env.stdout) {
-			po.mode = "none" // a bar or progress lines would come between the results
+		if po.mode == "auto" && (writesToTerminal(env.stdout) || !isTerminal(env)) {
+			// A bar on the terminal, and nothing else: the results on the terminal too, the
+			// bar would come between them; and standard error off a terminal may be the
+			// results' own file (nohup sends it there).
+			po.mode = "none"
 		}
 		sum, err = follow(ctx, sess.q, m, env.stdout, rf, wait, po, env)
 	} else {

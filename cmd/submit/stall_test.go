@@ -577,4 +577,15 @@ func TestResultsToStandardOutputShowProgress(t *testing.T) {
 	if strings.Contains(stdout.String(), "no worker") {
 		t.Errorf("progress went to standard output:\n%s", stdout.String())
 	}
+
+	// With --progress auto and standard error off a terminal (under nohup, the results' own
+	// file), nothing but the final line.
+	var said fleettest.Buffer
+	env.stderr = &said
+	if err := run(ctx, []string{"results", "--nats-url", f.nats, strings.TrimSpace(batch), "--wait", "--progress-interval", "200ms"}, env); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(said.String(), "\n"); lines != 1 {
+		t.Errorf("results --progress auto off a terminal said %d lines, want the final one:\n%s", lines, said.String())
+	}
 }
