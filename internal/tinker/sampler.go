@@ -237,10 +237,23 @@ func (s *Sampler) attempt(ctx context.Context, req *SampleRequest, res *SampleRe
 	if watch {
 		check = s.stuck
 	}
-	release, err := c.disp.Acquire(ctx, est)
+	acquired, err := c.disp.Acquire(ctx, est)
 	if err != nil {
 		return fmt.Errorf("tinker: sample: dispatch: %w", err)
 	}
+	// Released once, on every way out: also a panic below (a bug, in the client or a hook),
+	// which a caller may recover from (the worker does, job by job) and go on. Kept, the
+	// permits would be lost to the Dispatcher for good.
+	released := false
+	release := func(accepted bool) {
+		released = true
+		acquired(accepted)
+	}
+	defer func() {
+		if !released {
+			acquired(false)
+		}
+	}()
 	cl := &call{name: "asample", method: http.MethodPost, path: "api/v1/asample", body: body, samplerID: s.id,
 		header: func(h http.Header) { h["X-Tinker-Sampling-Backpressure"] = []string{"1"} }}
 	var requestID string
