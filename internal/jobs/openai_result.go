@@ -57,7 +57,7 @@ const (
 // the sampled token alone, as vLLM answers "logprobs": 0 (OpenAI's API returns the sampled
 // token's beside the alternatives asked for), and text_offset counts the characters (code
 // points) of the tokens before each one from the start of the completion, as vLLM does
-// without echo.
+// without echo (bytes that are no UTF-8 count as the text's U+FFFD, one per maximal subpart).
 //
 // A chat sample that reasons first is read as vLLM's reasoning
 // parsers read it: "content" is the answer ("" when the sample ended before it) and
@@ -282,31 +282,46 @@ func appendCompletionLogprobs(b []byte, s *Sample) []byte {
 		b = append(b, '}')
 	}
 	b = append(b, `],"text_offset":[`...)
-	var offset int     // characters before the token
-	var partial []byte // the bytes of a character that the tokens so far only began
+	// The offset of a token is the number of characters of the text that end before its first
+	// byte: the text is the tokens' bytes with those that are no UTF-8 made U+FFFD, one per
+	// maximal subpart (as the worker's Decode makes them), which a token that begins a
+	// character cannot tell before the next tokens.
+	var all []byte
+	for _, tb := range s.TokenBytes {
+		all = append(all, tb...)
+	}
+	offset, end, start := 0, 0, 0 // characters in all[:end]; start: the token's first byte
 	for i := range tokens {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = strconv.AppendInt(b, int64(offset), 10)
-		if s.TokenBytes == nil {
-			continue // no text to count in: the worker had no tokenizer, and the text is ""
-		}
-		rest := s.TokenBytes[i]
-		if len(partial) > 0 {
-			rest = append(partial, rest...)
-		}
-		for len(rest) > 0 {
-			r, size := utf8.DecodeRune(rest)
-			if r == utf8.RuneError && size <= 1 && !utf8.FullRune(rest) {
-				break // a character the next token ends
+		for end < len(all) {
+			size := charSize(all[end:])
+			if end+size > start {
+				break // the character holding the token's first byte
 			}
-			offset++ // a character, or a byte no character holds (U+FFFD in the text)
-			rest = rest[size:]
+			offset++
+			end += size
 		}
-		partial = append(partial[:0:0], rest...)
+		b = strconv.AppendInt(b, int64(offset), 10)
+		if s.TokenBytes != nil { // else no text to count in: the worker had no tokenizer, and the text is ""
+			start += len(s.TokenBytes[i])
+		}
 	}
 	return append(b, "]}"...)
+}
+
+// charSize is the length of the first character of b, which is not empty, as text: a UTF-8
+// sequence, or the maximal subpart of one that is invalid (a single U+FFFD in the text).
+func charSize(b []byte) int {
+	if r, size := utf8.DecodeRune(b); r != utf8.RuneError || size > 1 {
+		return size
+	}
+	n := 1
+	for n < len(b) && n < utf8.UTFMax && !utf8.FullRune(b[:n+1]) {
+		n++ // still the beginning of a sequence
+	}
+	return n
 }
 
 // openAILogprob returns the logprob of token i, at least openAIMinLogprob (as vLLM writes

@@ -212,6 +212,44 @@ func TestAppendOpenAILogprobs(t *testing.T) {
 	}
 }
 
+// TestAppendOpenAITextOffsetAfterABrokenCharacter: a token that begins a character the next
+// token does not end leaves a U+FFFD in the text (one per maximal subpart, as the worker's
+// Decode writes it), and text_offset counts that U+FFFD, not each of its bytes, nor none
+// of them before the token that broke it.
+func TestAppendOpenAITextOffsetAfterABrokenCharacter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		tb   TokenBytes
+		text string
+		want string
+	}{
+		{TokenBytes{{0xe4, 0xbd}, []byte(" A"), []byte("B")}, "\ufffd AB", "[0,1,3]"},
+		{TokenBytes{{0xe4}, {0xbd}, []byte("A")}, "\ufffdA", "[0,0,1]"},
+		{TokenBytes{{0xf0, 0x9f}, []byte("A"), {0x99, 0x82}, []byte("B")}, "\ufffdA\ufffd\ufffdB", "[0,1,2,4]"},
+		{TokenBytes{{0xe0}, {0x80, 'A'}, {0xe4, 0xbd}, {0xa0}, []byte("B")}, "\ufffd\ufffdA你B", "[0,1,3,3,4]"},
+		{TokenBytes{[]byte("H"), {0xc3}, {0xa9}, []byte("!")}, "Hé!", "[0,1,1,2]"},
+	} {
+		tokens := make([]int, len(c.tb))
+		r := Result{CustomID: "p", BatchID: "b", Status: StatusOK, Model: "Qwen/Qwen3-8B", Format: FormatOpenAICompletions,
+			OpenAILogprobs: true, Usage: &Usage{PromptTokens: 1, CompletionTokens: len(tokens)},
+			Samples: []Sample{{Text: c.text, Tokens: tokens, TokenBytes: c.tb, StopReason: StopReasonLength}}}
+		_, line := appendOpenAI(t, r, created)
+		var body struct {
+			Choices []struct {
+				Logprobs struct {
+					TextOffset json.RawMessage `json:"text_offset"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(line.Response.Body, &body); err != nil || len(body.Choices) != 1 {
+			t.Fatalf("body %s: %v", line.Response.Body, err)
+		}
+		if got := string(body.Choices[0].Logprobs.TextOffset); got != c.want {
+			t.Errorf("tokens %q (text %q): text_offset %s, want %s", c.tb, c.text, got, c.want)
+		}
+	}
+}
+
 // TestAppendOpenAISplitsReasoning: a gpt-oss chat sample's final channel is the content and
 // its other channels the reasoning_content, as vLLM answers; a thinking Qwen3's or DeepSeek
 // V3.1's answer and thought are split at </think>; other samples are left whole.
