@@ -38,6 +38,9 @@ func batchCommand(name string, args []string, env *environment, extra func(*flag
 	if err != nil {
 		return o, "", err
 	}
+	if err := o.checkLocal(fs); err != nil {
+		return o, "", err
+	}
 	switch {
 	case len(rest) == 0: // the flags are not what is missing
 		return o, "", fmt.Errorf("%s needs a batch id (submit list shows them; submit %s -h, the flags): %w", name, name, errUsage)
@@ -380,6 +383,9 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	}
 	rest, err := envflag.Parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := o.checkLocal(fs); err != nil {
 		return err
 	}
 	if len(rest) > 0 {

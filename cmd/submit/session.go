@@ -44,6 +44,19 @@ func (o *connOptions) register(s *envflag.Set) {
 	s.Bool(&o.verbose, "v", "TINKERFLEET_VERBOSE", false, "log more: what the embedded server is reached through and, when submitting, what the local worker does")
 }
 
+// checkLocal refuses --local beside a --nats-url given on the command line: one runs a NATS
+// server in this process, the other names a fleet's, and the batch would go to a store the
+// fleet never reads. A NATS_URL from the environment (a shell set up for a fleet) gives way to
+// --local.
+func (o *connOptions) checkLocal(fs *flag.FlagSet) error {
+	urlGiven := false
+	fs.Visit(func(f *flag.Flag) { urlGiven = urlGiven || f.Name == "nats-url" })
+	if o.local && urlGiven {
+		return fmt.Errorf("--local (or TINKERFLEET_LOCAL) runs a NATS server in this process, and --nats-url names another: give --local or --nats-url, not both: %w", errUsage)
+	}
+	return nil
+}
+
 // simulatedDataDir is where submit --local --simulate keeps its store: a directory of its own
 // in the data directory, so that no simulated batch is taken for a real one.
 func simulatedDataDir(dataDir string) string { return filepath.Join(dataDir, "simulated") }

@@ -80,6 +80,9 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 	if err != nil {
 		return err
 	}
+	if err := o.conn.checkLocal(fs); err != nil {
+		return err
+	}
 	format, err := parseResultFormat(o.format)
 	if err != nil {
 		return err

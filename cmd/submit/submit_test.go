@@ -2753,3 +2753,38 @@ func TestAManifestThatCannotBeWrittenAtTheEndFailsTheRun(t *testing.T) {
 		t.Fatalf("submit: %v (said %q) with the batch left %q; want an error about its manifest", err, stderr, m.Status)
 	}
 }
+
+// TestLocalAndANATSURLTogetherAreRefused: --local runs its own server, so a --nats-url beside
+// it on the command line was ignored without a word, and the batch went to a store the fleet
+// never sees. NATS_URL from the environment (a shell set up for a fleet) is still left aside.
+func TestLocalAndANATSURLTogetherAreRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	data := filepath.Join(dir, "data")
+	url := "nats://user:s3cret@127.0.0.1:1"
+	for _, args := range [][]string{
+		{"--local", "--simulate", "--nats-url", url, "--data-dir", data, "../../examples/prompts.jsonl"},
+		{"status", "--nats-url", url, "--local", "--data-dir", data, "b-x"},
+		{"list", "--local", "--nats-url", url, "--data-dir", data},
+	} {
+		err := run(context.Background(), args, env)
+		if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--local or --nats-url, not both") {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: the error shows the password: %v", args, err)
+		}
+	}
+	if _, err := os.Stat(data); !os.IsNotExist(err) {
+		t.Errorf("a refused command made the store %s (%v)", data, err)
+	}
+
+	vars := map[string]string{"NATS_URL": url}
+	env.getenv = func(k string) string { return vars[k] }
+	out := filepath.Join(dir, "results.jsonl")
+	if err := run(context.Background(), []string{"--local", "--simulate", "--data-dir", data, "--progress", "none", "../../examples/prompts.jsonl", "-o", out}, env); err != nil {
+		t.Fatalf("--local with NATS_URL in the environment: %v", err)
+	}
+	wantResults(t, out, 21, "ok")
+}
