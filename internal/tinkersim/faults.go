@@ -268,6 +268,9 @@ func ParseFault(spec string, now time.Time) (Fault, error) {
 		case "start":
 			var d time.Duration
 			d, err = time.ParseDuration(val)
+			if err == nil && d < 0 {
+				err = errors.New("a delay from injection must not be negative")
+			}
 			f.Start = now.Add(d)
 		case "duration":
 			f.Duration, err = time.ParseDuration(val)
@@ -344,6 +347,9 @@ func (j *faultJSON) toFault(now time.Time) (Fault, error) {
 	if err := errors.Join(parse("start_in", j.StartIn, &startIn), parse("duration", j.Duration, &f.Duration),
 		parse("delay", j.Delay, &f.Delay), parse("retry_after", j.RetryAfter, &f.RetryAfter)); err != nil {
 		return Fault{}, err
+	}
+	if startIn < 0 {
+		return Fault{}, errors.New("field \"start_in\": a delay from injection must not be negative")
 	}
 	if startIn > 0 {
 		f.Start = now.Add(startIn)

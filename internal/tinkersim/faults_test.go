@@ -625,3 +625,24 @@ func TestSessionTimeoutExpiresSessionsWithoutHeartbeats(t *testing.T) {
 		t.Error("a negative session timeout was accepted")
 	}
 }
+
+// TestANegativeStartIsRefused: a fault's start is a delay from its injection. A negative one
+// was taken two ways, both silently: the command line's start=-5s opened the window 5 s in
+// the past (so it closed 5 s early, or before it was injected), the admin endpoint's
+// start_in "-5s" opened it now. Both now refuse it, as they refuse a negative duration.
+func TestANegativeStartIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	if f, err := ParseFault("kind=429,start=-5s,duration=1m", time.Now()); err == nil {
+		t.Errorf("ParseFault accepted start=-5s: %+v", f)
+	}
+	mustJSONError(t, h.do("POST", "/admin/faults", `{"kind":"429","start_in":"-5s","duration":"1m"}`), http.StatusUnprocessableEntity)
+	if n := len(h.srv.Faults()); n != 0 {
+		t.Errorf("%d faults injected", n)
+	}
+	// Zero stays "at injection".
+	if _, err := ParseFault("kind=429,start=0s", time.Now()); err != nil {
+		t.Error(err)
+	}
+	mustStatus(t, h.do("POST", "/admin/faults", `{"kind":"429","start_in":"0s","count":1}`), http.StatusOK)
+}
