@@ -30,7 +30,8 @@ const CompletionsDefaultMaxTokens = 16
 //     always carries the sampled tokens' logprobs;
 //   - ignored, because they only concern bookkeeping or delivery: user, store, service_tier,
 //     safety_identifier, prompt_cache_key and prompt_cache_retention (what OpenAI now has in
-//     place of user);
+//     place of user); and a message's name (a string), which the chat templates tinkerfleet
+//     renders have no place for and leave out, as vLLM's server does with them;
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
 //     logit_bias ({}), top_logprobs (0), echo (false), suffix (""),

@@ -91,6 +91,16 @@ func TestOpenAIMapping(t *testing.T) {
 			},
 		},
 		{
+			name: "messages with a name, which OpenAI takes and the chat templates tinkerfleet renders leave out (as vLLM does)",
+			line: `{"custom_id":"c11","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"system","name":"rules","content":"Be brief."},{"role":"user","name":"alice","content":"Hi"},{"role":"assistant","name":"bot","content":"Hello!"},{"role":"user","content":"Again","name":"bob"}]}}`,
+			want: Job{
+				CustomID: "c11", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",
+				Messages: []Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"},
+					{Role: "assistant", Content: "Hello!"}, {Role: "user", Content: "Again"}},
+				NumSamples: 1,
+			},
+		},
+		{
 			name: "the other endpoint's fields as null, which a client that writes every field writes",
 			line: `{"custom_id":"c10","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Hi"}],"prompt":null,"echo":null,"suffix":null,"best_of":null}}`,
 			want: Job{CustomID: "c10", Format: FormatOpenAIChat, Model: "Qwen/Qwen3-8B",

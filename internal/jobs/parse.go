@@ -470,7 +470,7 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 		if !isObject(e) {
 			return nil, typeErr(mp(""), "an object with role and content", e)
 		}
-		var role, content []byte
+		var role, content, name []byte
 		mit := newObjIter(e)
 		for k, val, ok := mit.next(); ok; k, val, ok = mit.next() {
 			switch string(k) {
@@ -484,9 +484,28 @@ func parseMessages(v []byte, path string, openai bool) ([]Message, *FieldError) 
 					return nil, dupKey(mp(".content"))
 				}
 				content = val
+			case "name":
+				if !openai {
+					return nil, fieldErr(keyPath(mp(""), k), "unknown field (a message has only role and content)")
+				}
+				// OpenAI's participant name: the chat templates tinkerfleet renders (Qwen3,
+				// Llama 3, DeepSeek V3.1, gpt-oss) have no place for it and leave it out, as
+				// vLLM's server does with them. Checked as a string, then ignored.
+				if name != nil {
+					return nil, dupKey(mp(".name"))
+				}
+				name = val
+				if present(val) {
+					if _, fe := getString(val, mp(".name")); fe != nil {
+						return nil, fe
+					}
+				}
 			default:
-				if openai && isNull(val) {
+				switch {
+				case openai && isNull(val):
 					continue // as OpenAI writes an answer's "refusal": null, which asks for nothing
+				case openai:
+					return nil, fieldErr(keyPath(mp(""), k), "unknown field (a message has only role, content and name)")
 				}
 				return nil, fieldErr(keyPath(mp(""), k), "unknown field (a message has only role and content)")
 			}
