@@ -463,6 +463,7 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 		}
 		if r == nil {
 			r = jobs.NewReader(in, name, limits)
+			r.SetCheck(renderable)
 		} else {
 			r.NextFile(in, name)
 		}
@@ -475,9 +476,6 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 			if err != nil && !errors.As(err, &le) && !errors.Is(err, jobs.ErrEmptyFile) {
 				f.Close()
 				return err // reading failed: not a line's fault
-			}
-			if err == nil {
-				err = renderable(j, name, r.Line())
 			}
 			var line []byte
 			if err == nil {
@@ -500,18 +498,19 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 // (tokenizer.ChatFamily), or whose template has no thinking switch or reasoning effort where
 // the job sets one (tokenizer.CheckOptions): either would otherwise end as an error result
 // once published. A job that names a checkpoint (model_path) is left to the worker, which
-// learns its base model from the service.
-func renderable(j jobs.Job, file string, line int) error {
+// learns its base model from the service. eachJob's Reader runs it on every valid line
+// (jobs.Reader.SetCheck), so a line it refuses takes no custom_id.
+func renderable(j jobs.Job) *jobs.FieldError {
 	if len(j.Messages) == 0 || j.Model == "" {
 		return nil
 	}
 	openai := j.Format == jobs.FormatOpenAIChat
-	lineErr := func(native, openaiField string, err error) error {
+	lineErr := func(native, openaiField string, err error) *jobs.FieldError {
 		field := native
 		if openai {
 			field = openaiField
 		}
-		return &jobs.LineError{File: file, Line: line, Field: field, Msg: err.Error()}
+		return &jobs.FieldError{Field: field, Msg: err.Error()}
 	}
 	if _, ok := tokenizer.ChatFamily(j.Model); !ok {
 		return lineErr("model", "body.model", tokenizer.NoChatFamily(j.Model))

@@ -2699,13 +2699,12 @@ func TestRenderableNamesTheModelField(t *testing.T) {
 		{jobs.Job{Model: "Qwen/Qwen3-8B", Messages: chat, ReasoningEffort: "low", Format: jobs.FormatOpenAIChat}, "body.reasoning_effort"},
 		{jobs.Job{ModelPath: "tinker://run/sampler_weights/1", Messages: chat}, ""},
 	} {
-		err := renderable(tc.job, "in.jsonl", 3)
-		var le *jobs.LineError
+		fe := renderable(tc.job)
 		switch {
-		case tc.field == "" && err != nil:
-			t.Errorf("%+v rejected: %v", tc.job, err)
-		case tc.field != "" && (!errors.As(err, &le) || le.Field != tc.field || le.Line != 3 || le.File != "in.jsonl"):
-			t.Errorf("%+v: %v; want a line error at field %s", tc.job, err, tc.field)
+		case tc.field == "" && fe != nil:
+			t.Errorf("%+v rejected: %v", tc.job, fe)
+		case tc.field != "" && (fe == nil || fe.Field != tc.field):
+			t.Errorf("%+v: %v; want a field error at %s", tc.job, fe, tc.field)
 		}
 	}
 }
@@ -2787,4 +2786,50 @@ func TestLocalAndANATSURLTogetherAreRefused(t *testing.T) {
 		t.Fatalf("--local with NATS_URL in the environment: %v", err)
 	}
 	wantResults(t, out, 21, "ok")
+}
+
+// TestALineRefusedForItsChatTemplateLeavesItsCustomIDFree: a chat line refused because no chat
+// template is known for its model is refused like any other invalid line, so it does not take
+// its custom_id: a later line that uses it is published under --skip-invalid, not called a
+// duplicate of a line that never was, and a third use names that later line as the first.
+func TestALineRefusedForItsChatTemplateLeavesItsCustomIDFree(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 16})
+	dir := t.TempDir()
+	in := writeLines(t, []string{
+		`{"custom_id":"c","url":"/v1/chat/completions","body":{"model":"moonshotai/Kimi-K2-Thinking","messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"c","url":"/v1/chat/completions","body":{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":8}}`,
+		`{"custom_id":"c","model":"Qwen/Qwen3-8B","prompt":"again"}`,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rejects := filepath.Join(dir, "rejects.jsonl")
+	f.startWorker(4)
+	out := filepath.Join(dir, "results.jsonl")
+	_, stderr, err := f.submit(ctx, "--skip-invalid", "--rejects", rejects, in, "-o", out)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	for _, want := range []string{
+		in + `:1: field body.model: no chat template for model "moonshotai/Kimi-K2-Thinking"`,
+		in + `:3: field custom_id: duplicate "c" (first used on line 2)`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, in+":2:") {
+		t.Errorf("line 2 was refused:\n%s", stderr)
+	}
+	res := readResults(t, out)
+	if len(res) != 1 || lineStatus(t, res["c"]) != "ok" {
+		t.Fatalf("results = %v, want line 2's c ok", res)
+	}
+	data, err := os.ReadFile(rejects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(string(data), "\n"); got != 2 || !strings.Contains(string(data), `"line":1,`) || !strings.Contains(string(data), `"line":3,`) {
+		t.Fatalf("rejects file (%d lines):\n%s", got, data)
+	}
 }

@@ -28,6 +28,7 @@ type Reader struct {
 	nonBlank int    // lines that were not blank
 	raw      []byte // the last valid line, as read
 	long     []byte // a line longer than br's buffer, gathered
+	check    func(Job) *FieldError
 }
 
 // readBuffer is the size of a Reader's buffer: lines up to it are parsed where they were
@@ -46,6 +47,11 @@ func NewReader(r io.Reader, file string, l Limits) *Reader {
 		limits: l,
 	}
 }
+
+// SetCheck makes check a part of every line's validation: a job that it refuses is a bad line,
+// with its field error, and like any bad line it does not take its custom_id (a later line
+// with that id is no duplicate of it).
+func (r *Reader) SetCheck(check func(Job) *FieldError) { r.check = check }
 
 // fileShift splits the first-use position kept per custom_id into an input index and a line.
 const fileShift = 40
@@ -109,6 +115,9 @@ func (r *Reader) Next() (Job, error) {
 		j, names, fe := parseLine(b)
 		if fe == nil {
 			fe = j.validate(r.limits, &names)
+		}
+		if fe == nil && r.check != nil {
+			fe = r.check(j)
 		}
 		if fe != nil {
 			return Job{}, r.lineErr(fe)
