@@ -84,6 +84,11 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
+		// nats.go gives up, closing the connection for good, when a server refuses the
+		// credentials twice in a row on reconnect (its password rotated before the clients',
+		// accounts that load late after a restart): a worker then sampled nothing until it was
+		// restarted, and lost the results it held. It keeps trying, as after any drop.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -279,11 +284,18 @@ func redactURLs(list string) string {
 // for its messages, a permission refused, a watch whose heartbeats stopped) through log, which
 // nats.go would otherwise print to stderr in a format of its own. While the connection is
 // down they are the drop's echoes, which the disconnect warning already told: they go to debug.
+// A server's refusal of the credentials on reconnect is why the connection stays down, and a
+// warning, at most every authWarnEvery (nats.go reports each try, several a second).
 func asyncErrorLogger(log *slog.Logger) nats.ErrHandler {
+	var authWarned time.Time // nats.go calls the handler from one goroutine
 	return func(nc *nats.Conn, sub *nats.Subscription, err error) {
 		level := slog.LevelWarn
 		if !nc.IsConnected() {
 			level = slog.LevelDebug
+			if authRefusal(err) && time.Since(authWarned) >= authWarnEvery {
+				level, authWarned = slog.LevelWarn, time.Now()
+				err = fmt.Errorf("%w: the server refused this connection's credentials on reconnect; trying again until it accepts them", err)
+			}
 		}
 		attrs := []any{"err", err}
 		if sub != nil && !strings.HasPrefix(sub.Subject, nats.InboxPrefix) { // an inbox tells a reader nothing
@@ -291,6 +303,15 @@ func asyncErrorLogger(log *slog.Logger) nats.ErrHandler {
 		}
 		log.Log(context.Background(), level, "nats error", attrs...)
 	}
+}
+
+// authWarnEvery is how often a refusal of the credentials on reconnect is warned of.
+const authWarnEvery = 30 * time.Second
+
+// authRefusal says err is a server's refusal of the connection's credentials.
+func authRefusal(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 func logger(cfg ConnectConfig) *slog.Logger {

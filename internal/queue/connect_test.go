@@ -436,3 +436,40 @@ func TestAPasswordWithASlashHashOrQuestionMarkIsNotShown(t *testing.T) {
 		}
 	}
 }
+
+// TestAConnectionRefusedOnReconnectKeepsTrying: a server that comes back from a restart
+// refusing the credentials for a while (its password rotated before the clients', accounts
+// that load late) left the connection closed for good: nats.go gives up after two refusals in
+// a row, and a worker then sampled nothing until it was restarted, alive and quiet (the
+// refusals were logged at debug). Now the connection keeps trying, as after any drop, says why
+// it cannot get back, without the password, and is back once the server accepts it again.
+func TestAConnectionRefusedOnReconnectKeepsTrying(t *testing.T) {
+	t.Parallel()
+	port := freeAddr(t).Port
+	s := startServer(t, &server.Options{Port: port, Username: "fleet", Password: "s3cret"})
+	var logs testLog
+	nc, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: "s3cret",
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s.Shutdown()
+	rotated := startServer(t, &server.Options{Port: port, Username: "fleet", Password: "rotated"})
+	waitFor(t, "a warning of the refusal", func() bool { return strings.Contains(logs.String(), "authorization violation") })
+	// nats.go gave up after its second refusal in a row from the same server.
+	time.Sleep(2 * time.Second)
+	if nc.IsClosed() {
+		t.Fatalf("the connection closed after the server refused it; log:\n%s", logs.String())
+	}
+	rotated.Shutdown()
+	startServer(t, &server.Options{Port: port, Username: "fleet", Password: "s3cret"})
+	waitFor(t, "the reconnect", nc.IsConnected)
+	out := logs.String()
+	if strings.Contains(out, "s3cret") || strings.Contains(out, "rotated") {
+		t.Errorf("the log shows a password:\n%s", out)
+	}
+	if n := strings.Count(out, "authorization violation"); n > 2 {
+		t.Errorf("the refusal was logged %d times in 2 s, want it at most every 30 s; log:\n%s", n, out)
+	}
+}
