@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,10 @@ type ConnectConfig struct {
 	TLSCert, TLSKey string
 	// Logger receives disconnect and reconnect events; nil discards them.
 	Logger *slog.Logger
+
+	// stillDownEvery is how often a connection that stays down is warned of; zero is
+	// defaultStillDownEvery (tests shorten it).
+	stillDownEvery time.Duration
 }
 
 // PingInterval and MaxPingsOut make a connection notice a link that died without closing: a
@@ -81,6 +86,16 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	// disconnect (submit shows only warnings) learns that it ended. nats.go calls both handlers
 	// from one goroutine, in order.
 	var down time.Time
+	// back is closed when the connection is back from its drop, dropped again, or closed: it
+	// ends that drop's warnWhileDown. Only the handlers touch it.
+	var back chan struct{}
+	endDrop := func() {
+		if back != nil {
+			close(back)
+			back = nil
+		}
+	}
+	every := cmp.Or(cfg.stillDownEvery, defaultStillDownEvery)
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -91,14 +106,19 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			down = time.Now()
 			if err == nil {
 				return // Close: nats.go reports its own close as a disconnect without an error
 			}
 			log.Warn("nats disconnected", "err", err)
+			endDrop()
+			back = make(chan struct{})
+			go warnWhileDown(nc, log, every, down, back)
 		}),
+		nats.ClosedHandler(func(*nats.Conn) { endDrop() }),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			endDrop()
 			log.Warn("nats reconnected", "url", nc.ConnectedUrlRedacted(), "after", time.Since(down).Round(time.Millisecond))
 		}),
 		nats.PingInterval(PingInterval),
@@ -302,6 +322,34 @@ func asyncErrorLogger(log *slog.Logger) nats.ErrHandler {
 			attrs = append(attrs, "subject", sub.Subject)
 		}
 		log.Log(context.Background(), level, "nats error", attrs...)
+	}
+}
+
+// defaultStillDownEvery is how often a connection that stays down is warned of.
+const defaultStillDownEvery = 30 * time.Second
+
+// warnWhileDown warns every interval, until back is closed, that nc is still down since
+// since, with why its last try to get back failed. nats.go reports a reconnect that fails in
+// its TLS handshake (a server's certificate that --nats-tls-ca does not cover, a client
+// certificate it refuses) to no handler: a worker logged the drop, then nothing about why it
+// never came back.
+func warnWhileDown(nc *nats.Conn, log *slog.Logger, interval time.Duration, since time.Time, back <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-back:
+			return
+		case <-t.C:
+		}
+		if nc.IsConnected() || nc.IsClosed() {
+			return
+		}
+		attrs := []any{"for", time.Since(since).Round(time.Second)}
+		if err := nc.LastError(); err != nil { // the last try's, unless it reached no server
+			attrs = append(attrs, "err", err)
+		}
+		log.Warn("nats still disconnected", attrs...)
 	}
 }
 

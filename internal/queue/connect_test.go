@@ -473,3 +473,45 @@ func TestAConnectionRefusedOnReconnectKeepsTrying(t *testing.T) {
 		t.Errorf("the refusal was logged %d times in 2 s, want it at most every 30 s; log:\n%s", n, out)
 	}
 }
+
+// TestAConnectionThatCannotGetBackSaysWhy: a server that comes back from a restart with a
+// certificate the client does not trust (renewed by another CA than --nats-tls-ca's) refuses
+// every reconnect in its TLS handshake, which nats.go reports to no handler: a worker logged
+// "nats disconnected" once and then nothing about why it stayed down. Now, while the
+// connection stays down, a warning says for how long and why its last try failed.
+func TestAConnectionThatCannotGetBackSaysWhy(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	serve := func(port int) *server.Server {
+		caKey, caCert := newCA(t)
+		writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", caCert.Raw)
+		cert := issue(t, caKey, caCert, "server", []net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
+		return startServer(t, &server.Options{Port: port, TLS: true,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	}
+	port := freeAddr(t).Port
+	s := serve(port)
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fleet-ca.pem"), ca, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs testLog
+	nc, err := Connect(ConnectConfig{URL: "tls://" + s.Addr().String(), TLSCA: filepath.Join(dir, "fleet-ca.pem"),
+		stillDownEvery: 300 * time.Millisecond,
+		Logger:         slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s.Shutdown()
+	serve(port) // another CA
+	waitFor(t, "a warning of why the connection stays down", func() bool {
+		return strings.Contains(logs.String(), "certificate signed by unknown authority")
+	})
+	if !regexp.MustCompile(`level=WARN msg="nats still disconnected" for=\d`).MatchString(logs.String()) {
+		t.Errorf("want a warning that the connection is still down, and for how long; log:\n%s", logs.String())
+	}
+}
