@@ -381,6 +381,10 @@ func runList(ctx context.Context, args []string, env *environment) error {
 	if err := s.Err(); err != nil {
 		return err
 	}
+	fs.Usage = func() {
+		fmt.Fprint(env.stderr, "usage: submit list [flags]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	rest, err := envflag.Parse(fs, args)
 	if err != nil {
 		return err

@@ -2833,3 +2833,17 @@ func TestALineRefusedForItsChatTemplateLeavesItsCustomIDFree(t *testing.T) {
 		t.Fatalf("rejects file (%d lines):\n%s", got, data)
 	}
 }
+
+// TestEverySubcommandsHelpSaysHowToCallIt: -h of each subcommand begins with its usage line,
+// as submit's own does; list printed the flag package's "Usage of submit list:".
+func TestEverySubcommandsHelpSaysHowToCallIt(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"status", "results", "failed", "cancel", "list", "delete", "tokenize"} {
+		var stderr bytes.Buffer
+		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr}
+		_ = run(context.Background(), []string{cmd, "-h"}, env)
+		if !strings.HasPrefix(stderr.String(), "usage: submit "+cmd) {
+			t.Errorf("submit %s -h begins %q", cmd, strings.SplitN(stderr.String(), "\n", 2)[0])
+		}
+	}
+}
