@@ -57,6 +57,14 @@ def dur(s):
     m = re.fullmatch(r"(\d+)s", str(s))
     return int(m.group(1)) if m else None
 
+# The image's Go is go.mod's: the golang image sets GOTOOLCHAIN=local, so one older than the
+# go line fails to build ("go.mod requires go >= ..."), and a floating tag (golang:1.26) is
+# whatever release the builder last pulled.
+go_release = re.search(r"^go (\S+)$", open("go.mod").read(), re.M).group(1)
+froms = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?golang:(\S+)", open("deploy/Dockerfile").read(), re.M)
+check(froms and all(t.split("-")[0].split("@")[0] == go_release for t in froms),
+      f"Dockerfile: build image golang:{', '.join(froms) or '?'} (want golang:{go_release}, go.mod's go line)")
+
 # compose: three NATS nodes, three workers reaching all of them, R3 streams, a grace
 # period longer than the workers' own.
 c = docs["deploy/compose.yaml"][0]["services"]
