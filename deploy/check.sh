@@ -53,6 +53,24 @@ if errors:
 # The NATS servers a deployment runs are the release every test runs: go.mod's.
 nats_release = re.search(r"github.com/nats-io/nats-server/v2 v(\S+)", open("go.mod").read()).group(1)
 
+def k8s_bytes(q):
+    """A Kubernetes (or compose: 1g) memory quantity in bytes."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|K|M|G|T|b|m|g)?", str(q))
+    mult = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "K": 10**3,
+            "M": 10**6, "G": 10**9, "T": 10**12, "b": 1, "m": 1 << 20, "g": 1 << 30}
+    return int(m.group(1)) * mult[m.group(2)] if m else None
+
+def gomemlimit_bytes(v):
+    """GOMEMLIMIT in bytes: plain bytes or B, KiB, MiB, GiB, TiB (Go takes no other suffix)."""
+    m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB|TiB)?", str(v))
+    return int(m.group(1)) << {None: 0, "B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40}[m.group(2)] if m else None
+
+def headroom(what, gomemlimit, limit, lo, hi):
+    """GOMEMLIMIT leaves the memory Go does not count (the kernel's, the runtime's overshoot)."""
+    g, l = gomemlimit_bytes(gomemlimit), k8s_bytes(limit)
+    check(g is not None and l and lo <= g / l <= hi,
+          f"{what}: GOMEMLIMIT {gomemlimit} under a memory limit of {limit} (want {lo:.0%} to {hi:.0%} of it, in Go's units B, KiB, MiB, GiB)")
+
 def dur(s):
     m = re.fullmatch(r"(\d+)s", str(s))
     return int(m.group(1)) if m else None
@@ -161,6 +179,10 @@ check(int(cenv["TINKERFLEET_MAX_ACK_PENDING"]) >= so["maxReplicaCount"] * int(ce
 hv = docs["deploy/k8s/nats-values.yaml"][0]
 check(hv["config"]["cluster"]["enabled"] and hv["config"]["cluster"]["replicas"] == 3, "helm: cluster of 3")
 check(hv["config"]["jetstream"]["enabled"] and hv["config"]["jetstream"]["fileStore"]["enabled"], "helm: JetStream file store")
+# nats-server without GOMEMLIMIT lets its heap grow to twice what is live (the duplicate
+# window and the results' subject index, deploy/README.md): killed at half its limit.
+headroom("helm: nats container", hv["container"].get("env", {}).get("GOMEMLIMIT"),
+         hv["container"]["merge"]["resources"]["limits"]["memory"], 0.70, 0.90)
 check(hv["container"]["image"]["tag"] == f"{nats_release}-alpine", f"helm: nats image tag {hv['container']['image']['tag']} (want {nats_release}-alpine, go.mod's release)")
 conf = open("deploy/nats/auth.conf").read()
 def conf_perms(name):
