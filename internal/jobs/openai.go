@@ -35,8 +35,8 @@ const CompletionsDefaultMaxTokens = 16
 //   - accepted only at their OpenAI default, because any other value changes what would be sampled
 //     and Tinker cannot honour it: stream (false), frequency_penalty and presence_penalty (0),
 //     logit_bias ({}), top_logprobs (0), echo (false), suffix (""),
-//     best_of (1 or equal to n), response_format ({"type": "text"});
-//   - everything else (tools, tool_choice, functions, modalities, audio, prediction, …) is
+//     best_of (1 or equal to n), response_format ({"type": "text"}), modalities (["text"]);
+//   - everything else (tools, tool_choice, functions, audio, prediction, …) is
 //     rejected with a field error naming body.<field>.
 
 // openaiUnsupported is the message for body fields outside the rule above.
@@ -253,6 +253,12 @@ func parseOpenAIBody(j Job, body []byte, chat bool, names *fieldNames) (Job, *Fi
 				break
 			}
 			fe = defaultOnly(v, k, isTextFormat, `{"type": "text"} (structured output is not supported)`)
+		case "modalities":
+			if !chat {
+				fe = wrongEndpoint(k, v)
+				break
+			}
+			fe = defaultOnly(v, k, isTextOnly, `["text"] (Tinker samples text)`)
 		default:
 			if isNull(v) {
 				continue // null asks for nothing: what clients write for a field they leave unset
@@ -425,6 +431,20 @@ func isEmptyObject(v []byte) bool {
 	it := newObjIter(v)
 	_, _, ok := it.next()
 	return !ok
+}
+
+// isTextOnly says v is the list ["text"]: OpenAI's default modalities.
+func isTextOnly(v []byte) bool {
+	if !isArray(v) {
+		return false
+	}
+	it := newArrIter(v)
+	first, ok := it.next()
+	if !ok || string(first) != `"text"` {
+		return false
+	}
+	_, more := it.next()
+	return !more
 }
 
 func isTextFormat(v []byte) bool {

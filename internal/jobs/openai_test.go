@@ -27,7 +27,7 @@ func TestOpenAIMapping(t *testing.T) {
 		},
 		{
 			name: "chat max_completion_tokens, developer role, text parts, ignored and default fields",
-			line: `{"custom_id":"c2","url":"/v1/chat/completions","body":{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"developer","content":"Rules."},{"role":"user","content":[{"type":"text","text":"part one"},{"type":"text","text":"part two"}]}],"max_completion_tokens":64,"user":"u-1","store":false,"service_tier":"auto","logprobs":true,"top_logprobs":0,"stream":false,"frequency_penalty":0,"presence_penalty":0.0,"logit_bias":{},"response_format":{"type":"text"},"seed":null,"stop":null}}`,
+			line: `{"custom_id":"c2","url":"/v1/chat/completions","body":{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"developer","content":"Rules."},{"role":"user","content":[{"type":"text","text":"part one"},{"type":"text","text":"part two"}]}],"max_completion_tokens":64,"user":"u-1","store":false,"service_tier":"auto","logprobs":true,"top_logprobs":0,"stream":false,"frequency_penalty":0,"presence_penalty":0.0,"logit_bias":{},"response_format":{"type":"text"},"modalities":["text"],"seed":null,"stop":null}}`,
 			want: Job{
 				CustomID: "c2", Format: FormatOpenAIChat, Model: "meta-llama/Llama-3.1-8B-Instruct",
 				Messages:   []Message{{Role: "system", Content: "Rules."}, {Role: "user", Content: "part one\npart two"}},

@@ -153,6 +153,8 @@ func TestReaderBadLines(t *testing.T) {
 		{"oai chat logprobs type", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"logprobs":1}}`, Limits{}, "body.logprobs", "must be true or false"},
 		{"oai top_logprobs", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"top_logprobs":3}}`, Limits{}, "body.top_logprobs", "only accepted at its default 0"},
 		{"oai best_of", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"p","best_of":3,"n":2}}`, Limits{}, "body.best_of", "1 or equal to n"},
+		{"oai modalities", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"modalities":["text","audio"]}}`, Limits{}, "body.modalities", `only accepted at its default ["text"]`},
+		{"oai modalities on completions", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":"c","modalities":["text"]}}`, Limits{}, "body.modalities", "/v1/chat/completions"},
 		{"oai response_format", `{"custom_id":"x","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"c"}],"response_format":{"type":"json_object"}}}`, Limits{}, "body.response_format", "structured output"},
 		{"oai several prompts", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":["a","b"]}}`, Limits{}, "body.prompt", "several prompts"},
 		{"oai several token prompts", `{"custom_id":"x","url":"/v1/completions","body":{"model":"m","prompt":[[1],[2]]}}`, Limits{}, "body.prompt", "several prompts"},

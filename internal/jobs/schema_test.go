@@ -145,7 +145,7 @@ func TestJobSchemaAgreesWithTheReader(t *testing.T) {
 		`2147483647`, `2147483648`, `9223372036854775807`, `9223372036854775808`, `-9223372036854775809`,
 		`""`, `"a"`, `"x y"`, `"a\u0085b"`, `"a\u0000b"`, `"tinker://"`, `"tinker://a"`, `"low"`, `"text"`, `"POST"`, `"post"`,
 		`"/v1/completions"`, `"/v1/chat/completions"`, `"user"`, `"developer"`, `"system"`, `"tool"`,
-		`[]`, `[1]`, `[-1]`, `[1.5]`, `[""]`, `["a"]`, `["a",1]`, `[1,"a"]`, `[[1]]`, `[[]]`, `[["a"]]`, `["a","b"]`, `[[1],[2]]`, `[null]`,
+		`[]`, `[1]`, `[-1]`, `[1.5]`, `[""]`, `["a"]`, `["a",1]`, `[1,"a"]`, `[[1]]`, `[[]]`, `[["a"]]`, `["a","b"]`, `[[1],[2]]`, `[null]`, `["text"]`, `["text","audio"]`, `["text","text"]`,
 		`{}`, `{"type":"text"}`, `{"type":"json_object"}`, `{"type":"text","x":null}`, `{"a":null}`,
 		`[{"role":"user","content":"hi"}]`, `[{"role":"user","content":null}]`, `[{"type":"text","text":"a"}]`, `[{"type":"image_url","text":"a"}]`,
 		`{"enable_thinking":true}`, `{"enable_thinking":null}`, `{"enable_thinking":true,"thinking":true}`, `{"max_tokens":5}`,
@@ -154,7 +154,7 @@ func TestJobSchemaAgreesWithTheReader(t *testing.T) {
 	keys := []string{"x", "model", "model_path", "prompt", "prompt_tokens", "messages", "thinking", "reasoning_effort",
 		"sampling_params", "num_samples", "prompt_logprobs", "topk_prompt_logprobs", "metadata", "format", "body", "url", "method",
 		"max_tokens", "max_completion_tokens", "n", "best_of", "echo", "suffix", "logprobs", "top_logprobs", "response_format",
-		"chat_template_kwargs", "stream", "tools", "refusal", "name", "role", "content", "type", "text", "enable_thinking", "custom_id"}
+		"modalities", "chat_template_kwargs", "stream", "tools", "refusal", "name", "role", "content", "type", "text", "enable_thinking", "custom_id"}
 	// What the schema says it cannot say: best_of equal to n, a string that escapes a lone
 	// surrogate; and a number past float64's range, which the validator takes as a number.
 	cannotSay := []string{"best_of: is only accepted when it is 1 or equal to n", "escapes a lone surrogate", "is out of range"}
