@@ -71,14 +71,15 @@ type Options struct {
 // HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv). Without
 // HF_TOKEN, the token is read from the file huggingface_hub reads it from:
 // HF_TOKEN_PATH, default $HF_HOME/token (a Kubernetes secret mounted as a
-// file, or `huggingface-cli login`'s); a missing file means no token.
+// file, or `huggingface-cli login`'s); a missing file means no token. Either is
+// cleaned as huggingface_hub cleans it (cleanToken).
 func OptionsFromEnv(getenv func(string) string) Options {
 	o := Options{
 		Dir:      getenv("TINKERFLEET_TOKENIZER_DIR"),
 		HFHome:   getenv("HF_HOME"),
 		HubCache: getenv("HF_HUB_CACHE"),
 		Endpoint: getenv("HF_ENDPOINT"),
-		Token:    getenv("HF_TOKEN"),
+		Token:    cleanToken(getenv("HF_TOKEN")),
 	}
 	if o.HubCache == "" {
 		o.HubCache = getenv("HUGGINGFACE_HUB_CACHE")
@@ -121,7 +122,15 @@ func readTokenFile(path string) string {
 	if err != nil || len(data) > maxTokenFile {
 		return ""
 	}
-	return strings.TrimSpace(string(data))
+	return cleanToken(string(data))
+}
+
+// cleanToken is a token as huggingface_hub reads it from HF_TOKEN or the token file
+// (_clean_token): without line breaks, nor the white space around it. A secret handed to a
+// container as an environment variable often keeps the newline of the file it was made from,
+// which net/http refuses in a header: every download failed. "" (only white space) is none.
+func cleanToken(s string) string {
+	return strings.TrimSpace(strings.NewReplacer("\r", "", "\n", "").Replace(s))
 }
 
 // TokenizerID maps a model name to the HuggingFace repository of its

@@ -565,3 +565,32 @@ func TestTheHFTokenIsNotSentOverPlainHTTPAfterARedirect(t *testing.T) {
 		t.Fatalf("the token went over plain HTTP after a redirect: Authorization %q", got)
 	}
 }
+
+// TestHFTokenIsCleanedAsHuggingFaceHubCleansIt: HF_TOKEN is read as huggingface_hub reads it
+// (_clean_token): line breaks and the spaces around it are no part of the token, and one of
+// nothing but those is no token, so the token file is read. A secret given to a container as
+// an environment variable often ends with the newline of the file it was made from; sent as
+// it was, every download failed on a header net/http refuses.
+func TestHFTokenIsCleanedAsHuggingFaceHubCleansIt(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t), token: "hf_secret_value"}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, env := range []string{"hf_secret_value\n", " hf_secret_value\r\n", "hf_secret\n_value"} {
+		opts := OptionsFromEnv(func(k string) string {
+			return map[string]string{"HF_TOKEN": env, "HF_HOME": t.TempDir(), "HF_ENDPOINT": srv.URL}[k]
+		})
+		if _, err := NewRegistry(opts).ForID(context.Background(), "org/mini"); err != nil {
+			t.Errorf("HF_TOKEN %q: %v", env, err)
+		}
+	}
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "token"), []byte("hf_secret_value\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := OptionsFromEnv(func(k string) string {
+		return map[string]string{"HF_TOKEN": " \n", "HF_HOME": home, "HF_ENDPOINT": srv.URL}[k]
+	})
+	if _, err := NewRegistry(opts).ForID(context.Background(), "org/mini"); err != nil {
+		t.Errorf("HF_TOKEN of white space beside a token file: want the file's token, got %v", err)
+	}
+}
