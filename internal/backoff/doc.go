@@ -71,6 +71,9 @@
 //     again, even up to the last one seen, so the worker watches it from its
 //     start; and makes the bucket again if it is gone, since every Signal
 //     fails meanwhile (a running fleet learns of either within Resync);
+//   - forgets the last revision seen whenever a watch or read finds the bucket
+//     gone, so the watch that follows, of a bucket made again by this worker or
+//     by another meanwhile, starts from its first revision;
 //   - stops the old watcher before creating a new one, so no consumer leaks.
 //
 // A deleted or purged key, or bucket, never shortens the in-memory deadline.

@@ -515,9 +515,20 @@ func (f *Fleet) streamCreated(at time.Time) bool {
 // store) fails with the older nats package's ErrStreamNotFound, which KeyValue.Watch
 // subscribes through.
 func (f *Fleet) restore(ctx context.Context, err error) bool {
-	if !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) &&
-		!errors.Is(err, nats.ErrStreamNotFound) && !errors.Is(err, nats.ErrNoResponders) {
+	gone := errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, nats.ErrStreamNotFound)
+	if !gone && !errors.Is(err, nats.ErrNoResponders) {
 		return false
+	}
+	if gone {
+		// Whichever bucket is watched next, made again here or by another worker (which may
+		// be done before this one's next try), is a new stream whose revisions start again
+		// from 1: a watch resuming after the last revision seen would miss every pause up to
+		// it, until the next resync. Watching an unchanged bucket from its start only
+		// delivers its entry again, which moves no deadline.
+		f.mu.Lock()
+		f.lastRev = 0
+		f.mu.Unlock()
 	}
 	if _, err := f.js.KeyValue(ctx, f.cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return false // there (no responders: a leader election, say), or JetStream cannot say

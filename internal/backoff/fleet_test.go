@@ -1,6 +1,7 @@
 package backoff
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -717,4 +719,79 @@ func TestABurstOfSignalsWhileNATSIsDownWritesOneAtATime(t *testing.T) {
 	if waited != 1 {
 		t.Fatalf("%d of a burst of %d Signals waited on NATS, want 1", waited, burst)
 	}
+}
+
+// TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses: a server back
+// without its store has no bucket; one worker makes it again, and another, whose watch failed
+// with "stream not found" meanwhile, watches it on its next try. The new bucket's revisions
+// start again from 1: a watch resuming after the last revision seen in the old one missed
+// every pause up to it, until the next resync (10 s by default). Here the worker may not make
+// the bucket itself, which fixes the order of the race it lost one time in two in
+// TestAServerThatLostItsStoreGetsTheBucketAgain.
+func TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses(t *testing.T) {
+	users := []*server.User{
+		{Username: "admin", Password: "admin"},
+		{Username: "worker", Password: "worker", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.STREAM.CREATE.>"}}}},
+	}
+	start := func(port int) *server.Server {
+		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true,
+			StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		t.Cleanup(func() { stopServer(s) })
+		return s
+	}
+	s := start(-1)
+	port := s.Addr().(*net.TCPAddr).Port
+	url := func(user string) string { return fmt.Sprintf("nats://%s:%s@127.0.0.1:%d", user, user, port) }
+	_, admin := connect(t, url("admin"))
+	nc, _ := connect(t, url("worker"))
+	// Its refused requests to make the bucket go unanswered: a short wait for each.
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := open(t, admin, Config{}) // makes the bucket
+	var logs lockedBuffer
+	f := open(t, js, Config{Resync: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err := other.Signal(ctxT(t), ReasonRateLimited, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first pause seen", func() bool { return f.State().Revision == 1 })
+	other.Close()
+
+	stopServer(s)
+	start(port) // the same address, an empty store
+	eventually(t, "the worker to fail to make the bucket again", func() bool {
+		return strings.Contains(logs.String(), "could not be made again")
+	})
+	other = open(t, admin, Config{}) // another worker makes it again
+	if err := other.Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker to see the pause in the bucket made again", f.Active)
+}
+
+// lockedBuffer is a bytes.Buffer that a logger writes while a test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
