@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"syscall"
 	"testing"
@@ -40,6 +41,16 @@ func TestMain(m *testing.M) {
 			fmt.Println("drained")
 		}
 		return
+	}
+	// A child inherits the signals this process was started ignoring (SIGHUP under
+	// `nohup go test`; SIGINT too when the test binary runs as a script's background job),
+	// and rightly keeps them ignored: the tests that send them would fail, a child "never
+	// stopped". A signal this process catches is the default again in a child, so catch
+	// those here, and drop them: nohup's choice still holds for the test run.
+	for _, sig := range []os.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		if signal.Ignored(sig) {
+			signal.Notify(make(chan os.Signal, 1), sig)
+		}
 	}
 	os.Exit(m.Run())
 }
