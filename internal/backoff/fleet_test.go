@@ -670,6 +670,7 @@ func TestAServerThatLostItsStoreGetsTheBucketAgain(t *testing.T) {
 	}
 	stopServer(s)
 	startServer(t, t.TempDir(), port) // the same address, an empty store
+	closeBeforeTheServerStops(t, fleets...)
 	eventually(t, "the bucket to be made again", func() bool {
 		_, err := js.KeyValue(ctxT(t), DefaultBucket)
 		return err == nil
@@ -768,6 +769,7 @@ func TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses(t 
 
 	stopServer(s)
 	start(port) // the same address, an empty store
+	closeBeforeTheServerStops(t, f)
 	eventually(t, "the worker to fail to make the bucket again", func() bool {
 		return strings.Contains(logs.String(), "could not be made again")
 	})
@@ -794,4 +796,15 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// closeBeforeTheServerStops closes the fleets before a server started after them stops
+// (cleanups run last-in first-out): closing, a fleet deletes its watch consumers, each of
+// which would wait out the JetStream API timeout (5 s) with the server gone.
+func closeBeforeTheServerStops(t *testing.T, fleets ...*Fleet) {
+	t.Cleanup(func() {
+		for _, f := range fleets {
+			_ = f.Close()
+		}
+	})
 }
