@@ -43,15 +43,7 @@ func TestEncodeAddingSpecialTokens(t *testing.T) {
 
 func TestAPostProcessorNamingAMissingTokenIsRefused(t *testing.T) {
 	t.Parallel()
-	var tj map[string]any
-	if err := json.Unmarshal(qwen3JSON(t), &tj); err != nil {
-		t.Fatal(err)
-	}
-	tj["post_processor"] = json.RawMessage(`{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{}}`)
-	data, err := json.Marshal(tj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := qwen3JSONWith(t, map[string]any{"post_processor": json.RawMessage(`{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{}}`)})
 	if _, err := Parse(data); err == nil {
 		t.Fatal("a template naming a special token it does not define was accepted")
 	}
