@@ -1,7 +1,6 @@
 package backoff
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 )
 
 const testAccount = "acct0123"
@@ -759,7 +760,7 @@ func TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses(t 
 		t.Fatal(err)
 	}
 	other := open(t, admin, Config{}) // makes the bucket
-	var logs lockedBuffer
+	var logs fleettest.Buffer
 	f := open(t, js, Config{Resync: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := other.Signal(ctxT(t), ReasonRateLimited, time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -778,24 +779,6 @@ func TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses(t 
 		t.Fatal(err)
 	}
 	eventually(t, "the worker to see the pause in the bucket made again", f.Active)
-}
-
-// lockedBuffer is a bytes.Buffer that a logger writes while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // closeBeforeTheServerStops closes the fleets before a server started after them stops
