@@ -72,6 +72,7 @@ func (w *Worker) refused(ctx context.Context, job jobs.Job, batch string, keysTa
 		res := errorResult(job, batch, jobs.ResultError{
 			Code: jobs.CodeAPIError, Message: err.Error(), Category: jobs.CategoryUser,
 		})
+		res.Attempts = tinker.AttemptsOf(err)
 		return outcome{result: &res, settle: settleTerm}
 	case cerr == nil && w.keysTaken.Load() != keysTaken:
 		// Once per rotation for each job: a key the service refused in turn would stop

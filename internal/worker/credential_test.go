@@ -235,6 +235,11 @@ func TestAJobTheKeyMayNotRunEndsAloneWithAnAPIError(t *testing.T) {
 		if r.Error.Code != jobs.CodeAPIError || r.Error.Category != jobs.CategoryUser || !strings.Contains(r.Error.Message, "no access to this model") {
 			t.Errorf("%s: %+v, want an api_error of category user naming the refusal", id, r.Error)
 		}
+		// The refused request was one sampling attempt, which the result counts, as it
+		// counts the attempt of an api_error of any other status (result.schema.json).
+		if r.Attempts != 1 {
+			t.Errorf("%s: attempts %d, want 1", id, r.Attempts)
+		}
 	}
 	if failed != 1 {
 		t.Fatalf("%d jobs failed, want the one refused", failed)
