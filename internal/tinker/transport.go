@@ -449,13 +449,18 @@ func (c *Client) withRetries(ctx context.Context, name, samplerID string, check 
 	start := c.clock.Now()
 	deadline := start.Add(c.t.SubmitRetryDeadline)
 	attempt := 0
+	var last error // the failure retried, which a stuck check's error names (as Sample's does)
 	for {
 		if check != nil {
 			if err := check(); err != nil {
+				if last != nil {
+					return fmt.Errorf("%w (last error: %v)", err, last)
+				}
 				return err
 			}
 		}
 		err := fn(ctx)
+		last = err
 		if err == nil {
 			return nil
 		}

@@ -942,6 +942,25 @@ func TestASampleTheServiceNeverCompletesEndsItsJob(t *testing.T) {
 	}
 }
 
+// TestADeadLetterOfAServiceThatKeptFailingSaysHow: a sample whose submission the service
+// fails with a 503 until the stuck detection gives up ends as a dead letter whose message
+// names the 503, not only that no progress was made: the user retrying it wants to know
+// what the service said.
+func TestADeadLetterOfAServiceThatKeptFailingSaysHow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 1}, tinkersim.Config{Capacity: 8,
+		Faults: []tinkersim.Fault{{Kind: tinkersim.FaultServerError, Status: 503, Endpoints: []string{"asample"}}}})
+	w := b.open(t, b.connect(t), Config{Concurrency: 1, RetryDelay: 50 * time.Millisecond, TinkerTiming: tinker.Timing{
+		ProgressTimeout: 500 * time.Millisecond, SubmitRetryDeadline: time.Minute,
+		SubmitRetryBase: 5 * time.Millisecond, SubmitRetryMax: 20 * time.Millisecond}})
+	run(t, w)
+	publishJobs(t, b.results, "503", []jobs.Job{{CustomID: "down", Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2}, NumSamples: 1}})
+	r := waitResults(t, b.results, "503", 1, 30*time.Second)["down"]
+	if r.Status != jobs.StatusError || r.Error.Code != jobs.CodeDeadLetter || !strings.Contains(r.Error.Message, "error code 503") {
+		t.Fatalf("result = %+v, want a dead letter naming the 503", r.Error)
+	}
+}
+
 // TestAServiceThatForgotTheSessionFailsNoJob: when the service forgets the worker's session
 // and sampling sessions mid-batch (it restarted), its asample 404s are not the jobs' fault:
 // the worker makes a new sampling session, in a new session, and every job ends ok.
