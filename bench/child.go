@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -28,10 +29,11 @@ import (
 )
 
 // childArg, as the first argument, makes the program a helper process of a comparison: a
-// simulator (comparison 2, so its CPU is not counted in the worker's) or a worker alone
-// (comparison 5, so its peak RSS is its own). The parent talks to it on stdin/stdout: the
-// child prints one line ("ready" or the simulator URL) when it is up and stops when its
-// stdin is closed.
+// NATS server or a simulator (comparisons 1 and 2, so that their CPU is not counted in the
+// worker's and their runtime is not the worker's), or a worker alone (comparison 1, as a
+// fleet runs, and 5, so that its peak RSS is its own). The parent talks to it on
+// stdin/stdout: the child prints one line ("ready" or its URL) when it is up and stops when
+// its stdin is closed. A worker started with -hold runs only once the line "start" comes.
 const childArg = "-bench-child"
 
 // runChild is the helper process.
@@ -48,6 +50,7 @@ func runChild(args []string) error {
 	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
 	side := fs.String("side", "", "client or worker (cost: a side of comparison 2, for -instructions)")
 	setupOnly := fs.Bool("setup-only", false, "set up as for the samples, then stop (cost)")
+	hold := fs.Bool("hold", false, "once ready, wait for the line \"start\" on stdin before running (worker)")
 	profile := fs.String("cpuprofile-prefix", "", "write a CPU profile to `prefix`.<role>.<pid>")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -66,9 +69,15 @@ func runChild(args []string) error {
 	signal.Ignore(os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdinDone := make(chan struct{})
+	stdinDone, started := make(chan struct{}), make(chan struct{})
 	go func() { // ends with stdin: owned by the parent's pipe.
-		_, _ = io.Copy(io.Discard, os.Stdin)
+		in, unstarted := bufio.NewScanner(os.Stdin), started
+		for in.Scan() {
+			if in.Text() == startLine && unstarted != nil {
+				close(unstarted)
+				unstarted = nil
+			}
+		}
 		close(stdinDone)
 		cancel()
 	}()
@@ -123,15 +132,30 @@ func runChild(args []string) error {
 		if err != nil {
 			return err
 		}
+		// The tokenizer is loaded before "ready", as workers in one process share one loaded
+		// tokenizer: loaded at each worker's first job, it brought workers started together
+		// into the work up to a second apart, and each that joins a fleet running at the
+		// capacity costs the fleet a pause to learn its part (comparison 1).
+		tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
+		if _, err := tokens.ForModel(ctx, benchModel); err != nil {
+			return err
+		}
 		w, err := worker.Open(ctx, worker.Config{
 			Queue: q, TinkerBaseURL: *simURL, TinkerAPIKey: benchKey, Concurrency: *concurrency,
-			Tokenizers: tokenizer.NewRegistry(tokenizer.Options{Offline: true}), ShutdownGrace: 500 * time.Millisecond,
+			Tokenizers: tokens, ShutdownGrace: 500 * time.Millisecond,
 		})
 		if err != nil {
 			return err
 		}
 		defer w.Close()
 		fmt.Println("ready")
+		if *hold {
+			select {
+			case <-started:
+			case <-stdinDone:
+				return nil
+			}
+		}
 		if err := w.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			return fmt.Errorf("worker run: %w", err)
 		}
@@ -187,6 +211,17 @@ func startChild(ctx context.Context, profile string, args ...string) (*child, er
 	return c, nil
 }
 
+// startLine tells a worker child started with -hold to run.
+const startLine = "start"
+
+// start tells a worker child started with -hold to run.
+func (c *child) start() error {
+	if _, err := io.WriteString(c.stdin, startLine+"\n"); err != nil {
+		return fmt.Errorf("child: start: %w", err)
+	}
+	return nil
+}
+
 // stop closes the child's stdin and waits for it to exit (killing it after 10 s).
 func (c *child) stop() error {
 	_ = c.stdin.Close()
@@ -199,6 +234,18 @@ func (c *child) stop() error {
 		_ = c.cmd.Process.Kill()
 		return <-done
 	}
+}
+
+// stopAll stops children together (each stop waits for its child's exit) and returns their
+// errors joined.
+func stopAll(cs []*child) error {
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Go(func() { errs[i] = c.stop() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // procStatus reads fields such as VmHWM and VmRSS (in kB) from /proc/<pid>/status.

@@ -619,25 +619,37 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	return before.per(snapshot(), int64(settled-from)), nil
 }
 
-// simRequests is the simulator's count of replies so far, by endpoint (its admin stats).
-func simRequests(ctx context.Context, sim simTarget) (map[string]int64, error) {
+// simStats is the simulator's admin stats.
+func simStats(ctx context.Context, sim simTarget) (tinkersim.Stats, error) {
 	hc := http.DefaultClient
 	if sim.roots != nil {
 		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: sim.roots}}}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(sim.url, "/")+"/admin/stats", nil)
 	if err != nil {
-		return nil, err
+		return tinkersim.Stats{}, err
 	}
 	req.Header.Set("X-API-Key", string(benchKey))
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("simulator stats: %w", err)
+		return tinkersim.Stats{}, fmt.Errorf("simulator stats: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return tinkersim.Stats{}, fmt.Errorf("simulator stats: %s", resp.Status)
+	}
 	var st tinkersim.Stats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return nil, fmt.Errorf("simulator stats: %w", err)
+		return tinkersim.Stats{}, fmt.Errorf("simulator stats: %w", err)
+	}
+	return st, nil
+}
+
+// simRequests is the simulator's count of replies so far, by endpoint (its admin stats).
+func simRequests(ctx context.Context, sim simTarget) (map[string]int64, error) {
+	st, err := simStats(ctx, sim)
+	if err != nil {
+		return nil, err
 	}
 	n := map[string]int64{}
 	for endpoint, byStatus := range st.Requests {
