@@ -110,8 +110,9 @@ func (e *ProtocolError) Error() string {
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // IsRetryable reports whether the sample-level retry layer (§6.3) retries err:
-// connection errors and request timeouts, HTTP 408, 409, 410 (future expired, resubmit),
-// 429 and 5xx. Failed futures, protocol errors, other 4xx, the caller's context ending,
+// connection errors and request timeouts, HTTP 408, 409, 429 and 5xx, and a poll's 410 (its
+// future expired: the sample is submitted again, §4.2). Failed futures, protocol errors, other
+// 4xx (410 from any other endpoint too, §5.3), the caller's context ending,
 // ErrProgressTimeout and ErrFutureTimeout are not retryable.
 func IsRetryable(err error) bool {
 	if err == nil || errors.Is(err, ErrProgressTimeout) || errors.Is(err, ErrFutureTimeout) {
@@ -132,7 +133,7 @@ func IsRetryable(err error) bool {
 	}
 	var se *StatusError
 	if errors.As(err, &se) {
-		return se.StatusCode == 410 || retryableStatus(se.StatusCode)
+		return se.StatusCode == http.StatusGone && se.Endpoint == "retrieve_future" || retryableStatus(se.StatusCode)
 	}
 	return false
 }

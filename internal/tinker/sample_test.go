@@ -822,3 +822,18 @@ func TestAFailedFuturesMessageHasNoCredential(t *testing.T) {
 		t.Fatalf("credential in the error: %v", err)
 	}
 }
+
+// TestAsample410IsNotRetried: 410 is the poll's "promise expired" (§4.2), which re-runs the
+// sample with a new seq_id (§6.3). On asample it is one of the other 4xx, which no layer
+// retries (§5.3, §7.1): retried, a sampling session the service says is gone was sent a new
+// sample every 10 s for the two hours of the no-progress timeout.
+func TestAsample410IsNotRetried(t *testing.T) {
+	f := newFake(t)
+	f.set("asample", jsonReply(410, `{"detail":"gone"}`))
+	c, _, _ := dial(t, f, nil)
+	_, err := sampler(t, c).Sample(testCtx(t), basicRequest())
+	var se *StatusError
+	if !errors.As(err, &se) || se.StatusCode != 410 || IsRetryable(err) || len(f.requests("asample")) != 1 {
+		t.Fatalf("asample 410: %v after %d submissions, want the 410 after one", err, len(f.requests("asample")))
+	}
+}
