@@ -156,7 +156,15 @@ type Timing struct {
 	PollBackoffBase time.Duration // 1 s, doubled per 429/connection error on polls (§4.2)
 	PollBackoffMax  time.Duration // 30 s (§4.2)
 	PollFloor       time.Duration // 0: sleep before an immediate re-poll (try_again, 408, 5xx) (§11.6)
-	PollBadRequests int           // 3 retries of a 400 with a body (§4.2)
+	// PollServerErrorBase and PollServerErrorMax space the polls after a 5xx that follows
+	// another: 10 ms, doubled per 5xx in a row, up to 1 s. §4.2 polls again at once after
+	// every 5xx, which a proxy answering 503 at once through an outage turns into a storm
+	// (about 19,000 polls a second for one sample on loopback); §11.6 allows a floor for
+	// servers that do not long-poll. The first 5xx is still polled again at once.
+	PollServerErrorBase time.Duration
+	PollServerErrorMax  time.Duration
+
+	PollBadRequests int // 3 retries of a 400 with a body (§4.2)
 
 	BackoffSmall          time.Duration // 1 s dispatch backoff on asample 429 (§5.3)
 	BackoffLarge          time.Duration // 5 s for prompts estimated above BackoffLargeThreshold
@@ -196,6 +204,8 @@ func (t Timing) withDefaults() Timing {
 	}
 	d(&t.HTTPRetryBase, 500*time.Millisecond)
 	d(&t.HTTPRetryMax, 10*time.Second)
+	d(&t.PollServerErrorBase, 10*time.Millisecond)
+	d(&t.PollServerErrorMax, time.Second)
 	d(&t.SubmitRetryDeadline, 300*time.Second)
 	d(&t.SubmitRetryBase, time.Second)
 	d(&t.SubmitRetryMax, 30*time.Second)

@@ -198,25 +198,27 @@ func TestReplySizeIsBounded(t *testing.T) {
 	}
 }
 
-func TestPoll408And5xxRepollImmediately(t *testing.T) {
+// TestPoll408And5xxRepoll: a 408 and a first 5xx are polled again at once (§4.2); a 5xx
+// after another waits Timing.PollServerErrorBase (10 ms), doubled per 5xx in a row.
+func TestPoll408And5xxRepoll(t *testing.T) {
 	res, f, fc, ev, err := runSample(t, nil,
 		jsonReply(408, `{"type":"try_again","request_id":"x","queue_state":"paused_rate_limit"}`),
 		bareStatus(408), jsonReply(500, `{"error":"Internal Server Error"}`), jsonReply(503, `{}`))
 	if err != nil || res.Response == nil {
 		t.Fatal(err)
 	}
-	if len(f.requests("retrieve_future")) != 5 || len(fc.Sleeps()) != 0 {
-		t.Fatalf("%d polls, sleeps %v", len(f.requests("retrieve_future")), fc.Sleeps())
+	if sleeps := fc.Sleeps(); len(f.requests("retrieve_future")) != 5 || len(sleeps) != 1 || sleeps[0] != 10*time.Millisecond {
+		t.Fatalf("%d polls, sleeps %v: want 5 polls and one 10ms sleep, after the second 5xx", len(f.requests("retrieve_future")), sleeps)
 	}
 	qs := ev.of(EventQueueState)
 	if len(qs) != 1 || qs[0].QueueState != QueuePausedRateLimit || qs[0].Reason != "concurrent sampler weights limit hit" {
 		t.Fatalf("queue events %+v", qs)
 	}
-	// A 5xx re-poll is a retry of the poll layer (tinkerfleet_tinker_retries_total{layer=poll}),
-	// at once; a 408 is the long poll's "not yet", no retry.
+	// A 5xx re-poll is a retry of the poll layer (tinkerfleet_tinker_retries_total{layer=poll});
+	// a 408 is the long poll's "not yet", no retry.
 	rs := ev.of(EventRetry)
 	if len(rs) != 2 || rs[0].Layer != LayerPoll || rs[0].StatusCode != 500 || rs[1].StatusCode != 503 ||
-		rs[0].Delay != 0 || rs[0].Attempt != 0 || rs[1].Attempt != 1 || rs[0].Err == nil {
+		rs[0].Delay != 0 || rs[1].Delay != 10*time.Millisecond || rs[0].Attempt != 0 || rs[1].Attempt != 1 || rs[0].Err == nil {
 		t.Fatalf("retry events %+v, want the two 5xx re-polls", rs)
 	}
 }

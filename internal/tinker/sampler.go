@@ -467,10 +467,21 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			}
 		case r.status >= 500:
 			// Polled again at once (§4.2), a retry of the poll layer (as a 400's below),
-			// which the client's warning and the retries metric show.
-			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: t.PollFloor,
+			// which the client's warning and the retries metric show; after a 5xx in a row,
+			// later and later (Timing.PollServerErrorBase).
+			d := t.PollFloor
+			if serverErrors > 0 {
+				d = max(d, submitBackoff(serverErrors-1, t.PollServerErrorBase, t.PollServerErrorMax))
+			}
+			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: d,
 				Attempt: serverErrors, Err: c.statusError(cl, r), SamplerID: s.id})
 			serverErrors++
+			if d > 0 {
+				if err := c.clock.Sleep(ctx, d); err != nil {
+					return nil, fmt.Errorf("tinker: %s: %w", name, err)
+				}
+			}
+			continue
 		case r.status == http.StatusTooManyRequests:
 			if err := backoff(r.status, c.statusError(cl, r)); err != nil {
 				return nil, fmt.Errorf("tinker: %s: %w", name, err)

@@ -176,3 +176,21 @@ func TestSimHeartbeatTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestPollServerErrorsBackOff: §4.2 polls again at once after a 5xx, which against a proxy
+// that answers 503 at once for an outage is a request storm: about 19,000 polls a second
+// for one sample on loopback. The first 5xx in a row is still polled again at once; those
+// after it wait 10 ms, doubling up to 1 s (§11.6's floor for servers that do not long-poll).
+func TestPollServerErrorsBackOff(t *testing.T) {
+	t.Parallel()
+	res, err, e := sampleThrough(t, tinkersim.Fault{Kind: tinkersim.FaultServerError, Status: 503,
+		Endpoints: []string{"retrieve_future"}, Duration: 500 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSequences(t, res.Response, 1, 16)
+	// 0, 10, 20, 40, 80, 160 and 320 ms: seven polls fit in 500 ms, eight with the one after.
+	if n := e.sim.Stats().Requests["retrieve_future"][503]; res.Attempts != 1 || n < 2 || n > 10 {
+		t.Fatalf("%d attempts, %d polls answered 503 in a 500 ms outage: want one attempt and 2-10 polls", res.Attempts, n)
+	}
+}
