@@ -345,6 +345,15 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		return w.outOfDeliveries(ctx, msg, batch, customID)
 	}
 	job, err := jobs.DecodeJob(msg.Data())
+	if customID == "" {
+		// A message without the custom id header (published by another client than submit):
+		// its job is named by its line's custom_id. Named "", the results of all such jobs of
+		// a batch had one subject, where the stream kept the first and refused the others.
+		if customID = job.CustomID; customID == "" {
+			w.jobLog(batch, customID, delivered).Error("job message with no custom id, in its header or a payload that decodes: dropping it", "err", err)
+			return outcome{settle: settleTerm}
+		}
+	}
 	invalid := jobs.Job{CustomID: customID, Format: job.Format}
 	if err == nil {
 		// A job that decoded but is invalid (for this worker's limits) keeps its format (OpenAI
@@ -358,8 +367,12 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		})
 		return outcome{result: &res, settle: settleTerm}
 	}
-	if job.CustomID != customID && customID != "" {
-		res := errorResult(job, batch, jobs.ResultError{
+	if job.CustomID != customID {
+		// Named by the header, as the message is everywhere else: named by its line's
+		// custom_id, the result took the subject of that job, whose own result the stream
+		// then refused.
+		invalid.Model, invalid.ModelPath = job.Model, job.ModelPath
+		res := errorResult(invalid, batch, jobs.ResultError{
 			Code: jobs.CodeInvalidJob, Message: "custom_id does not match the message header", Category: jobs.CategoryUser,
 		})
 		return outcome{result: &res, settle: settleTerm}

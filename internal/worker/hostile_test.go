@@ -1,0 +1,242 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
+	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
+)
+
+// rawJob is a job message as any publisher with NATS credentials may write it, beside
+// cmd/submit: its subject's batch, headers and payload as they come.
+type rawJob struct {
+	batch  string
+	header nats.Header
+	data   []byte
+	msgID  string // "" for none
+}
+
+func publishRaw(t *testing.T, q *queue.Queue, j rawJob) {
+	t.Helper()
+	msg := &nats.Msg{Subject: q.Names.JobSubject(j.batch), Header: j.header, Data: j.data}
+	if msg.Header == nil {
+		msg.Header = nats.Header{}
+	}
+	var opts []jetstream.PublishOpt
+	if j.msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(j.msgID))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := q.JS.PublishMsg(ctx, msg, opts...); err != nil {
+		t.Fatalf("publish %s: %v", msg.Subject, err)
+	}
+}
+
+// rawResults waits until want results of batch are stored, or timeout, and returns the
+// payloads of those stored.
+func rawResults(t *testing.T, q *queue.Queue, batch string, want int, timeout time.Duration) [][]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+	defer cancel()
+	var stored int
+	for deadline := time.Now().Add(timeout); stored < want && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var err error
+		if stored, err = q.ResultsStored(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	it, err := q.ReadResults(ctx, batch, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	var out [][]byte
+	for range stored {
+		m, err := it.Next(jetstream.NextMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := codec.Decode(m.Headers(), m.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, data)
+	}
+	return out
+}
+
+func resultSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	c := jsonschema.NewCompiler()
+	s, err := c.Compile(filepath.Join(filepath.Dir(file), "..", "..", "schemas", "result.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func checkResult(t *testing.T, s *jsonschema.Schema, data []byte) jobs.Result {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("result %s: %v", data, err)
+	}
+	if err := s.Validate(v); err != nil {
+		t.Errorf("result %.300s does not follow result.schema.json: %v", data, err)
+	}
+	if bytes.Contains(data, []byte(fleettest.APIKey)) || bytes.Contains(data, []byte("tml-")) {
+		t.Errorf("result holds a secret: %.300s", data)
+	}
+	var r jobs.Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("result %.300s: %v", data, err)
+	}
+	return r
+}
+
+func hdr(id string) nats.Header {
+	h := nats.Header{}
+	if id != "" {
+		h.Set(queue.HeaderCustomID, id)
+	}
+	return h
+}
+
+func zstdOf(t *testing.T, data []byte) []byte {
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	return enc.EncodeAll(data, nil)
+}
+
+// TestHostileJobsEachEndWithOneResult publishes odd and hostile job messages straight to the
+// jobs stream, as a publisher other than submit could: each ends with exactly one result that
+// follows the schema, with a fitting error code, and the worker goes on.
+func TestHostileJobsEachEndWithOneResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 3}, tinkersim.Config{Capacity: 8})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, RetryDelay: 50 * time.Millisecond})
+	run(t, w)
+	good := func(id string) string {
+		return `{"custom_id":"` + id + `","model":"Qwen/Qwen3-8B","prompt_tokens":[1,2],"sampling_params":{"max_tokens":2},"num_samples":1}`
+	}
+	withParams := func(id, params string) []byte {
+		return []byte(`{"custom_id":"` + id + `","model":"Qwen/Qwen3-8B","prompt_tokens":[1,2],"sampling_params":` + params + `,"num_samples":1}`)
+	}
+	bomb := zstdOf(t, bytes.Repeat([]byte{'a'}, 64<<20))
+	nested := `{"custom_id":"nested","model":"Qwen/Qwen3-8B","prompt_tokens":[1],"num_samples":1,"metadata":` +
+		strings.Repeat("[", 9000) + strings.Repeat("]", 9000) + `}`
+	tooNested := `{"custom_id":"too-nested","model":"Qwen/Qwen3-8B","prompt_tokens":[1],"num_samples":1,"metadata":` +
+		strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + `}`
+	cases := []struct {
+		job      rawJob
+		id       string // the result's custom id
+		wantCode string // "" for ok
+	}{
+		{rawJob{batch: "h", header: hdr("ok"), data: []byte(good("ok"))}, "ok", ""},
+		{rawJob{batch: "h", header: hdr(""), data: []byte(good("no-header"))}, "no-header", ""},
+		{rawJob{batch: "h", header: hdr("mm-h"), data: []byte(good("mm-b"))}, "mm-h", jobs.CodeInvalidJob},
+		// Its line names another job of the batch, published after it: that job keeps its
+		// own result.
+		{rawJob{batch: "h", header: hdr("mm-other"), data: []byte(good("real"))}, "mm-other", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("real"), data: []byte(good("real")), msgID: "h/real"}, "real", ""},
+		// Without the header, invalid jobs are named by their lines, each its own result.
+		{rawJob{batch: "h", header: hdr(""), data: withParams("nh-1", `{"temperature":-1}`)}, "nh-1", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr(""), data: withParams("nh-2", `{"temperature":-1}`)}, "nh-2", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("zstd"), data: zstdOf(t, []byte(good("zstd")))}, "zstd", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("corrupt"), data: []byte("\x28\xb5\x2f\xfdgarbage")}, "corrupt", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("bomb"), data: bomb}, "bomb", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("dup"), data: []byte(`{"custom_id":"dup","custom_id":"dup","model":"Qwen/Qwen3-8B","prompt_tokens":[1],"num_samples":1}`)}, "dup", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("nested"), data: []byte(nested)}, "nested", ""},
+		{rawJob{batch: "h", header: hdr("too-nested"), data: []byte(tooNested)}, "too-nested", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("temp-inf"), data: withParams("temp-inf", `{"temperature":1e999}`)}, "temp-inf", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("temp-neg"), data: withParams("temp-neg", `{"temperature":-1}`)}, "temp-neg", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("topp-nan"), data: withParams("topp-nan", `{"top_p":NaN}`)}, "topp-nan", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("maxtok-huge"), data: withParams("maxtok-huge", `{"max_tokens":99999999999999999999}`)}, "maxtok-huge", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("maxtok-neg"), data: withParams("maxtok-neg", `{"max_tokens":-5}`)}, "maxtok-neg", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("seed-huge"), data: withParams("seed-huge", `{"seed":1e30}`)}, "seed-huge", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("topk-huge"), data: withParams("topk-huge", `{"top_k":9223372036854775807}`)}, "topk-huge", ""},
+		{rawJob{batch: "h", header: hdr("model"), data: []byte(`{"custom_id":"model","model":"No/Such-Model","prompt_tokens":[1],"num_samples":1}`)}, "model", jobs.CodeAPIError},
+		{rawJob{batch: "h", header: hdr("prompt-max"), data: []byte(`{"custom_id":"prompt-max","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", jobs.DefaultMaxPromptChars) + `","num_samples":1}`)}, "prompt-max", jobs.CodeContextTooLong},
+		{rawJob{batch: "h", header: hdr("prompt-over"), data: []byte(`{"custom_id":"prompt-over","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", jobs.DefaultMaxPromptChars+1) + `","num_samples":1}`)}, "prompt-over", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("empty"), data: nil}, "empty", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: hdr("no-msg-id"), data: []byte(good("no-msg-id")), msgID: ""}, "no-msg-id", ""},
+	}
+	// A message named nowhere, neither in a header nor in a line that decodes, has no job to
+	// end: it is dropped.
+	unnamed := []rawJob{
+		{batch: "h", header: hdr(""), data: []byte(`not json`)},
+		{batch: "h", header: hdr(""), data: []byte(`{"custom_id":"","model":"Qwen/Qwen3-8B","prompt_tokens":[1],"num_samples":1}`)},
+	}
+	for _, j := range unnamed {
+		publishRaw(t, b.results, j)
+	}
+	for _, c := range cases {
+		publishRaw(t, b.results, c.job)
+	}
+	s := resultSchema(t)
+	got := map[string]jobs.Result{}
+	for _, data := range rawResults(t, b.results, "h", len(cases), 20*time.Second) {
+		r := checkResult(t, s, data)
+		if _, dup := got[r.CustomID]; dup {
+			t.Errorf("two results for %q", r.CustomID)
+		}
+		got[r.CustomID] = r
+	}
+	for _, c := range cases {
+		r, ok := got[c.id]
+		switch {
+		case !ok:
+			t.Errorf("no result for %q; results for %v", c.id, keys(got))
+		case c.wantCode == "" && r.Status != jobs.StatusOK:
+			t.Errorf("%s: %s %+v, want ok", c.id, r.Status, r.Error)
+		case c.wantCode != "" && (r.Error == nil || r.Error.Code != c.wantCode):
+			t.Errorf("%s: %s %+v, want %s", c.id, r.Status, r.Error, c.wantCode)
+		}
+	}
+	if n := pendingAcks(t, b.results, 0); n != 0 {
+		t.Fatalf("%d jobs not acked", n)
+	}
+	fleettest.Eventually(t, 10*time.Second, "every job message ended", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+	info, err := b.results.Results.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int(info.State.Msgs) != len(cases) {
+		t.Fatalf("%d results stored, want %d: one per job, none for the messages that name none", info.State.Msgs, len(cases))
+	}
+}
+
+func keys(m map[string]jobs.Result) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
