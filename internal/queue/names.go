@@ -70,10 +70,15 @@ func (n Names) DeadSubject(batch string) string { return n.Prefix + ".dead." + b
 // HeldSubject is the core NATS subject (no stream) on which workers answer AskHeld.
 func (n Names) HeldSubject() string { return n.Prefix + ".held" }
 
-// BatchFromJobSubject returns the batch id of a job subject, or "" if subject is not one.
+// BatchFromJobSubject returns the batch id of a job subject, or "" if subject is not one. A
+// wildcard is no batch id, though the jobs stream takes "<prefix>.jobs.*" and
+// "<prefix>.jobs.>" from any client that publishes there: its job's result subject would be
+// a wildcard too, and the look-up of its result would find a result of another batch (a
+// job of batch "*" named "x", published again, was acked without a result for that of "x"
+// in any batch).
 func (n Names) BatchFromJobSubject(subject string) string {
 	rest, ok := strings.CutPrefix(subject, n.Prefix+".jobs.")
-	if !ok || strings.Contains(rest, ".") {
+	if !ok || rest == "*" || rest == ">" || strings.Contains(rest, ".") {
 		return ""
 	}
 	return rest

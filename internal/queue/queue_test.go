@@ -496,7 +496,8 @@ func TestNamesAndTokens(t *testing.T) {
 			t.Errorf("ParseJobToken(%q) = %x, true: not a job token", bad, key)
 		}
 	}
-	if n.BatchFromJobSubject("tinkerfleet.jobs.b-1") != "b-1" || n.BatchFromJobSubject("other.jobs.x") != "" {
+	if n.BatchFromJobSubject("tinkerfleet.jobs.b-1") != "b-1" || n.BatchFromJobSubject("other.jobs.x") != "" ||
+		n.BatchFromJobSubject("tinkerfleet.jobs.*") != "" || n.BatchFromJobSubject("tinkerfleet.jobs.>") != "" {
 		t.Fatal("BatchFromJobSubject")
 	}
 	for _, bad := range []string{"", "a.b", "a b", "-x", strings.Repeat("x", 65)} {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -239,4 +240,55 @@ func keys(m map[string]jobs.Result) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestJobsOnAWildcardBatchAreDropped: the jobs stream takes a job published on
+// "<prefix>.jobs.*" or "<prefix>.jobs.>", whose batch would put its result on a wildcard
+// subject. Such a job was sampled and its result stored there, or, published again, acked
+// without a result because the look-up of its result found another batch's. It is dropped
+// now, as a job on any subject that names no batch; a batch token that is no batch id submit
+// takes, but no wildcard either, is a batch like any other.
+func TestJobsOnAWildcardBatchAreDropped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 3}, tinkersim.Config{Capacity: 8})
+	logs := &fleettest.Buffer{}
+	w := b.open(t, b.connect(t), Config{Concurrency: 4, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	run(t, w)
+	publishJobs(t, b.results, "real", tokenJobs("j", 1))
+	waitResults(t, b.results, "real", 1, 30*time.Second)
+
+	again := hdr("j0000")
+	again.Set(queue.HeaderRepublished, "1")
+	job := func(id string) []byte {
+		return []byte(`{"custom_id":"` + id + `","model":"Qwen/Qwen3-8B","prompt_tokens":[1,9],"num_samples":1}`)
+	}
+	publishRaw(t, b.results, rawJob{batch: "*", header: again, data: job("j0000")})
+	publishRaw(t, b.results, rawJob{batch: ">", header: hdr("k"), data: job("k")})
+	publishRaw(t, b.results, rawJob{batch: "bätch$", header: hdr("odd"), data: job("odd")})
+
+	s := resultSchema(t)
+	for _, data := range rawResults(t, b.results, "bätch$", 1, 30*time.Second) {
+		if r := checkResult(t, s, data); r.CustomID != "odd" || r.Status != jobs.StatusOK {
+			t.Fatalf("result of a job of batch bätch$: %+v", r)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "every job message ended", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+	info, err := b.results.Results.Info(context.Background(), jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subject := range info.State.Subjects {
+		if strings.Contains(subject, ".*.") || strings.Contains(subject, ".>.") {
+			t.Errorf("a result stored on a wildcard subject, %s", subject)
+		}
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 2 {
+		t.Errorf("%d samples, want 2: none for the jobs of a wildcard batch", got)
+	}
+	if n := strings.Count(logs.String(), "job on an unexpected subject"); n != 2 {
+		t.Errorf("%d jobs logged as on an unexpected subject, want 2:\n%s", n, logs)
+	}
 }
