@@ -124,6 +124,14 @@ func hdr(id string) nats.Header {
 	return h
 }
 
+// zstdHdr is hdr(id) marking a zstd payload, as results over 64 KiB are: jobs never are, and
+// the worker reads the payload as it is.
+func zstdHdr(id string) nats.Header {
+	h := hdr(id)
+	h.Set(queue.HeaderContentEncoding, "zstd")
+	return h
+}
+
 func zstdOf(t *testing.T, data []byte) []byte {
 	enc, err := zstd.NewWriter(nil)
 	if err != nil {
@@ -167,9 +175,9 @@ func TestHostileJobsEachEndWithOneResult(t *testing.T) {
 		// Without the header, invalid jobs are named by their lines, each its own result.
 		{rawJob{batch: "h", header: hdr(""), data: withParams("nh-1", `{"temperature":-1}`)}, "nh-1", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr(""), data: withParams("nh-2", `{"temperature":-1}`)}, "nh-2", jobs.CodeInvalidJob},
-		{rawJob{batch: "h", header: hdr("zstd"), data: zstdOf(t, []byte(good("zstd")))}, "zstd", jobs.CodeInvalidJob},
-		{rawJob{batch: "h", header: hdr("corrupt"), data: []byte("\x28\xb5\x2f\xfdgarbage")}, "corrupt", jobs.CodeInvalidJob},
-		{rawJob{batch: "h", header: hdr("bomb"), data: bomb}, "bomb", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: zstdHdr("zstd"), data: zstdOf(t, []byte(good("zstd")))}, "zstd", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: zstdHdr("corrupt"), data: []byte("\x28\xb5\x2f\xfdgarbage")}, "corrupt", jobs.CodeInvalidJob},
+		{rawJob{batch: "h", header: zstdHdr("bomb"), data: bomb}, "bomb", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr("dup"), data: []byte(`{"custom_id":"dup","custom_id":"dup","model":"Qwen/Qwen3-8B","prompt_tokens":[1],"num_samples":1}`)}, "dup", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr("nested"), data: []byte(nested)}, "nested", ""},
 		{rawJob{batch: "h", header: hdr("too-nested"), data: []byte(tooNested)}, "too-nested", jobs.CodeInvalidJob},
@@ -181,6 +189,7 @@ func TestHostileJobsEachEndWithOneResult(t *testing.T) {
 		{rawJob{batch: "h", header: hdr("seed-huge"), data: withParams("seed-huge", `{"seed":1e30}`)}, "seed-huge", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr("topk-huge"), data: withParams("topk-huge", `{"top_k":9223372036854775807}`)}, "topk-huge", ""},
 		{rawJob{batch: "h", header: hdr("model"), data: []byte(`{"custom_id":"model","model":"No/Such-Model","prompt_tokens":[1],"num_samples":1}`)}, "model", jobs.CodeAPIError},
+		{rawJob{batch: "h", header: hdr("header\xff"), data: []byte(good("other"))}, "header\ufffd", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr("prompt-max"), data: []byte(`{"custom_id":"prompt-max","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", jobs.DefaultMaxPromptChars) + `","num_samples":1}`)}, "prompt-max", jobs.CodeContextTooLong},
 		{rawJob{batch: "h", header: hdr("prompt-over"), data: []byte(`{"custom_id":"prompt-over","model":"Qwen/Qwen3-8B","prompt":"` + strings.Repeat("a", jobs.DefaultMaxPromptChars+1) + `","num_samples":1}`)}, "prompt-over", jobs.CodeInvalidJob},
 		{rawJob{batch: "h", header: hdr("empty"), data: nil}, "empty", jobs.CodeInvalidJob},
@@ -290,5 +299,43 @@ func TestJobsOnAWildcardBatchAreDropped(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "job on an unexpected subject"); n != 2 {
 		t.Errorf("%d jobs logged as on an unexpected subject, want 2:\n%s", n, logs)
+	}
+}
+
+// TestAJobDeliveredAgainAfterItsResultIsStoredIsNotSampled: a job whose result is stored
+// (its worker died before the ack) comes back once, is acked without a sample, and keeps its
+// one result.
+func TestAJobDeliveredAgainAfterItsResultIsStoredIsNotSampled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 3}, tinkersim.Config{Capacity: 8})
+	publishJobs(t, b.results, "again", tokenJobs("j", 1))
+	msg := take(t, b.results, 1)[0]
+	codec, err := queue.NewCodec(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer codec.Close()
+	res := []byte(`{"custom_id":"j0000","batch_id":"again","status":"ok","samples":[],"attempts":1,"latency_ms":1}`)
+	m, err := b.results.ResultMsg(nil, codec, "again", "j0000", "ok", queue.Tokens{}, res, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := b.results.PublishResult(context.Background(), m); err != nil || !first {
+		t.Fatalf("store the result: first %v, %v", first, err)
+	}
+	if err := msg.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	w := b.open(t, b.connect(t), Config{Concurrency: 2})
+	run(t, w)
+	fleettest.Eventually(t, 10*time.Second, "the job acked", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+	if got := b.sim.Stats().SamplesAccepted; got != 0 {
+		t.Fatalf("sampled %d times, want none", got)
+	}
+	if got := rawResults(t, b.results, "again", 1, 5*time.Second); len(got) != 1 || !bytes.Equal(got[0], res) {
+		t.Fatalf("results %q, want the one stored first", got)
 	}
 }
