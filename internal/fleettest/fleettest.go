@@ -129,11 +129,27 @@ func Publish(t testing.TB, q *queue.Queue, batch string, js []jobs.Job) {
 // Results waits (up to timeout) until want jobs of batch have a result, then reads every
 // stored result message. It returns the results by custom id and how many messages each
 // custom id has (more than one is a duplicate).
+func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.Duration) (map[string]jobs.Result, map[string]int) {
+	t.Helper()
+	results, counts := map[string]jobs.Result{}, map[string]int{}
+	for _, data := range RawResults(t, q, batch, want, timeout) {
+		var r jobs.Result
+		if err := json.Unmarshal(data, &r); err != nil {
+			t.Fatalf("result %s: %v", data, err)
+		}
+		results[r.CustomID] = r
+		counts[r.CustomID]++
+	}
+	return results, counts
+}
+
+// RawResults waits (up to timeout) until want jobs of batch have a result, then reads every
+// stored result message and returns their payloads, decompressed, in the stream's order.
 //
 // It reads as many messages as the server counts once the wait is over. It stopped at the
 // first empty fetch before, and in a cluster just after a node was stopped, the first fetch
 // of a fresh consumer could come back empty with every result stored.
-func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.Duration) (map[string]jobs.Result, map[string]int) {
+func RawResults(t testing.TB, q *queue.Queue, batch string, want int, timeout time.Duration) [][]byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
 	defer cancel()
@@ -149,9 +165,8 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	results, counts := map[string]jobs.Result{}, map[string]int{}
 	if stored == 0 {
-		return results, counts
+		return nil
 	}
 	codec, err := queue.NewCodec(0)
 	if err != nil {
@@ -163,6 +178,7 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 		t.Fatal(err)
 	}
 	defer it.Stop()
+	out := make([][]byte, 0, stored)
 	for read := 0; read < stored; read++ {
 		m, err := it.Next(jetstream.NextMaxWait(30 * time.Second))
 		if err != nil {
@@ -172,12 +188,7 @@ func Results(t testing.TB, q *queue.Queue, batch string, want int, timeout time.
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r jobs.Result
-		if err := json.Unmarshal(data, &r); err != nil {
-			t.Fatalf("result %s: %v", data, err)
-		}
-		results[r.CustomID] = r
-		counts[r.CustomID]++
+		out = append(out, data)
 	}
-	return results, counts
+	return out
 }

@@ -48,44 +48,6 @@ func publishRaw(t *testing.T, q *queue.Queue, j rawJob) {
 	}
 }
 
-// rawResults waits until want results of batch are stored, or timeout, and returns the
-// payloads of those stored.
-func rawResults(t *testing.T, q *queue.Queue, batch string, want int, timeout time.Duration) [][]byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
-	defer cancel()
-	var stored int
-	for deadline := time.Now().Add(timeout); stored < want && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		var err error
-		if stored, err = q.ResultsStored(ctx, batch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	codec, err := queue.NewCodec(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer codec.Close()
-	it, err := q.ReadResults(ctx, batch, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer it.Stop()
-	var out [][]byte
-	for range stored {
-		m, err := it.Next(jetstream.NextMaxWait(10 * time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := codec.Decode(m.Headers(), m.Data())
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, data)
-	}
-	return out
-}
-
 func resultSchema(t *testing.T) *jsonschema.Schema {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
@@ -209,7 +171,7 @@ func TestHostileJobsEachEndWithOneResult(t *testing.T) {
 	}
 	s := resultSchema(t)
 	got := map[string]jobs.Result{}
-	for _, data := range rawResults(t, b.results, "h", len(cases), 20*time.Second) {
+	for _, data := range fleettest.RawResults(t, b.results, "h", len(cases), 20*time.Second) {
 		r := checkResult(t, s, data)
 		if _, dup := got[r.CustomID]; dup {
 			t.Errorf("two results for %q", r.CustomID)
@@ -276,7 +238,7 @@ func TestJobsOnAWildcardBatchAreDropped(t *testing.T) {
 	publishRaw(t, b.results, rawJob{batch: "bätch$", header: hdr("odd"), data: job("odd")})
 
 	s := resultSchema(t)
-	for _, data := range rawResults(t, b.results, "bätch$", 1, 30*time.Second) {
+	for _, data := range fleettest.RawResults(t, b.results, "bätch$", 1, 30*time.Second) {
 		if r := checkResult(t, s, data); r.CustomID != "odd" || r.Status != jobs.StatusOK {
 			t.Fatalf("result of a job of batch bätch$: %+v", r)
 		}
@@ -335,7 +297,7 @@ func TestAJobDeliveredAgainAfterItsResultIsStoredIsNotSampled(t *testing.T) {
 	if got := b.sim.Stats().SamplesAccepted; got != 0 {
 		t.Fatalf("sampled %d times, want none", got)
 	}
-	if got := rawResults(t, b.results, "again", 1, 5*time.Second); len(got) != 1 || !bytes.Equal(got[0], res) {
+	if got := fleettest.RawResults(t, b.results, "again", 1, 5*time.Second); len(got) != 1 || !bytes.Equal(got[0], res) {
 		t.Fatalf("results %q, want the one stored first", got)
 	}
 }
