@@ -273,6 +273,11 @@ func runResults(ctx context.Context, args []string, env *environment) error {
 		return err
 	}
 	if stranded && sum.total() < m.Jobs {
+		// Results that will never come are not sampled by a rerun either, which would only
+		// stop with this error.
+		if lost, err := lostResults(ctx, sess.q, m, sum.total()); err == nil && lost > 0 {
+			return lostErr(sess.q, m, lost)
+		}
 		return fmt.Errorf("%d of %d results of batch %s%s; no worker can take the rest: the NATS server runs in this command, which only reads; run the batch's submit --local command again (with -o) to sample them",
 			sum.total(), m.Jobs, m.BatchID, outputNote(output))
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -113,5 +115,38 @@ func TestLostResultsOfAnOldBatchExpired(t *testing.T) {
 	}
 	if got := span(90 * time.Minute); got != "1h30m0s" {
 		t.Errorf("span(90m) = %q", got)
+	}
+}
+
+// TestWaitingAloneOnALocalStoreForLostResultsSaysTheyAreLost: results --wait on a local data
+// directory that no run holds, for a batch whose results are lost, stops with the lost
+// results' error, as a wait on a fleet does, rather than send the user to run the batch's
+// submit --local command again, which only stops with that error in turn.
+func TestWaitingAloneOnALocalStoreForLostResultsSaysTheyAreLost(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
+	in := writeLines(t, jobLines(3))
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"--nats-url", emb.ClientURL(), "--batch-id", "b-gone", "--progress", "none", in}, env); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+	// The jobs are gone from the queue, and no result of theirs is stored: all three are lost.
+	q := fleettest.Queue(t, emb.ClientURL(), queue.Config{})
+	if err := q.Jobs.Purge(context.Background(), jetstream.WithPurgeSubject(q.Names.JobSubject("b-gone"))); err != nil {
+		t.Fatal(err)
+	}
+	emb.Shutdown()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"results", "--data-dir", data, "--progress", "none", "b-gone", "-o", out, "--wait"}, env)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "batch b-gone: 3 results will never come") ||
+		strings.Contains(err.Error(), "submit --local command again") {
+		t.Fatalf("results --wait on lost results with no worker: %v", err)
 	}
 }
