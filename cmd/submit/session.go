@@ -156,7 +156,7 @@ func newFlagSet(name string, env *environment) (*flag.FlagSet, *envflag.Set) {
 // open connects a subcommand to NATS and sets up the queue. In local mode it starts the
 // embedded server on the data directory, or, while another process runs one there (a
 // submit --local run in another terminal, worker --embedded-nats), connects to that one:
-// status, results, cancel and list work on its batches as it runs.
+// status, results, failed, cancel, list and delete work on its batches as it runs.
 func open(ctx context.Context, o connOptions, env *environment) (*session, error) {
 	return openSession(ctx, o, env, true)
 }
@@ -198,7 +198,7 @@ func openSession(ctx context.Context, o connOptions, env *environment, join bool
 			o.conn = o.conn.Plain() // an embedded server too
 			s.log.Info("connecting to the server of the process that holds the data directory", "pid", inUse.PID, "url", inUse.URL)
 		case errors.As(err, &inUse):
-			return nil, fmt.Errorf("%w; meanwhile submit status, results, cancel and list reach its batches", err)
+			return nil, fmt.Errorf("%w; meanwhile submit status, results, failed, cancel, list and delete reach its batches", err)
 		case err != nil:
 			return nil, err
 		default:
