@@ -213,12 +213,9 @@ func (w *Worker) deadLettered(ctx context.Context, msg jetstream.Msg, batch, cus
 }
 
 // deadLetterResult is the error result of a job, its payload data, that ends as a dead letter
-// for the reason message. Undecodable, the job is named by its custom id alone.
+// for the reason message.
 func deadLetterResult(data []byte, batch, customID, message string) jobs.Result {
-	job, err := jobs.DecodeJob(data)
-	if err != nil {
-		job = jobs.Job{CustomID: customID}
-	}
+	job := namedJob(data, customID)
 	return errorResult(job, batch, jobs.ResultError{
 		Code:      jobs.CodeDeadLetter,
 		Message:   message,
@@ -228,13 +225,23 @@ func deadLetterResult(data []byte, batch, customID, message string) jobs.Result 
 }
 
 // cancelledResult is the result of a job of a cancelled batch, its payload data, that ends
-// unsampled. Undecodable, the job is named by its custom id alone.
+// unsampled.
 func cancelledResult(data []byte, batch, customID string) jobs.Result {
+	return *cancelled(namedJob(data, customID), batch).result
+}
+
+// namedJob decodes a job message's payload for a result that ends it unsampled, named by the
+// message's custom id header, as work names its results; without the header, by its line's.
+// Undecodable, the job is its custom id alone.
+func namedJob(data []byte, customID string) jobs.Job {
 	job, err := jobs.DecodeJob(data)
 	if err != nil {
-		job = jobs.Job{CustomID: customID}
+		return jobs.Job{CustomID: customID}
 	}
-	return *cancelled(job, batch).result
+	if customID != "" {
+		job.CustomID = customID
+	}
+	return job
 }
 
 // unfinished is a dead letter's message for a job that no worker finished in n deliveries.

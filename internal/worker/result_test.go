@@ -70,3 +70,22 @@ func TestOpenAILogprobsCarryTheTokensBytes(t *testing.T) {
 		t.Errorf("without a tokenizer: %+v", r)
 	}
 }
+
+// A dead letter and a cancelled job's result are named by the message's custom id header, as
+// its other results are: a message whose line names another job (from a publisher other than
+// submit) took that job's result subject, and the job's own result was then refused.
+func TestEndedUnsampledJobsAreNamedByTheirHeader(t *testing.T) {
+	data := []byte(`{"custom_id":"line-id","model":"Qwen/Qwen3-8B","prompt":"hi"}`)
+	for name, res := range map[string]jobs.Result{
+		"dead letter": deadLetterResult(data, "b", "header-id", "gave up"),
+		"cancelled":   cancelledResult(data, "b", "header-id"),
+	} {
+		if res.CustomID != "header-id" {
+			t.Errorf("%s: custom_id %q, want the header's %q", name, res.CustomID, "header-id")
+		}
+	}
+	// Without a header, the line names it.
+	if res := deadLetterResult(data, "b", "", "gave up"); res.CustomID != "line-id" {
+		t.Errorf("no header: custom_id %q, want the line's", res.CustomID)
+	}
+}
