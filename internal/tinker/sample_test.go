@@ -646,6 +646,10 @@ func TestProgressTimeout(t *testing.T) {
 	if el := fc.Now().Sub(start); el <= 7200*time.Second || el > 7200*time.Second+31*time.Second {
 		t.Fatalf("gave up after %v", el)
 	}
+	// It names what the polls met, as the submit loop's stuck error does.
+	if !strings.Contains(err.Error(), "(last error: ") || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("err %v: want the last poll failure named", err)
+	}
 	// Unlimited attempts with new seq_ids until the (here 60 s) timeout.
 	f2 := newFake(t)
 	f2.set("retrieve_future", jsonReply(410, `{}`))

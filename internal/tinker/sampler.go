@@ -372,13 +372,22 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 		return c.clock.Sleep(ctx, d)
 	}
 	start := c.clock.Now()
+	// last is the failure the latest poll met (a 5xx, a 429, a connection error, a 400),
+	// which giving up names; a reply that is no failure clears it.
+	var last error
+	named := func(err error) error {
+		if last != nil {
+			return fmt.Errorf("%w (last error: %v)", err, last)
+		}
+		return err
+	}
 	for it := 0; ; it++ {
 		if err := check(); err != nil {
-			return nil, err
+			return nil, named(err)
 		}
 		if c.futureTimeout > 0 && c.clock.Now().Sub(start) > c.futureTimeout {
-			return nil, fmt.Errorf("tinker: %s %s: not answered %s after the sample was accepted: %w",
-				name, requestID, c.futureTimeout, ErrFutureTimeout)
+			return nil, named(fmt.Errorf("tinker: %s %s: not answered %s after the sample was accepted: %w",
+				name, requestID, c.futureTimeout, ErrFutureTimeout))
 		}
 		iter := strconv.Itoa(it)
 		cl := &call{name: name, method: http.MethodPost, path: "api/v1/retrieve_future", body: body,
@@ -398,6 +407,7 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			if ctx.Err() != nil || !errors.As(err, &ce) {
 				return nil, err
 			}
+			last = err
 			if err := backoff(0, err); err != nil {
 				return nil, fmt.Errorf("tinker: %s: %w", name, err)
 			}
@@ -408,6 +418,11 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 		}
 		if r.status < 500 {
 			serverErrors = 0
+		}
+		if r.status < 400 || r.status == http.StatusRequestTimeout {
+			last = nil
+		} else {
+			last = c.statusError(cl, r)
 		}
 		switch {
 		case r.status >= 200 && r.status <= 299:
