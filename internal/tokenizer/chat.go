@@ -44,15 +44,15 @@ type RenderOptions struct {
 // "qwen3" for Qwen3 models ("Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507", ...),
 // "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...), "deepseek_v3.1" for
 // DeepSeek V3.1 ("deepseek-ai/DeepSeek-V3.1", its Base and Terminus) and "gpt_oss" for
-// gpt-oss ("openai/gpt-oss-20b", "openai/gpt-oss-120b"). ok is false for any other model:
-// its chats cannot be rendered.
+// gpt-oss ("openai/gpt-oss-20b", "openai/gpt-oss-120b"). ok is false for any other model,
+// Qwen3.5 and later among them (their template is not Qwen3's): its chats cannot be rendered.
 func ChatFamily(model string) (family string, ok bool) {
 	name := strings.ToLower(model)
 	if i := strings.IndexByte(name, ':'); i >= 0 {
 		name = name[:i]
 	}
 	switch {
-	case strings.Contains(name, "qwen3"):
+	case strings.Contains(name, "qwen3-"): // not "qwen3.5-…"
 		return "qwen3", true
 	case strings.Contains(name, "llama-3") || strings.Contains(name, "llama3"):
 		return "llama3", true

@@ -174,6 +174,12 @@ func TestChatFamily(t *testing.T) {
 		"openai/gpt-oss-20b":               "gpt_oss",
 		"openai/gpt-oss-120b:peft:abc":     "gpt_oss",
 		"moonshotai/Kimi-K2-Thinking":      "",
+		// Qwen3.5 and later have a template of their own: the generation prompt opens
+		// "<think>\n" when thinking, content is trimmed, and assistant turns after the last
+		// user's get an empty think block. Qwen3's would render their chats wrong.
+		"Qwen/Qwen3.5-4B":        "",
+		"Qwen/Qwen3.5-397B-A17B": "",
+		"Qwen/Qwen3.6-27B":       "",
 	} {
 		got, ok := ChatFamily(model)
 		if got != want || ok != (want != "") {
