@@ -5,7 +5,8 @@
 #      and every JSON file (the dashboard) parses, and holds what the fleet relies on
 #      (replicas, NATS URLs, grace periods, probes, the KEDA stream and consumer, the
 #      dashboard's and the alerts' metrics exist in internal/worker/metrics.go, ...);
-#   2. the Helm values grant the same per-role permissions as deploy/nats/auth.conf;
+#   2. the Helm values grant the same per-role permissions as deploy/nats/auth.conf, and
+#      .dockerignore and .gitignore keep out deploy/.env and the files made for Secrets;
 #   3. each NATS node config loads in nats-server -t (nats-server built from the module cache);
 #   4. deploy/build.sh, the Dockerfile's build step, builds the three static binaries;
 #   5. `promtool check config` and `promtool test rules` (alerts_test.yml), with promtool from
@@ -219,9 +220,24 @@ if errors:
 print("manifests hold together")
 PY
 
-step "the image's build context leaves out deploy/.env and the checkout's run output"
+step "the image's build context and git leave out deploy/.env, the Secrets' files and the checkout's run output"
 for kept_out in .env '**/.env' tinker-api-key '*.nk' '*.creds' .tinkerfleet worker submit; do
 	grep -qxF -- "$kept_out" .dockerignore || { echo ".dockerignore does not keep out $kept_out" >&2; exit 1; }
+done
+# Every file the deploy README and secrets.yaml have one create in the checkout for a Secret
+# (kubectl create secret … --from-file=KEY=./FILE) stays out of the build context and of git.
+for made in $(grep -rhoE -- '--from-file=[^= ]+=\./[A-Za-z0-9._-]+' deploy/README.md deploy/k8s | sed 's/.*=\.\///' | sort -u); do
+	kept=
+	while IFS= read -r pat; do
+		[[ -z $pat || $pat == '#'* || $pat == '!'* ]] && continue
+		# shellcheck disable=SC2053 # the pattern is a glob on purpose
+		[[ $made == $pat ]] && kept=1
+	done <.dockerignore
+	[ -n "$kept" ] || { echo ".dockerignore does not keep out ./$made, the file deploy/README.md has one create for a Secret" >&2; exit 1; }
+	if git rev-parse --git-dir >/dev/null 2>&1 && ! git check-ignore -q --no-index -- "$made"; then
+		echo ".gitignore does not keep out ./$made, the file deploy/README.md has one create for a Secret" >&2
+		exit 1
+	fi
 done
 
 step "NATS configs load (nats-server -t)"
