@@ -173,6 +173,9 @@ trig = so["triggers"][0]
 check(trig["type"] == "nats-jetstream", "keda: trigger type")
 check(trig["metadata"]["stream"] == "TINKERFLEET_JOBS" and trig["metadata"]["consumer"] == "workers", "keda: stream/consumer")
 check(so["scaleTargetRef"]["name"] == k["Deployment"][0]["metadata"]["name"], "keda: scale target")
+# KEDA owns the replica count: a spec.replicas in the manifest is applied over it at every
+# `kubectl apply` (a new image, a changed flag), stopping all workers but that many mid-batch.
+check("replicas" not in k["Deployment"][0]["spec"], "k8s: the Deployment KEDA scales must not set spec.replicas (kubectl apply would reset KEDA's count to it)")
 check(int(cenv["TINKERFLEET_MAX_ACK_PENDING"]) >= so["maxReplicaCount"] * int(cenv["TINKERFLEET_CONCURRENCY"]), "k8s: MaxAckPending below maxReplicaCount x concurrency")
 
 # Helm values: cluster of 3, JetStream file store, and the permissions of auth.conf
