@@ -11,11 +11,21 @@
 #
 # Exit status 1 when a line has no result, two, or an error. Logs, metrics and the results
 # are kept in the directory it prints. Needs Go and python3; ports 14222, 18765 and
-# 19461-19463 on 127.0.0.1 must be free.
+# 19461-19463 on 127.0.0.1 must be free (it refuses to start otherwise).
 set -euo pipefail
 
 jobs=${1:-30000}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The drill's programs meet on fixed ports. One already served (another drill, a fleet on this
+# machine) would not stop it: worker 1 would exit, and the others and submit would join the
+# NATS server or the simulator found there, drilling nothing this script says and sending
+# 30,000 jobs to whoever serves it.
+for port in 14222 18765 19461 19462 19463; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+		echo "chaos: 127.0.0.1:$port is already served (another drill?); the drill needs 14222, 18765 and 19461-19463 free" >&2
+		exit 1
+	fi
+done
 dir=$(mktemp -d "${TMPDIR:-/tmp}/tinkerfleet-chaos.XXXXXX")
 echo "chaos: building into $dir"
 (cd "$root" && go build -o "$dir" ./cmd/submit ./cmd/worker ./cmd/tinkersim)

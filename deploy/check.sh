@@ -11,7 +11,8 @@
 #   4. deploy/build.sh, the Dockerfile's build step, builds the three static binaries;
 #   5. `promtool check config` and `promtool test rules` (alerts_test.yml), with promtool from
 #      Debian's prometheus package (installed when missing, about 10 s);
-#   6. `docker compose config`, when the compose plugin is installed (it needs no engine).
+#   6. deploy/chaos.sh refuses to start while one of its fixed ports is served (another drill);
+#   7. `docker compose config`, when the compose plugin is installed (it needs no engine).
 # The permissions themselves are exercised by internal/cluster's TestNATSConfigPermissions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -268,6 +269,22 @@ if command -v promtool >/dev/null 2>&1; then
 	promtool test rules deploy/prometheus/alerts_test.yml
 else
 	step "promtool could not be installed: alerts.yml checked by the parser above only"
+fi
+
+step "deploy/chaos.sh refuses to start where one of its ports is already served"
+# As another drill on this machine would serve them: 18765 is held here when it is free.
+holder=
+if ! (exec 3<>/dev/tcp/127.0.0.1/18765) 2>/dev/null; then
+	python3 -c 'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 18765)); s.listen(); time.sleep(120)' &
+	holder=$!
+	sleep 0.5
+fi
+rc=0
+out=$(timeout -s INT 60 deploy/chaos.sh 3 2>&1) || rc=$?
+[ -z "$holder" ] || kill "$holder" 2>/dev/null || true
+if [ "$rc" != 1 ] || ! grep -q 'already served' <<<"$out"; then
+	printf 'deploy/chaos.sh did not refuse a port already served (status %s):\n%s\n' "$rc" "$out" >&2
+	exit 1
 fi
 
 if docker compose version >/dev/null 2>&1; then
