@@ -155,6 +155,11 @@ cenv = {e["name"]: e.get("value") for e in ctr["env"]}
 check(dep["terminationGracePeriodSeconds"] > dur(cenv["TINKERFLEET_SHUTDOWN_GRACE"]), "k8s: terminationGracePeriodSeconds must exceed --shutdown-grace")
 check(ctr["livenessProbe"]["httpGet"]["path"] == "/healthz" and ctr["readinessProbe"]["httpGet"]["path"] == "/readyz", "k8s: probes")
 check("requests" in ctr["resources"] and "limits" in ctr["resources"], "k8s: resources")
+# A moving tag must be pulled at every start: with IfNotPresent, a node that holds an older
+# image of the tag runs it after a rollout, and the fleet mixes releases unseen.
+tag = ctr["image"].rsplit("/", 1)[-1].partition(":")[2] if "@" not in ctr["image"] else "digest"
+check(tag not in ("", "latest") or ctr.get("imagePullPolicy", "Always") == "Always",
+      f"k8s: image {ctr['image']} is a moving tag: pull it Always (Kubernetes' default for it), not {ctr.get('imagePullPolicy')}")
 # A fixed value: resourceFieldRef can pass the limit itself (no headroom) or the limit over a
 # divisor without its unit ("1024" for 1Gi over 1Mi, which Go reads as 1024 bytes), never 90%.
 headroom("k8s: worker", cenv.get("GOMEMLIMIT"), ctr["resources"]["limits"]["memory"], 0.80, 0.95)
