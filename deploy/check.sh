@@ -282,7 +282,10 @@ holder=
 if ! (exec 3<>/dev/tcp/127.0.0.1/18765) 2>/dev/null; then
 	python3 -c 'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 18765)); s.listen(); time.sleep(120)' &
 	holder=$!
-	sleep 0.5
+	for _ in $(seq 100); do # until it listens: a slow start would let the drill run
+		! (exec 3<>/dev/tcp/127.0.0.1/18765) 2>/dev/null || break
+		sleep 0.1
+	done
 fi
 rc=0
 out=$(timeout -s INT 60 deploy/chaos.sh 3 2>&1) || rc=$?
