@@ -51,6 +51,11 @@ type Share struct {
 	// oldest of its workers' limit ages, so that the limits expire when they would have
 	// without this round.
 	Age time.Duration
+	// Before is, for a round that measured the capacity afresh (Age 0), the largest capacity
+	// its workers' limits were parts of (0: none named): the fleet's measure before this one.
+	// A worker that joins has none of its own, and confirms this measure against it as the
+	// others confirm it against theirs.
+	Before int
 }
 
 // Config tunes a Board; zero values take the defaults.
@@ -195,7 +200,7 @@ func capacityOf(reports map[string]Report) Share {
 	case limits > 0 && limits >= peaks && (!allSay || limits <= top):
 		return Share{Capacity: limits, Measured: max(limits, top), Age: oldest}
 	}
-	return Share{Capacity: peaks, Measured: peaks}
+	return Share{Capacity: peaks, Measured: peaks, Before: top}
 }
 
 // fullSlack is how far under the capacity it measured a fleet may find itself full for its

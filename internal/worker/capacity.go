@@ -429,7 +429,14 @@ func (c *capacity) share(round int, s share.Share) {
 	}
 	learnedAt := c.now().Add(-s.Age)
 	if s.Age == 0 { // this round measured the capacity
-		learnedAt = c.hold(s.Capacity, c.lastCapacity)
+		last := c.lastCapacity
+		if last == 0 {
+			// A worker that joins confirms it against the fleet's measure before, as the
+			// others do: on probation, its part expired a quarter of the ttl on and it probed
+			// into one more 429 and fleet pause, whose round could lower every part.
+			last = s.Before
+		}
+		learnedAt = c.hold(s.Capacity, last)
 	}
 	// Also a capacity measured before: a worker that took no part in the round that measured
 	// it (its samples were not sent yet, or it joined later) confirms it with the next round

@@ -337,6 +337,38 @@ func TestCapacityHoldsALimitForItsTTLOnceConfirmed(t *testing.T) {
 	expect(2*time.Second, 0)
 }
 
+// A worker that starts while the fleet runs takes its first part in a round that may measure
+// the capacity afresh (the fleet's peaks came over its limits). The others confirm it against
+// the capacity they measured before; so does the newcomer, by the capacity the round's limits
+// were parts of. On probation instead, its part expired 15 s later, it probed past it into one
+// more 429 and 1 s fleet pause, and that round's peaks (61 of 64, in a run of the real
+// binaries) held the whole fleet under the capacity for a minute.
+func TestCapacityJoiningARoundThatRepeatsTheFleetsCapacityConfirmsIt(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	c := newCapacity(time.Minute)
+	c.now = func() time.Time { return now }
+	c.share(c.round, share.Share{Part: 13, Capacity: 64, Measured: 64, Before: 64})
+	for _, step := range []struct {
+		after time.Duration
+		want  int
+	}{{14 * time.Second, 13}, {45 * time.Second, 13}, {2 * time.Second, 0}} {
+		now = now.Add(step.after)
+		if got := c.current(); got != step.want {
+			t.Fatalf("limit %d %v on, want %d", got, step.after, step.want)
+		}
+	}
+
+	// A capacity the round measured far from the fleet's before is on probation, as ever.
+	c = newCapacity(time.Minute)
+	c.now = func() time.Time { return now }
+	c.share(c.round, share.Share{Part: 20, Capacity: 100, Measured: 100, Before: 64})
+	now = now.Add(16 * time.Second)
+	if got := c.current(); got != 0 {
+		t.Fatalf("limit %d 16s after a part of a capacity far from the fleet's before, want none (probation)", got)
+	}
+}
+
 // settled returns the measure c settled last, failing the test if none did.
 func settled(t *testing.T, c *capacity) measure {
 	t.Helper()
