@@ -155,15 +155,25 @@ func TokenizerID(model string) string {
 // A failed load is not remembered, so a later call tries again.
 type Registry struct {
 	opts    Options
+	now     func() time.Time // time.Now; a test's clock
 	mu      sync.Mutex
 	entries map[string]*regEntry
 }
 
 type regEntry struct {
-	done chan struct{}
-	tok  *Tokenizer
-	err  error
+	done     chan struct{}
+	tok      *Tokenizer
+	err      error
+	failedAt time.Time // when err came: it answers until failedLoadMemory later
 }
+
+// failedLoadMemory is how long a failed load answers for its tokenizer before the next
+// request tries again. Every job asks for its model's tokenizer, and a prompt_tokens job goes
+// on without one; forgotten at once, a failure had every job start a hub request and wait for
+// it, one after another: a fleet whose tokenizer could not be fetched stopped for 1.5-2.3 s
+// every few seconds. A job that needs the tokenizer is retried later anyway (the worker's
+// retry delay), so a hub back within this is hardly noticed.
+const failedLoadMemory = 10 * time.Second
 
 // NewRegistry returns an empty registry using opts.
 func NewRegistry(opts Options) *Registry {
@@ -175,7 +185,7 @@ func NewRegistry(opts Options) *Registry {
 		opts.HTTPClient = &http.Client{Timeout: 2 * time.Minute}
 	}
 	opts.HTTPClient = tokenOverTLSOnly(opts.HTTPClient)
-	return &Registry{opts: opts, entries: map[string]*regEntry{}}
+	return &Registry{opts: opts, now: time.Now, entries: map[string]*regEntry{}}
 }
 
 // tokenOverTLSOnly returns a copy of hc that drops the Authorization header (the HF token)
@@ -211,18 +221,25 @@ func (r *Registry) ForModel(ctx context.Context, model string) (*Tokenizer, erro
 func (r *Registry) ForID(ctx context.Context, id string) (*Tokenizer, error) {
 	r.mu.Lock()
 	e, ok := r.entries[id]
+	if ok && e.err != nil && r.now().Sub(e.failedAt) >= failedLoadMemory {
+		ok = false // a failure long enough ago: try again
+	}
 	if !ok {
 		e = &regEntry{done: make(chan struct{})}
 		r.entries[id] = e
 		r.mu.Unlock()
-		e.tok, e.err = r.load(ctx, id)
-		if e.err != nil {
-			r.mu.Lock()
-			delete(r.entries, id)
-			r.mu.Unlock()
+		tok, err := r.load(ctx, id)
+		r.mu.Lock() // failedAt is read under it, by requests that find e done
+		e.tok, e.err = tok, err
+		if err != nil {
+			if ctx.Err() != nil {
+				delete(r.entries, id) // this request's end, not the tokenizer's failure
+			}
+			e.failedAt = r.now()
 		}
+		r.mu.Unlock()
 		close(e.done)
-		return e.tok, e.err
+		return tok, err
 	}
 	r.mu.Unlock()
 	select {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -379,6 +380,8 @@ func TestADownloadThatDoesNotParseIsNotCached(t *testing.T) {
 	defer srv.Close()
 	home := t.TempDir()
 	reg := NewRegistry(Options{HFHome: home, Endpoint: srv.URL})
+	now := time.Now()
+	reg.now = func() time.Time { return now }
 	if _, err := reg.ForID(context.Background(), "org/mini"); err == nil || errors.Is(err, ErrUnsupported) {
 		t.Fatalf("an error page: want an error worth another try, not ErrUnsupported; got %v", err)
 	}
@@ -386,6 +389,7 @@ func TestADownloadThatDoesNotParseIsNotCached(t *testing.T) {
 		t.Errorf("the error page was cached as %s", p)
 	}
 
+	now = now.Add(failedLoadMemory) // the failure is answered from memory until then
 	tok, err := reg.ForID(context.Background(), "org/mini")
 	if err != nil {
 		t.Fatalf("after the hub recovered: %v", err)
@@ -592,5 +596,35 @@ func TestHFTokenIsCleanedAsHuggingFaceHubCleansIt(t *testing.T) {
 	})
 	if _, err := NewRegistry(opts).ForID(context.Background(), "org/mini"); err != nil {
 		t.Errorf("HF_TOKEN of white space beside a token file: want the file's token, got %v", err)
+	}
+}
+
+// TestAFailedLoadIsAnsweredFromMemoryForAWhile: every job asks the registry for its model's
+// tokenizer, and a prompt_tokens job goes on without one (its text is best effort). A failed
+// load was forgotten at once, so every job started a hub request of its own and waited for it,
+// all of them behind each one: a fleet whose tokenizer could not be fetched stopped for 1.5-2.3 s
+// every few seconds and ran at 0.7 of the capacity. A failure now answers for
+// failedLoadMemory, then the next request tries again.
+func TestAFailedLoadIsAnsweredFromMemoryForAWhile(t *testing.T) {
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: srv.URL})
+	now := time.Now()
+	reg.now = func() time.Time { return now }
+	for range 3 {
+		if _, err := reg.ForID(context.Background(), "org/mini"); err == nil {
+			t.Fatal("a hub answering 503: want an error")
+		}
+	}
+	if n := requests.Load(); n != 1 {
+		t.Fatalf("three loads within failedLoadMemory made %d hub requests, want 1", n)
+	}
+	now = now.Add(failedLoadMemory)
+	if _, err := reg.ForID(context.Background(), "org/mini"); err == nil || requests.Load() != 2 {
+		t.Fatalf("after failedLoadMemory: err %v, %d hub requests: want the failure tried again", err, requests.Load())
 	}
 }
