@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -152,7 +153,7 @@ func TokenizerID(model string) string {
 
 // Registry finds, loads and keeps tokenizers, one per tokenizer id for the
 // life of the process. Concurrent requests for the same id share one load.
-// A failed load is not remembered, so a later call tries again.
+// A failed load answers for failedLoadMemory, then a later call tries again.
 type Registry struct {
 	opts    Options
 	now     func() time.Time // time.Now; a test's clock
@@ -379,6 +380,10 @@ func validRev(rev string) error {
 // (optional) into the HF cache layout and returns the tokenizer. What does not
 // parse as a tokenizer (an error page a proxy answered 200 with, say) is not
 // cached: every later load would fail on it, where another download may not.
+// The cache is for the next process: a tokenizer that parsed is returned even when
+// it cannot be cached (a full disk) or tokenizer_config.json, which no load reads,
+// cannot be fetched; refs/main is then not written, so that the next process
+// downloads both again.
 func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) {
 	data, rev, err := r.fetch(ctx, id, "tokenizer.json")
 	if err != nil {
@@ -391,26 +396,32 @@ func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) 
 		} // else not the hub's file (a proxy's page, say): another try may get it
 		return nil, fmt.Errorf("tokenizer %s: downloaded tokenizer.json: %w", id, err)
 	}
+	if err := r.cache(ctx, id, rev, data); err != nil {
+		slog.Warn("tokenizer downloaded but not cached: the next process downloads it again", "tokenizer", id, "err", err)
+	}
+	return tok, nil
+}
+
+// cache writes the downloaded tokenizer.json (data, of revision rev) and tokenizer_config.json
+// into the HF cache layout, refs/main last.
+func (r *Registry) cache(ctx context.Context, id, rev string, data []byte) error {
 	if validRev(rev) != nil {
 		rev = "main"
 	}
 	snap := filepath.Join(r.repoDir(id), "snapshots", rev)
 	if err := writeAtomic(filepath.Join(snap, "tokenizer.json"), data); err != nil {
-		return nil, fmt.Errorf("tokenizer %s: %w", id, err)
+		return err
 	}
 	cfg, _, err := r.fetch(ctx, id, "tokenizer_config.json")
 	switch {
 	case err == nil:
 		if err := writeAtomic(filepath.Join(snap, "tokenizer_config.json"), cfg); err != nil {
-			return nil, fmt.Errorf("tokenizer %s: %w", id, err)
+			return err
 		}
 	case !errors.Is(err, ErrNotFound):
-		return nil, err
+		return err
 	}
-	if err := writeAtomic(filepath.Join(r.repoDir(id), "refs", "main"), []byte(rev)); err != nil {
-		return nil, fmt.Errorf("tokenizer %s: %w", id, err)
-	}
-	return tok, nil
+	return writeAtomic(filepath.Join(r.repoDir(id), "refs", "main"), []byte(rev))
 }
 
 // shownURL is raw as errors show it: without user information (a proxy's endpoint in

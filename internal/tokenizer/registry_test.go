@@ -628,3 +628,42 @@ func TestAFailedLoadIsAnsweredFromMemoryForAWhile(t *testing.T) {
 		t.Fatalf("after failedLoadMemory: err %v, %d hub requests: want the failure tried again", err, requests.Load())
 	}
 }
+
+// TestADownloadedTokenizerIsUsedWhenTheCacheCannotBeWritten: the cache is only for the next
+// process. A tokenizer downloaded and parsed was dropped when the cache could not be written (a
+// full disk, a cache directory that cannot be made) or tokenizer_config.json, which no load
+// reads, could not be fetched: every job needing it failed, and every failedLoadMemory the
+// worker downloaded it again, to drop it again.
+func TestADownloadedTokenizerIsUsedWhenTheCacheCannotBeWritten(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t)}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "not-a-dir")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg := NewRegistry(Options{HubCache: filepath.Join(file, "hub"), Endpoint: srv.URL})
+	tok, err := reg.ForID(context.Background(), "org/mini")
+	if err != nil {
+		t.Fatalf("a cache that cannot be written: %v", err)
+	}
+	if got := tok.Encode("hello"); !slices.Equal(got, []int{258, 'o'}) {
+		t.Errorf("Encode = %v", got)
+	}
+
+	configDown := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/tokenizer_config.json") {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer configDown.Close()
+	home := t.TempDir()
+	if _, err := NewRegistry(Options{HFHome: home, Endpoint: configDown.URL}).ForID(context.Background(), "org/mini"); err != nil {
+		t.Fatalf("tokenizer_config.json answering 503: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(home, "hub", "models--org--mini", "refs", "main")); err == nil {
+		t.Error("refs/main written without tokenizer_config.json: the next process would not fetch it")
+	}
+}
