@@ -62,7 +62,9 @@ type Options struct {
 	TokenFile string
 	// Offline forbids downloads (env HF_HUB_OFFLINE=1).
 	Offline bool
-	// HTTPClient is used for downloads; a client with a 2-minute timeout when nil.
+	// HTTPClient is used for downloads; http.DefaultClient's transport when nil. Whatever
+	// the client, a download is given up after stallTimeout without a byte from the hub,
+	// however long it has run.
 	HTTPClient *http.Client
 }
 
@@ -157,6 +159,7 @@ func TokenizerID(model string) string {
 type Registry struct {
 	opts    Options
 	now     func() time.Time // time.Now; a test's clock
+	stall   time.Duration    // stallTimeout; a test's shorter one
 	mu      sync.Mutex
 	entries map[string]*regEntry
 }
@@ -183,10 +186,35 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Endpoint = strings.TrimRight(opts.Endpoint, "/")
 	if opts.HTTPClient == nil {
-		opts.HTTPClient = &http.Client{Timeout: 2 * time.Minute}
+		opts.HTTPClient = &http.Client{}
 	}
 	opts.HTTPClient = tokenOverTLSOnly(opts.HTTPClient)
-	return &Registry{opts: opts, now: time.Now, entries: map[string]*regEntry{}}
+	return &Registry{opts: opts, now: time.Now, stall: stallTimeout, entries: map[string]*regEntry{}}
+}
+
+// stallTimeout is how long a download waits for the hub's next byte (its answer, a redirect,
+// the body's next piece) before it is given up, as huggingface_hub gives up a read after
+// HF_HUB_DOWNLOAD_TIMEOUT. A limit on the whole transfer (it was 2 minutes) failed every try of
+// a slow but live download (gpt-oss's 27 MB under 1.8 Mbit/s) and kept a hub that hung from
+// being given up for as long.
+const stallTimeout = 30 * time.Second
+
+// errStalled is the cause of a download given up after stallTimeout without a byte.
+var errStalled = errors.New("no data from the hub for the stall timeout")
+
+// stallReader is a download's body that puts its stall timer off at every byte read.
+type stallReader struct {
+	r     io.Reader
+	timer *time.Timer
+	stall time.Duration
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if n > 0 {
+		s.timer.Reset(s.stall)
+	}
+	return n, err
 }
 
 // tokenOverTLSOnly returns a copy of hc that drops the Authorization header (the HF token)
@@ -464,6 +492,10 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 	}
 	full := r.opts.Endpoint + "/" + id + "/resolve/main/" + url.PathEscape(file)
 	u := shownURL(full)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := time.AfterFunc(r.stall, func() { cancel(fmt.Errorf("%w (%s)", errStalled, r.stall)) })
+	defer stalled.Stop()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, full, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("download %s: %w", u, err)
@@ -477,7 +509,7 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		if ue := (*url.Error)(nil); errors.As(err, &ue) {
 			err = ue.Err // its text repeats the method and the URL
 		}
-		return nil, "", fmt.Errorf("download %s: %w", u, err)
+		return nil, "", fmt.Errorf("download %s: %w", u, stallCause(ctx, err))
 	}
 	defer resp.Body.Close()
 	switch {
@@ -497,9 +529,10 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 	case resp.StatusCode != http.StatusOK:
 		return nil, "", fmt.Errorf("download %s: hub answered %s", u, resp.Status)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizerJSON+1))
+	stalled.Reset(r.stall)
+	data, err := io.ReadAll(io.LimitReader(&stallReader{r: resp.Body, timer: stalled, stall: r.stall}, maxTokenizerJSON+1))
 	if err != nil {
-		return nil, "", fmt.Errorf("download %s: %w", u, err)
+		return nil, "", fmt.Errorf("download %s: %w", u, stallCause(ctx, err))
 	}
 	if len(data) > maxTokenizerJSON {
 		return nil, "", fmt.Errorf("download %s: larger than %d bytes", u, maxTokenizerJSON)
@@ -511,6 +544,14 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		rev = q.Response.Header.Get("X-Repo-Commit")
 	}
 	return data, rev, nil
+}
+
+// stallCause is err, or the stall timeout's error if that is what ended ctx (fetch's own).
+func stallCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errStalled) {
+		return cause
+	}
+	return err
 }
 
 // writeAtomic writes data to path through a temporary file in the same

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -666,4 +667,61 @@ func TestADownloadedTokenizerIsUsedWhenTheCacheCannotBeWritten(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(home, "hub", "models--org--mini", "refs", "main")); err == nil {
 		t.Error("refs/main written without tokenizer_config.json: the next process would not fetch it")
 	}
+}
+
+// TestASlowDownloadGoesOnAndAStalledOneIsGivenUp: downloads had a limit on the whole transfer
+// (2 minutes), which failed every try of a slow but live download (gpt-oss's 27 MB under
+// 1.8 Mbit/s) and waited as long for a hub that had stopped sending. A download is now given up
+// after the stall timeout without a byte, however long it has run.
+func TestASlowDownloadGoesOnAndAStalledOneIsGivenUp(t *testing.T) {
+	data := miniTokenizerJSON(t)
+	const stall = 300 * time.Millisecond
+	hang := make(chan struct{})
+	defer close(hang)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/tokenizer.json") {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("X-Repo-Commit", "0123abcd")
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		pieces := 10 // a piece every stall/3: 3.3 stall timeouts in all
+		if strings.HasPrefix(r.URL.Path, "/org/stalled/") {
+			pieces = 2
+		}
+		for i := range pieces {
+			w.Write(data[len(data)*i/10 : len(data)*(i+1)/10])
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(stall / 3):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if pieces < 10 {
+			select { // half a body, then nothing
+			case <-hang:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: srv.URL, HTTPClient: &http.Client{Timeout: time.Hour}})
+	reg.stall = stall
+	start := time.Now()
+	if _, err := reg.ForID(context.Background(), "org/slow"); err != nil {
+		t.Fatalf("a slow but live download: %v", err)
+	}
+	if took := time.Since(start); took < 3*stall {
+		t.Fatalf("the slow download took %v, want more than 3 stall timeouts for the test to mean anything", took)
+	}
+	start = time.Now()
+	_, err := reg.ForID(context.Background(), "org/stalled")
+	if err == nil || !errors.Is(err, errStalled) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnsupported) {
+		t.Fatalf("a hub that stops sending: err %v, want the stall timeout's (transient)", err)
+	}
+	if took := time.Since(start); took > 3*stall {
+		t.Errorf("a stalled download was given up after %v, want about the stall timeout (%v)", took, stall)
+	}
+	t.Log(err)
 }
