@@ -306,6 +306,7 @@ func (s *session) startWorker(ctx context.Context, o localOptions, qcfg queue.Co
 		cfg.TinkerAPIKey, cfg.TinkerCredentialCmd = key, credentialCmd
 		cfg.TinkerAPIKeyFile = tinker.APIKeyFileOf(env.getenv)
 	}
+	tokOpts.Logger = s.log
 	cfg.Tokenizers = tokenizer.NewRegistry(tokOpts)
 	// The worker opens its Tinker session while the jobs are published: a service it cannot
 	// reach yet (retried for up to 5 minutes, §2) holds back no job, and the progress line

@@ -222,7 +222,7 @@ func run(ctx context.Context, args []string, getenv envflag.Getenv, stderr io.Wr
 	}
 
 	tokOpts := tokenizer.OptionsFromEnv(getenv)
-	tokOpts.Dir = o.tokenizerDir
+	tokOpts.Dir, tokOpts.Logger = o.tokenizerDir, log
 	w, err := worker.Open(ctx, worker.Config{
 		Queue:               q,
 		TinkerBaseURL:       o.baseURL,

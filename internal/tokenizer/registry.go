@@ -62,6 +62,9 @@ type Options struct {
 	TokenFile string
 	// Offline forbids downloads (env HF_HUB_OFFLINE=1).
 	Offline bool
+	// Logger receives the registry's warnings (a tokenizer downloaded but not cached); nil
+	// discards them.
+	Logger *slog.Logger
 	// HTTPClient is used for downloads; http.DefaultClient's transport when nil. Whatever
 	// the client, a download is given up after stallTimeout without a byte from the hub,
 	// however long it has run.
@@ -189,6 +192,9 @@ func NewRegistry(opts Options) *Registry {
 		opts.HTTPClient = &http.Client{}
 	}
 	opts.HTTPClient = tokenOverTLSOnly(opts.HTTPClient)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	return &Registry{opts: opts, now: time.Now, stall: stallTimeout, entries: map[string]*regEntry{}}
 }
 
@@ -425,7 +431,7 @@ func (r *Registry) download(ctx context.Context, id string) (*Tokenizer, error) 
 		return nil, fmt.Errorf("tokenizer %s: downloaded tokenizer.json: %w", id, err)
 	}
 	if err := r.cache(ctx, id, rev, data); err != nil {
-		slog.Warn("tokenizer downloaded but not cached: the next process downloads it again", "tokenizer", id, "err", err)
+		r.opts.Logger.Warn("tokenizer downloaded but not cached: the next process downloads it again", "tokenizer", id, "err", err)
 	}
 	return tok, nil
 }

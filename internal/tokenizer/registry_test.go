@@ -1,9 +1,11 @@
 package tokenizer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -643,10 +645,15 @@ func TestADownloadedTokenizerIsUsedWhenTheCacheCannotBeWritten(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	reg := NewRegistry(Options{HubCache: filepath.Join(file, "hub"), Endpoint: srv.URL})
+	var logged bytes.Buffer
+	reg := NewRegistry(Options{HubCache: filepath.Join(file, "hub"), Endpoint: srv.URL,
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	tok, err := reg.ForID(context.Background(), "org/mini")
 	if err != nil {
 		t.Fatalf("a cache that cannot be written: %v", err)
+	}
+	if !strings.Contains(logged.String(), "not cached") {
+		t.Errorf("the cache's failure was not told to Options.Logger: %q", logged.String())
 	}
 	if got := tok.Encode("hello"); !slices.Equal(got, []int{258, 'o'}) {
 		t.Errorf("Encode = %v", got)
