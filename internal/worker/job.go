@@ -537,6 +537,9 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		return w.failure(ctx, job, batch, keysTaken, err)
 	}
 	cells := replyCells(res.Response)
+	// Back, the reply holds its numbers decoded while it waits to grow: charged meanwhile, or
+	// every job slot's reply could wait so beside a full budget, uncharged.
+	mem.resize(max(mem.n, int64(cells)*decodedCellBytes))
 	if job.OpenAILogprobs {
 		cells += sampledTokens(res.Response) // each token's bytes beside it (okResult)
 	}

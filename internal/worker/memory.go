@@ -38,12 +38,15 @@ const jsonCellBytes = 20
 //     logprobs and top-k cells, one per prompt token): its reply takes that much when it
 //     comes. No sample is sent while the charges reach the limit; one charged more than the
 //     whole limit is sent once the others are under it (so it runs, at worst, alone).
-//   - when its reply is back, the peak of the result it carries (grow), once the charges are
+//   - when its reply is back, at once, what it holds decoded (its sampled tokens are not
+//     certain before), which it holds while it waits to grow.
+//   - then the peak of the result it carries (grow), once the charges are
 //     under the limit, or once no result is being made or stored: the replies on their way
 //     and those back would otherwise wait for each other for ever, so one goes on alone.
 //   - once encoded, the stored message, until the stream acks it (resize); then nothing.
 //
-// So the charges stay within the limit and one result's peak. Charging the peak before the
+// So the charges stay within the limit, one result's peak and the decoded replies waiting to
+// grow (held whether charged or not; charged, they hold new samples back). Charging the peak before the
 // sample is sent held a worker to 6 such samples at once within 256 MiB, 40 % slower than 1
 // GiB: the sample's time at the service is most of a job's, and the peak lasts only while
 // its result is encoded. Charging the decoded size and never waiting for the peak let 32

@@ -202,3 +202,42 @@ func TestKeptSettlementsHoldNoResultOnceItIsStored(t *testing.T) {
 		t.Fatal("the worker kept no settlement")
 	}
 }
+
+// A reply that is back holds its decoded numbers while it waits to grow to its peak, and is
+// charged them meanwhile: uncharged, every job slot's reply could sit decoded beside a full
+// budget (16 samples of 8,192 tokens each are 2 MB decoded; 400 slots of them, 840 MB), and
+// the budget's metric would not show it.
+func TestAReplyWaitingToGrowIsChargedWhatItHolds(t *testing.T) {
+	t.Parallel()
+	const slots, limit, samples, tokens = 4, 1 << 20, 16, 256
+	b := setup(t, queue.Config{}, tinkersim.Config{Capacity: 64, BaseLatency: 500 * time.Millisecond,
+		MinGenTokens: tokens, StopTokenProbability: -1})
+	w := b.open(t, b.connect(t), Config{Concurrency: slots, ResultMemory: limit})
+	back := make(chan struct{}, slots)
+	w.sampled = func(jobs.Job) { back <- struct{}{} }
+	run(t, w)
+	js := make([]jobs.Job, slots) // sampled tokens only: their requests make nothing certain
+	for i := range js {
+		js[i] = jobs.Job{CustomID: fmt.Sprintf("long%d", i), Model: "Qwen/Qwen3-8B", PromptTokens: []int{1, 2, 3},
+			NumSamples: samples, Params: jobs.SamplingParams{MaxTokens: intp(tokens)}}
+	}
+	publishJobs(t, b.results, "long", js)
+	// Once their samples are sent, a result being stored takes the whole budget.
+	fleettest.Eventually(t, 5*time.Second, "the samples to be sent", func() bool { return b.sim.Stats().SamplesAccepted == slots })
+	bg := context.Background()
+	stored, err := w.memory.reserve(bg, bg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stored.grow(bg, limit); err != nil {
+		t.Fatal(err)
+	}
+	for range slots {
+		received(t, back, "a reply")
+	}
+	want := int64(limit + slots*samples*tokens*decodedCellBytes)
+	fleettest.Eventually(t, 5*time.Second, "the replies back to be charged", func() bool { return w.memory.charged() >= want })
+	stored.release()
+	waitResults(t, b.results, "long", slots, 30*time.Second)
+	fleettest.Eventually(t, 5*time.Second, "every charge to end", func() bool { return w.memory.charged() == 0 })
+}
