@@ -419,10 +419,10 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 		if r.status < 500 {
 			serverErrors = 0
 		}
-		if r.status < 400 || r.status == http.StatusRequestTimeout {
+		if r.status >= 200 && r.status <= 299 || r.status == http.StatusRequestTimeout {
 			last = nil
 		} else {
-			last = c.statusError(cl, r)
+			last = c.statusError(cl, r) // the reply's error, as the cases below report it
 		}
 		switch {
 		case r.status >= 200 && r.status <= 299:
@@ -489,7 +489,7 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 				d = max(d, submitBackoff(serverErrors-1, t.PollServerErrorBase, t.PollServerErrorMax))
 			}
 			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: d,
-				Attempt: serverErrors, Err: c.statusError(cl, r), SamplerID: s.id})
+				Attempt: serverErrors, Err: last, SamplerID: s.id})
 			serverErrors++
 			if d > 0 {
 				if err := c.clock.Sleep(ctx, d); err != nil {
@@ -498,20 +498,20 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			}
 			continue
 		case r.status == http.StatusTooManyRequests:
-			if err := backoff(r.status, c.statusError(cl, r)); err != nil {
+			if err := backoff(r.status, last); err != nil {
 				return nil, fmt.Errorf("tinker: %s: %w", name, err)
 			}
 			continue
 		case r.status == http.StatusBadRequest:
 			badRequests++
 			if badRequests > t.PollBadRequests {
-				return nil, &ProtocolError{Endpoint: name, Msg: "error retrieving result", Err: c.statusError(cl, r)}
+				return nil, &ProtocolError{Endpoint: name, Msg: "error retrieving result", Err: last}
 			}
 			c.emit(Event{Kind: EventRetry, Endpoint: name, Layer: LayerPoll, StatusCode: r.status, Delay: t.PollFloor,
-				Attempt: badRequests - 1, Err: c.statusError(cl, r), SamplerID: s.id})
+				Attempt: badRequests - 1, Err: last, SamplerID: s.id})
 		case r.status == http.StatusPaymentRequired:
 			if !c.billingPause(name, s.id) {
-				return nil, &ProtocolError{Endpoint: name, Msg: "billing pause window expired", Err: c.statusError(cl, r)}
+				return nil, &ProtocolError{Endpoint: name, Msg: "billing pause window expired", Err: last}
 			}
 			if err := c.clock.Sleep(ctx, t.BillingRetry); err != nil {
 				return nil, fmt.Errorf("tinker: %s: %w", name, err)
@@ -519,9 +519,9 @@ func (s *Sampler) poll(ctx context.Context, requestID string, created time.Time,
 			continue
 		case r.status == http.StatusGone:
 			// Promise expired: the whole sample is resubmitted with a new seq_id (§6.3).
-			return nil, c.statusError(cl, r)
+			return nil, last
 		default:
-			return nil, &ProtocolError{Endpoint: name, Msg: "error retrieving result", Err: c.statusError(cl, r)}
+			return nil, &ProtocolError{Endpoint: name, Msg: "error retrieving result", Err: last}
 		}
 		if err := immediate(); err != nil {
 			return nil, fmt.Errorf("tinker: %s: %w", name, err)
