@@ -40,16 +40,16 @@ const jsonCellBytes = 20
 //     whole limit is sent once the others are under it (so it runs, at worst, alone).
 //   - when its reply is back, at once, what it holds decoded (its sampled tokens are not
 //     certain before), which it holds while it waits to grow.
-//   - then the peak of the result it carries (grow), once the charges are
-//     under the limit, or once no result is being made or stored: the replies on their way
-//     and those back would otherwise wait for each other for ever, so one goes on alone.
+//   - then the peak of the result it carries (grow), once the charges are under the limit,
+//     or once no result is being made or stored: the replies on their way and those back
+//     would otherwise wait for each other for ever, so one goes on alone.
 //   - once encoded, the stored message, until the stream acks it (resize); then nothing.
 //
 // So the charges stay within the limit, one result's peak and the decoded replies waiting to
-// grow (held whether charged or not; charged, they hold new samples back). Charging the peak before the
-// sample is sent held a worker to 6 such samples at once within 256 MiB, 40 % slower than 1
-// GiB: the sample's time at the service is most of a job's, and the peak lasts only while
-// its result is encoded. Charging the decoded size and never waiting for the peak let 32
+// grow (held whether charged or not; charged, they hold new samples back). Charging the peak
+// before the sample is sent held a worker to 6 such samples at once within 256 MiB, 40 % slower
+// than 1 GiB: the sample's time at the service is most of a job's, and the peak lasts only
+// while its result is encoded. Charging the decoded size and never waiting for the peak let 32
 // replies that came together take 950 MiB.
 //
 // A limit of 0 or less bounds nothing and costs nothing.
