@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +24,7 @@ func TestListOfARealStoreIsNotLostToASimulatedRunStarting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	if err := run(context.Background(), []string{"--nats-url", emb.ClientURL(), "--batch-id", "b-real", "--progress", "none", writeLines(t, jobLines(2))}, env); err != nil {
 		t.Fatal(err)
 	}

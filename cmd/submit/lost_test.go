@@ -127,7 +127,7 @@ func TestWaitingAloneOnALocalStoreForLostResultsSaysTheyAreLost(t *testing.T) {
 	dir := t.TempDir()
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
 	in := writeLines(t, jobLines(3))
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -149,4 +149,9 @@ func TestWaitingAloneOnALocalStoreForLostResultsSaysTheyAreLost(t *testing.T) {
 		strings.Contains(err.Error(), "submit --local command again") {
 		t.Fatalf("results --wait on lost results with no worker: %v", err)
 	}
+}
+
+// quietEnv is an environment with no variables, empty stdin, and its output discarded.
+func quietEnv() *environment {
+	return &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 }

@@ -504,7 +504,7 @@ func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
 		}
 	}
 	// list takes none, and reads its flags' environment as the others do.
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	if err := run(context.Background(), []string{"list", "--data-dir", t.TempDir(), "b-1", "--json"}, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `list takes no arguments, not ["b-1"]`) {
 		t.Errorf("submit list b-1: %v", err)
 	}
@@ -519,7 +519,7 @@ func TestABatchCommandWithoutABatchIdSaysWhereToFindOne(t *testing.T) {
 // batch" from a store they made there.
 func TestCommandsWhereNothingWasSubmittedSaySoAndMakeNoStore(t *testing.T) {
 	t.Parallel()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	data := filepath.Join(t.TempDir(), "nothing-here")
 	for _, args := range [][]string{{"status", "--data-dir", data, "b-1"}, {"list", "--data-dir", data}} {
 		err := run(context.Background(), args, env)
@@ -536,7 +536,7 @@ func TestCommandsWhereNothingWasSubmittedSaySoAndMakeNoStore(t *testing.T) {
 // refused before anything is read, naming it; two files of the same size are not the same.
 func TestAFileGivenTwiceIsRefused(t *testing.T) {
 	t.Parallel()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	a := writeLines(t, []string{jobLine(0)})
 	link := filepath.Join(t.TempDir(), "link.jsonl")
 	if err := os.Symlink(a, link); err != nil {
@@ -622,7 +622,7 @@ func TestAnOutputFileOfOtherLinesIsRefusedBeforePublishing(t *testing.T) {
 // the -o file replaced the results. Both are refused before anything is read or written.
 func TestARejectsFileOfItsOwnIsRequired(t *testing.T) {
 	t.Parallel()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	in := writeLines(t, append(jobLines(2), `{"custom_id":"bad"}`))
 	out := filepath.Join(t.TempDir(), "out.jsonl")
 	if err := os.WriteFile(out, nil, 0o644); err != nil {
@@ -1033,7 +1033,7 @@ func TestCancellingADoneBatchChangesNothing(t *testing.T) {
 // 0 printed a line for every result, and --store-wait 0 gave up on the first full stream.
 func TestZeroDurationsAreRefused(t *testing.T) {
 	t.Parallel()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	for _, flag := range []string{"--progress-interval", "--store-wait"} {
 		err := run(context.Background(), []string{"--dry-run", flag, "0s", "../../examples/prompts.jsonl"}, env)
 		if err == nil || !strings.Contains(err.Error(), flag[1:]+": must be a positive duration") {
@@ -1044,7 +1044,7 @@ func TestZeroDurationsAreRefused(t *testing.T) {
 
 func TestSubcommandAfterFlagsGetsAHint(t *testing.T) {
 	t.Parallel()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	err := run(context.Background(), []string{"--nats-url", "nats://127.0.0.1:1", "list"}, env)
 	if err == nil || !strings.Contains(err.Error(), "write it first") {
 		t.Fatalf("err = %v", err)
@@ -1160,7 +1160,7 @@ func TestSimulatedRunsSayWhereTheyAre(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	err := run(context.Background(), []string{"--simulate", "--nats-url", "nats://127.0.0.1:1", "../../examples/prompts.jsonl"}, env)
 	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--simulate samples in this process") {
 		t.Fatalf("--simulate with --nats-url: %v, want a refusal", err)
@@ -1219,7 +1219,7 @@ func listedIDs(t *testing.T, data string) []string {
 func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	refused := func(out string) {
 		t.Helper()
 		args := []string{"--local", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", "../../examples/prompts.jsonl", "-o", out}
@@ -1348,7 +1348,7 @@ func TestInterruptedRunSaysHowToGoOn(t *testing.T) {
 	if err := os.WriteFile(in, []byte(lines.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	// Two jobs at a time, about 22 ms each: the batch takes over two seconds.
 	args := []string{"--local", "--simulate", "--concurrency", "2", "--data-dir", filepath.Join(dir, "data"), "--progress", "none", in, "-o", out}
 
@@ -1393,7 +1393,7 @@ func TestInterruptedLocalRunLeavesItsJobsReadyToGoOn(t *testing.T) {
 	if err := os.WriteFile(in, []byte(lines.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	// 400 job slots against the simulator's 256 samples at once: once the worker meets its
 	// first 429, it holds jobs that wait for room or for the pause to end.
 	ctx, interrupt := interruptAtFirstResult(out)
@@ -1453,7 +1453,7 @@ func TestCommandsReachTheServerOfARunningLocalRun(t *testing.T) {
 	dir := t.TempDir()
 	data, out, followedOut := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl"), filepath.Join(dir, "followed.jsonl")
 	in := writeLines(t, jobLines(5))
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	ctx := context.Background()
 
 	// The running local run: its embedded server holds the data directory; no worker samples.
@@ -1559,7 +1559,7 @@ func TestWaitingOnALocalDataDirectoryAloneSaysHowToSample(t *testing.T) {
 	dir := t.TempDir()
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
 	in := writeLines(t, jobLines(5))
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: data, Port: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -1676,7 +1676,7 @@ func rerunAfterAKilledLocalRun(t *testing.T, between func(env *environment, data
 	data, out := filepath.Join(dir, "data"), filepath.Join(dir, "results.jsonl")
 	const n, stored = 30, 10
 	in := writeLines(t, jobLines(n))
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	args := []string{"--data-dir", data, "--batch-id", "sim-killed", "--ack-wait", "10m", "--progress", "none", in}
 	dataDir := data
 	data = simulatedDataDir(data) // the rerun below is a --simulate run
@@ -2028,7 +2028,7 @@ func TestOutputOfAnotherBatchIsRefusedBeforePublishing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "results.jsonl")
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	local := []string{"--local", "--simulate", "--data-dir", filepath.Join(dir, "data"), "--progress", "none"}
 	if err := run(context.Background(), append(local, "../../examples/prompts.jsonl", "-o", out), env); err != nil {
 		t.Fatal(err)
@@ -2531,7 +2531,7 @@ func TestBadProgressIsAnError(t *testing.T) {
 		{"--nats-url", "nats://127.0.0.1:1", "--progress", "fancy", in},
 		{"results", "--nats-url", "nats://127.0.0.1:1", "--progress", "fancy", "b-1"},
 	} {
-		env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+		env := quietEnv()
 		if err := run(context.Background(), args, env); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `--progress (or TINKERFLEET_PROGRESS) "fancy"`) {
 			t.Errorf("%v: err = %v, want a usage error naming --progress", args, err)
 		}
@@ -2759,7 +2759,7 @@ func TestAManifestThatCannotBeWrittenAtTheEndFailsTheRun(t *testing.T) {
 func TestLocalAndANATSURLTogetherAreRefused(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	env := quietEnv()
 	data := filepath.Join(dir, "data")
 	url := "nats://user:s3cret@127.0.0.1:1"
 	for _, args := range [][]string{
