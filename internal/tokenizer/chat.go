@@ -45,14 +45,15 @@ type RenderOptions struct {
 // "llama3" for Llama 3.x ("meta-llama/Llama-3.1-8B-Instruct", ...), "deepseek_v3.1" for
 // DeepSeek V3.1 ("deepseek-ai/DeepSeek-V3.1", its Base and Terminus) and "gpt_oss" for
 // gpt-oss ("openai/gpt-oss-20b", "openai/gpt-oss-120b"). ok is false for any other model,
-// Qwen3.5 and later among them (their template is not Qwen3's): its chats cannot be rendered.
+// Qwen3.5 and later and the Qwen3 Thinking models among them (their templates are not the
+// hybrid Qwen3's): its chats cannot be rendered.
 func ChatFamily(model string) (family string, ok bool) {
-	name := strings.ToLower(model)
-	if i := strings.IndexByte(name, ':'); i >= 0 {
-		name = name[:i]
-	}
+	name := baseName(model)
 	switch {
-	case strings.Contains(name, "qwen3-"): // not "qwen3.5-…"
+	// Not "qwen3.5-…", and not "Qwen3-…-Thinking-2507" or "Qwen3-VL-…-Thinking", whose
+	// generation prompt always opens "<think>\n": the hybrid template's thinking switch
+	// would render their chats wrong either way.
+	case strings.Contains(name, "qwen3-") && !strings.Contains(name, "-thinking"):
 		return "qwen3", true
 	case strings.Contains(name, "llama-3") || strings.Contains(name, "llama3"):
 		return "llama3", true
@@ -62,6 +63,16 @@ func ChatFamily(model string) (family string, ok bool) {
 		return "gpt_oss", true
 	}
 	return "", false
+}
+
+// baseName is model's name in lower case, without the tag after ':' (a fine-tuned
+// sampler's "Qwen/Qwen3-8B:peft:…"): what a chat template is chosen by.
+func baseName(model string) string {
+	name := strings.ToLower(model)
+	if i := strings.IndexByte(name, ':'); i >= 0 {
+		name = name[:i]
+	}
+	return name
 }
 
 // NoChatFamily is why a chat for model cannot be rendered: ChatFamily knows no format for it.
@@ -104,7 +115,7 @@ func RendererFor(model string, tok *Tokenizer, opts RenderOptions) (Renderer, er
 		// not think: their templates have no enable_thinking switch and no think
 		// branch, so no empty think block is added and an assistant's turn is
 		// its content as written.
-		instruct := strings.Contains(strings.ToLower(model), "-instruct")
+		instruct := strings.Contains(baseName(model), "-instruct")
 		return newQwen3(tok, !opts.Thinking && !instruct, instruct)
 	case "llama3":
 		return newLlama3(tok)

@@ -53,6 +53,13 @@ func TestQwen3RenderByHand(t *testing.T) {
 			t.Errorf("%s:\n got %v\nwant %v", model, got, prompt)
 		}
 	}
+	// A tag is not the model's name: a hybrid model fine-tuned under a tag that says
+	// "instruct" keeps its empty think block.
+	tagged, _ := RendererFor("Qwen/Qwen3-8B:peft:my-instruct-run", tok, RenderOptions{})
+	hybrid, _ := off.Render(shortChat)
+	if got, _ := tagged.Render(shortChat); !slices.Equal(got, hybrid) {
+		t.Errorf("tagged hybrid model:\n got %v\nwant %v", got, hybrid)
+	}
 }
 
 // TestQwen3RenderMatchesTemplateText checks the renderer against the template
@@ -180,6 +187,11 @@ func TestChatFamily(t *testing.T) {
 		"Qwen/Qwen3.5-4B":        "",
 		"Qwen/Qwen3.5-397B-A17B": "",
 		"Qwen/Qwen3.6-27B":       "",
+		// The Thinking models' generation prompt always opens "<think>\n"; the hybrid
+		// template has no such case.
+		"Qwen/Qwen3-30B-A3B-Thinking-2507": "",
+		"Qwen/Qwen3-VL-235B-A22B-Thinking": "",
+		"Qwen/Qwen3-8B:peft:thinking-run":  "qwen3", // a tag is not the name
 	} {
 		got, ok := ChatFamily(model)
 		if got != want || ok != (want != "") {
