@@ -77,7 +77,7 @@ func baseName(model string) string {
 
 // NoChatFamily is why a chat for model cannot be rendered: ChatFamily knows no format for it.
 func NoChatFamily(model string) error {
-	return fmt.Errorf("no chat template for model %q: tinkerfleet renders the chats of Qwen3, Llama 3, DeepSeek V3.1 and gpt-oss; send a prompt or prompt_tokens instead", model)
+	return fmt.Errorf("no chat template for model %q: tinkerfleet renders the chats of Qwen3 (its hybrid and Instruct models), Llama 3, DeepSeek V3.1 and gpt-oss; send a prompt or prompt_tokens instead", model)
 }
 
 // CheckOptions says why opts do not apply to the chats of model, or nil when they do: only

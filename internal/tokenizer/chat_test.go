@@ -156,7 +156,7 @@ func TestLlama3RenderByHand(t *testing.T) {
 
 func TestRendererForUnknownFamily(t *testing.T) {
 	_, err := RendererFor("mistralai/Mistral-7B", qwen3(t), RenderOptions{})
-	if err == nil || !strings.Contains(err.Error(), "Qwen3, Llama 3, DeepSeek V3.1 and gpt-oss") {
+	if err == nil || !strings.Contains(err.Error(), "Qwen3 (its hybrid and Instruct models), Llama 3, DeepSeek V3.1 and gpt-oss") {
 		t.Fatalf("want an error naming the supported families, got %v", err)
 	}
 	// A Llama renderer on a tokenizer without Llama's special tokens.
