@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -299,5 +300,66 @@ func TestAJobDeliveredAgainAfterItsResultIsStoredIsNotSampled(t *testing.T) {
 	}
 	if got := fleettest.RawResults(t, b.results, "again", 1, 5*time.Second); len(got) != 1 || !bytes.Equal(got[0], res) {
 		t.Fatalf("results %q, want the one stored first", got)
+	}
+}
+
+// TestACompressedJobIsRefusedAsCompressed: submit publishes a job's line as it is, never
+// compressed. A job another publisher compressed (with a Content-Encoding header, as results
+// over 64 KiB carry, or without) ended as invalid_job "invalid UTF-8 at byte 2", which
+// names no cause; its error says now that the message is compressed.
+func TestACompressedJobIsRefusedAsCompressed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{MaxDeliver: 3}, tinkersim.Config{Capacity: 8})
+	w := b.open(t, b.connect(t), Config{Concurrency: 4})
+	run(t, w)
+	line := func(id string) []byte {
+		return []byte(`{"custom_id":"` + id + `","model":"Qwen/Qwen3-8B","prompt_tokens":[1,2],"sampling_params":{"max_tokens":2},"num_samples":1}`)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(line("gzip"))
+	zw.Close()
+	gzHdr := hdr("gzip-header")
+	gzHdr.Set(queue.HeaderContentEncoding, "gzip")
+	cases := []struct {
+		job  rawJob
+		id   string
+		want string // in the error's message
+	}{
+		{rawJob{batch: "c", header: zstdHdr("zstd"), data: zstdOf(t, line("zstd"))}, "zstd", "compressed with zstd"},
+		{rawJob{batch: "c", header: hdr("zstd-bare"), data: zstdOf(t, line("zstd-bare"))}, "zstd-bare", "compressed with zstd"},
+		{rawJob{batch: "c", header: zstdHdr("corrupt"), data: []byte("\x28\xb5\x2f\xfdgarbage")}, "corrupt", "compressed with zstd"},
+		{rawJob{batch: "c", header: hdr("gzip"), data: gz.Bytes()}, "gzip", "compressed with gzip"},
+		{rawJob{batch: "c", header: gzHdr, data: []byte("not gzip")}, "gzip-header", `Content-Encoding "gzip"`},
+	}
+	for _, c := range cases {
+		publishRaw(t, b.results, c.job)
+	}
+	// A compressed message without the custom id header names no job: it is dropped, and
+	// ends without a result, as before.
+	publishRaw(t, b.results, rawJob{batch: "c", header: hdr(""), data: zstdOf(t, line("unnamed"))})
+	s := resultSchema(t)
+	got := map[string]jobs.Result{}
+	for _, data := range fleettest.RawResults(t, b.results, "c", len(cases), 20*time.Second) {
+		r := checkResult(t, s, data)
+		got[r.CustomID] = r
+	}
+	for _, c := range cases {
+		r, ok := got[c.id]
+		switch {
+		case !ok:
+			t.Errorf("no result for %q; results for %v", c.id, keys(got))
+		case r.Error == nil || r.Error.Code != jobs.CodeInvalidJob:
+			t.Errorf("%s: %s %+v, want invalid_job", c.id, r.Status, r.Error)
+		case !strings.Contains(r.Error.Message, c.want) || !strings.Contains(r.Error.Message, "not compressed"):
+			t.Errorf("%s: error %q, want one that says the job is %s and job messages are not compressed", c.id, r.Error.Message, c.want)
+		}
+	}
+	fleettest.Eventually(t, 10*time.Second, "every job message ended", func() bool {
+		info, err := b.results.Jobs.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+	if info, err := b.results.Results.Info(context.Background()); err != nil || int(info.State.Msgs) != len(cases) {
+		t.Fatalf("results stored: %+v, %v; want %d", info, err, len(cases))
 	}
 }

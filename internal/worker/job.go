@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/dispatch"
@@ -344,7 +345,7 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 	if w.maxDeliver > 0 && delivered > uint64(w.maxDeliver) {
 		return w.outOfDeliveries(ctx, msg, batch, customID)
 	}
-	job, err := jobs.DecodeJob(msg.Data())
+	job, err := decodeJob(msg.Headers(), msg.Data())
 	if customID == "" {
 		// A message without the custom id header (published by another client than submit):
 		// its job is named by its line's custom_id. Named "", the results of all such jobs of
@@ -395,6 +396,42 @@ func (w *Worker) work(ctx context.Context, msg jetstream.Msg, batch, customID st
 		return cancelled(job, batch)
 	}
 	return w.sample(ctx, msg, job, batch, r)
+}
+
+// decodeJob decodes the payload of a job message, data, with its header h: the job's line as
+// submit publishes it (queue.PublishJobAsync), never compressed. A payload that does not decode
+// and is compressed (by another publisher, marked by a Content-Encoding header as large results
+// are, or told by its first bytes) is refused for that: its error named the byte that is no
+// UTF-8, which said nothing of the cause.
+func decodeJob(h nats.Header, data []byte) (jobs.Job, error) {
+	job, err := jobs.DecodeJob(data)
+	if err == nil {
+		return job, nil
+	}
+	enc := h.Get(queue.HeaderContentEncoding)
+	kind := compressedAs(data)
+	switch {
+	case kind != "" && enc != "":
+		return job, fmt.Errorf("decode job: the message is compressed with %s (Content-Encoding %q), and job messages are not compressed: publish the job line as it is", kind, enc)
+	case kind != "":
+		return job, fmt.Errorf("decode job: the message is compressed with %s, and job messages are not compressed: publish the job line as it is", kind)
+	case enc != "":
+		return job, fmt.Errorf("decode job: the message says Content-Encoding %q, and job messages are not compressed: publish the job line as it is (%w)", enc, err)
+	}
+	return job, err
+}
+
+// compressedAs is the compression that data begins like, by its magic number: "zstd" (a frame,
+// or a skippable frame, as pzstd writes first), "gzip", or "" for neither. Neither can begin a
+// JSON text.
+func compressedAs(data []byte) string {
+	switch {
+	case len(data) >= 4 && (string(data[:4]) == "\x28\xb5\x2f\xfd" || data[0]&0xf0 == 0x50 && string(data[1:4]) == "\x2a\x4d\x18"):
+		return "zstd"
+	case len(data) >= 2 && data[0] == 0x1f && data[1] == 0x8b:
+		return "gzip"
+	}
+	return ""
 }
 
 // panicked is the outcome of a job whose work panicked with p: an internal error result, and
