@@ -282,8 +282,9 @@ type outputRead struct {
 }
 
 // maxOutputLine bounds a line of an output file that is read again: 1 GiB, above any line
-// submit writes (a result is at most 256 MiB as the worker stores it, before the OpenAI
-// form's additions), so a file that only starts like results is refused, not read whole.
+// submit writes (a result is at most 256 MiB as the worker stores it, queue.MaxResultBytes,
+// before the OpenAI form's additions), so a file that only starts like results is refused,
+// not read whole.
 const maxOutputLine = 1 << 30
 
 // readOutput reads the result lines of an output file (as text) from r, recording each custom

@@ -81,16 +81,26 @@ func ResultTokens(h nats.Header) Tokens {
 // DefaultCompressThreshold is the payload size above which results are zstd-compressed.
 const DefaultCompressThreshold = 64 << 10
 
-// ErrTooLarge is returned when a payload does not fit the server's max payload even compressed.
-var ErrTooLarge = errors.New("payload larger than the server's max payload")
+// MaxResultBytes is the largest payload, decompressed, that Codec.Decode takes, and so the
+// largest result ResultMsg makes a message of. It bounds a reader's memory for one result: a
+// message of a few kilobytes may declare, or hold, hundreds of megabytes of zstd, and a
+// result's JSON compresses that far (16 samples of 32,768 of Qwen3's longest token, 128
+// spaces, with OpenAI logprobs: 266 MiB of JSON in 37 KiB). Results of jobs within the
+// default limits stay under it unless most of their tokens are such runs.
+const MaxResultBytes = 256 << 20
+
+// ErrTooLarge is returned when a payload does not fit the server's max payload even
+// compressed, or is over MaxResultBytes.
+var ErrTooLarge = errors.New("payload too large to store")
 
 // Codec compresses large payloads. It is safe for concurrent use.
 type Codec struct {
-	threshold int
-	enc       *zstd.Encoder
-	decOnce   sync.Once
-	dec       *zstd.Decoder
-	decErr    error
+	threshold  int
+	maxDecoded int // MaxResultBytes; tests make it smaller
+	enc        *zstd.Encoder
+	decOnce    sync.Once
+	dec        *zstd.Decoder
+	decErr     error
 }
 
 // NewCodec returns a codec that compresses payloads larger than threshold bytes (0 means
@@ -103,7 +113,7 @@ func NewCodec(threshold int) (*Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zstd encoder: %w", err)
 	}
-	return &Codec{threshold: threshold, enc: enc}, nil
+	return &Codec{threshold: threshold, maxDecoded: MaxResultBytes, enc: enc}, nil
 }
 
 // encode fills msg with data on subject, compressed with a Content-Encoding header when data
@@ -153,7 +163,7 @@ func (c *Codec) Decode(header nats.Header, data []byte) ([]byte, error) {
 		return data, nil
 	case "zstd":
 		c.decOnce.Do(func() {
-			c.dec, c.decErr = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(256<<20))
+			c.dec, c.decErr = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(uint64(c.maxDecoded)))
 		})
 		if c.decErr != nil {
 			return nil, fmt.Errorf("zstd decoder: %w", c.decErr)
@@ -182,10 +192,15 @@ func (c *Codec) Close() {
 // and refuses any other (see ResultStored). A nil msg means a new one; a msg given back keeps
 // its header map, so a worker can reuse one message for job after job once the stream has
 // acked it. tokens, unless zero, go in HeaderTokens. It returns ErrTooLarge when the message
-// does not fit maxPayload (0: no limit). The message holds data itself, not a copy.
+// does not fit maxPayload (0: no limit), or data is over MaxResultBytes, which no reader would
+// decode. The message holds data itself, not a copy.
 func (q *Queue) ResultMsg(msg *nats.Msg, codec *Codec, batch, customID, status string, tokens Tokens, data []byte, maxPayload int64) (*nats.Msg, error) {
 	if msg == nil {
 		msg = &nats.Msg{}
+	}
+	if len(data) > codec.maxDecoded {
+		// Stored, it would stop every reader of the batch's results there (Decode).
+		return nil, fmt.Errorf("result of %s/%s: %d bytes, over the %d a reader decodes: %w", batch, customID, len(data), codec.maxDecoded, ErrTooLarge)
 	}
 	if msg.Header == nil {
 		msg.Header = make(nats.Header, 4)

@@ -356,6 +356,46 @@ func TestResultsAreStoredOncePerJobAndLargeOnesCompressed(t *testing.T) {
 	}
 }
 
+// TestEveryResultStoredCanBeDecoded: a reader (submit) decodes a result up to the codec's
+// bound (MaxResultBytes), whatever it declares, and a result's JSON compresses far below the
+// server's max payload: 16 samples of 32,768 of Qwen3's longest token (128 spaces) with OpenAI
+// logprobs are 266 MiB of JSON in 37 KiB. Such a result was stored, and submit stopped at it,
+// unable to decode it, leaving the batch's later results unwritten on every run. ResultMsg
+// refuses it now (ErrTooLarge), as it refuses one over the max payload, and the worker stores
+// an error result in its place.
+func TestEveryResultStoredCanBeDecoded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	codec := newCodec(t, 0)
+	codec.maxDecoded = 1 << 20 // MaxResultBytes, made small for the test
+	at := bytes.Repeat([]byte(" "), codec.maxDecoded)
+	msg, err := b.q.ResultMsg(nil, codec, "b1", "at", "ok", Tokens{}, at, 1<<20)
+	if err != nil {
+		t.Fatalf("a result at the bound: %v", err)
+	}
+	if _, err := b.q.PublishResult(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := b.q.Results.GetLastMsgForSubject(ctx, b.q.Names.ResultSubject("b1", "at"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := codec.Decode(stored.Header, stored.Data); err != nil || len(got) != len(at) {
+		t.Fatalf("a result at the bound decoded to %d bytes, %v; want %d", len(got), err, len(at))
+	}
+
+	over := append(at, ' ')
+	msg, err = b.q.ResultMsg(nil, codec, "b1", "over", "ok", Tokens{}, over, 1<<20)
+	if !errors.Is(err, ErrTooLarge) {
+		if err == nil {
+			_, err = codec.Decode(msg.Header, msg.Data)
+		}
+		t.Fatalf("a result of %d bytes, over the bound of %d, was made into a message of %d bytes (decoding it: %v); want ErrTooLarge",
+			len(over), codec.maxDecoded, len(msg.Data), err)
+	}
+}
+
 func TestResultsStoredCountsOneBatchAndLeavesNoConsumer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -750,8 +750,9 @@ func SampleStop(own jobs.Stop, templateStops []int, tok *tokenizer.Tokenizer) jo
 
 // encodeResult encodes res into s.buf and fills s.result with the message that stores it;
 // cells, the numbers res carries (0 when few or not counted), sizes the buffer once. A
-// result too large for the server even compressed is replaced by an error result saying so,
-// so that the job still ends with exactly one result.
+// result too large for the server even compressed, or for its readers (queue.MaxResultBytes),
+// is replaced by an error result saying so, so that the job still ends with exactly one
+// result.
 func (w *Worker) encodeResult(batch string, res *jobs.Result, cells int, s *settlement) error {
 	buf := s.buf[:0]
 	if size := cells * jsonCellBytes; size > cap(buf) {
@@ -776,9 +777,13 @@ func (w *Worker) encodeResult(batch string, res *jobs.Result, cells int, s *sett
 		}
 		return err
 	}
+	why := fmt.Sprintf("does not fit the NATS max payload (%d bytes)", w.maxPayload)
+	if len(data) > queue.MaxResultBytes {
+		why = fmt.Sprintf("is over the %d bytes a reader of results decodes", queue.MaxResultBytes)
+	}
 	small := errorResult(jobs.Job{CustomID: res.CustomID, Model: res.Model, Format: res.Format, Metadata: res.Metadata}, batch, jobs.ResultError{
 		Code:     jobs.CodeInternal,
-		Message:  fmt.Sprintf("the result (%d bytes) does not fit the NATS max payload (%d bytes)", len(data), w.maxPayload),
+		Message:  fmt.Sprintf("the result (%d bytes) %s", len(data), why),
 		Category: jobs.CategoryUser,
 	})
 	small.Attempts, small.LatencyMS = res.Attempts, res.LatencyMS
