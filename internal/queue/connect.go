@@ -28,9 +28,11 @@ type ConnectConfig struct {
 	CredsFile string
 	// NKeyFile is a file holding an NKey seed.
 	NKeyFile string
-	// User and Password authenticate with a user name and password.
+	// User and Password authenticate with a user name and password. One line end ("\n" or
+	// "\r\n") at the end of Password is no part of it (see secret).
 	User, Password string
-	// Token authenticates with a token.
+	// Token authenticates with a token; one line end at its end is no part of it, as for
+	// Password.
 	Token string
 	// TLSCA is a PEM file of CAs that sign the servers' certificates.
 	TLSCA string
@@ -142,11 +144,11 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	}
 	if cfg.User != "" || cfg.Password != "" {
 		auth++
-		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+		opts = append(opts, nats.UserInfo(cfg.User, secret(cfg.Password)))
 	}
 	if cfg.Token != "" {
 		auth++
-		opts = append(opts, nats.Token(cfg.Token))
+		opts = append(opts, nats.Token(secret(cfg.Token)))
 	}
 	if urlHasCredentials(cfg.URL) {
 		// nats.go takes them over any of the others, silently: a --nats-password beside
@@ -176,6 +178,18 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// secret returns a password or token without one line end ("\n" or "\r\n") at its end. A
+// Kubernetes Secret made from a file (kubectl create secret --from-file, a file written by
+// echo) and given as NATS_PASSWORD or NATS_TOKEN keeps the file's line end, which nats.go
+// sends as part of the secret: the server refused it, and a worker stopped at start-up. Only
+// that goes; other white space may be the secret's own.
+func secret(s string) string {
+	if s, ok := strings.CutSuffix(s, "\n"); ok {
+		return strings.TrimSuffix(s, "\r")
+	}
+	return s
 }
 
 // ConnectWait is Connect for a process that starts beside its NATS servers, as a worker does

@@ -515,3 +515,38 @@ func TestAConnectionThatCannotGetBackSaysWhy(t *testing.T) {
 		t.Errorf("want a warning that the connection is still down, and for how long; log:\n%s", logs.String())
 	}
 }
+
+// TestATrailingLineEndOfAPasswordOrTokenIsNoPartOfIt: a Kubernetes Secret made from a file
+// (kubectl create secret --from-file, a password written by echo) and mounted as NATS_PASSWORD
+// or NATS_TOKEN keeps the file's line end, which nats.go sends as part of the secret: the
+// server refused it ("authorization violation"), and the worker stopped at start-up. The
+// line end, "\n" or "\r\n", is now no part of it; the refusal of a wrong one names no secret.
+func TestATrailingLineEndOfAPasswordOrTokenIsNoPartOfIt(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &server.Options{Username: "fleet", Password: "s3cret"})
+	for _, pw := range []string{"s3cret\n", "s3cret\r\n"} {
+		nc, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: pw})
+		if err != nil {
+			t.Fatalf("password %q: %v", pw, err)
+		}
+		nc.Close()
+	}
+	// Only one line end goes: other white space may be the secret's own.
+	for _, pw := range []string{"s3cret ", "s3cret\n\n", "s3cret\r", " s3cret"} {
+		_, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: pw})
+		if err == nil {
+			t.Fatalf("password %q was accepted", pw)
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("the refusal shows the password: %v", err)
+		}
+	}
+	tok := startServer(t, &server.Options{Authorization: "tok-123"})
+	for _, token := range []string{"tok-123\n", "tok-123\r\n"} {
+		nc, err := Connect(ConnectConfig{URL: tok.ClientURL(), Token: token})
+		if err != nil {
+			t.Fatalf("token %q: %v", token, err)
+		}
+		nc.Close()
+	}
+}
