@@ -38,6 +38,12 @@ const (
 	// SDK only logs paused states (§4.3); signalling on them is a fleet policy
 	// the caller opts into.
 	PausedBackoff = 5 * time.Second
+	// MaxPause is the longest pause a worker honours, past the creation of the entry that
+	// asks for it: the longest the service pauses a client, a 402's billing window
+	// (billing_exception_max_pause_duration_sec, 3600 s by default, §2.3). A longer one in the
+	// bucket (a client with write access to it, a bug) would otherwise pause every worker of
+	// the account for ever, and each again when it restarts. Signal writes no longer one.
+	MaxPause = time.Hour
 )
 
 // AsampleBackoff returns the backoff §5.1 prescribes after asample answered

@@ -20,8 +20,11 @@
 //
 // and the deadline it stands for is max(F, C + D), where C is the entry's
 // Created() timestamp, assigned by the JetStream server when it stored the
-// entry. Every quantity is in the server's clock; no worker's clock is ever
-// written, so a skewed worker can neither shorten nor stretch a pause.
+// entry, capped at C + MaxPause (1 h, the billing window of §2.3): any client
+// with write access to the bucket, or a bug, could else pause the fleet for
+// ever. A worker warns once per entry it caps, and Signal writes no longer d.
+// Every quantity is in the server's clock; no worker's clock is ever written,
+// so a skewed worker can neither shorten nor stretch a pause.
 //
 // Signal(d) reads the entry (revision r, deadline cur) and writes
 // {F: cur, D: d} with kv.Update(..., r) (kv.Create for the first write). The

@@ -71,12 +71,21 @@ type record struct {
 	FloorReason string `json:"floor_reason,omitempty"`
 }
 
-func (r record) deadline(created time.Time) (int64, string) {
-	own := created.UnixNano() + r.D
-	if r.Floor >= own {
-		return r.Floor, r.FloorReason
+// deadline is the deadline r stands for, stored at created, and its reason. It is at most
+// MaxPause past created: capped reports that r asked for more (a client with write access to
+// the bucket, or a bug, wrote a pause of years), which would pause the fleet for ever.
+func (r record) deadline(created time.Time) (dl int64, reason string, capped bool) {
+	dl, reason = created.UnixNano()+min(max(r.D, 0), int64(MaxPause)), r.Reason
+	if r.D > int64(MaxPause) {
+		capped = true
 	}
-	return own, r.Reason
+	if r.Floor > dl {
+		dl, reason = r.Floor, r.FloorReason
+	}
+	if limit := created.UnixNano() + int64(MaxPause); dl > limit {
+		dl, capped = limit, true
+	}
+	return dl, reason, capped
 }
 
 // Fleet is the backoff deadline of one Tinker account shared by every worker
@@ -291,6 +300,7 @@ func (f *Fleet) Signal(ctx context.Context, reason string, d time.Duration) erro
 	if d <= 0 {
 		return nil
 	}
+	d = min(d, MaxPause) // no worker honours more
 	if dl := f.deadline.Load(); f.covers(dl, d) {
 		if dl > f.unwritten.Load() {
 			return nil
@@ -338,7 +348,7 @@ func (f *Fleet) write(ctx context.Context, reason string, d time.Duration) error
 			f.apply(e, f.now())
 			rev = e.Revision()
 			if r, ok := decode(e); ok {
-				cur, curWhy = r.deadline(e.Created())
+				cur, curWhy, _ = r.deadline(e.Created())
 			}
 		}
 		if f.covers(cur, d) {
@@ -417,7 +427,11 @@ func (f *Fleet) apply(e jetstream.KeyValueEntry, recv time.Time) bool {
 	f.lastRev = e.Revision()
 	f.mu.Unlock()
 	if r, ok := decode(e); ok {
-		dl, why := r.deadline(e.Created())
+		dl, why, capped := r.deadline(e.Created())
+		if capped { // once per entry: only a new revision gets here
+			f.log.Warn("backoff: a pause longer than the longest honoured was capped", "revision", e.Revision(),
+				"reason", why, "asked", time.Duration(max(r.Floor-e.Created().UnixNano(), r.D)), "max", MaxPause)
+		}
 		f.extend(dl, why, e.Revision())
 	} else if e.Operation() == jetstream.KeyValuePut {
 		f.log.Warn("backoff: undecodable entry ignored", "revision", e.Revision())

@@ -196,7 +196,7 @@ func TestShorterNeverShortens(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, _ := decode(e)
-	cur, _ := r.deadline(e.Created())
+	cur, _, _ := r.deadline(e.Created())
 	val, _ := json.Marshal(record{Floor: cur, D: int64(time.Second), Reason: "short", FloorReason: "long"})
 	if _, err := kv.Update(ctx, testAccount, val, e.Revision()); err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestShorterNeverShortens(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2, _ := decode(e2)
-	if dl, why := r2.deadline(e2.Created()); dl < cur || why != "long" {
+	if dl, why, _ := r2.deadline(e2.Created()); dl < cur || why != "long" {
 		t.Fatalf("stored record's deadline %d (%s) < the long one's %d", dl, why, cur)
 	}
 }
@@ -300,7 +300,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 	watcher := open(t, js, Config{})
 	_, js2 := connect(t, url)
 	signaller := open(t, js2, Config{})
-	if err := signaller.Signal(ctxT(t), "before", time.Hour); err != nil {
+	if err := signaller.Signal(ctxT(t), "before", 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "watcher sees signal", func() bool { return watcher.State().Reason == "before" })
@@ -315,11 +315,11 @@ func TestStateSurvivesRestart(t *testing.T) {
 		t.Fatalf("after restart until %v, want %v", got, want)
 	}
 	// The old watcher reconnected and sees a later signal.
-	if err := newcomer.Signal(ctxT(t), "after", 2*time.Hour); err != nil {
+	if err := newcomer.Signal(ctxT(t), "after", 40*time.Minute); err != nil { // within MaxPause
 		t.Fatal(err)
 	}
 	eventually(t, "old watcher sees signal after restart", func() bool { return watcher.State().Reason == "after" })
-	if !watcher.Until().After(want.Add(59 * time.Minute)) {
+	if !watcher.Until().After(want.Add(29 * time.Minute)) {
 		t.Fatalf("old watcher until %v", watcher.Until())
 	}
 	// Close while s2 is up (its cleanup runs before the fleets' cleanups).
@@ -343,7 +343,7 @@ func TestWatchRecoversAfterDisconnect(t *testing.T) {
 		}
 		eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
 		reason := "after-reconnect-" + string(rune('a'+round))
-		if err := signaller.Signal(ctxT(t), reason, time.Duration(round+1)*time.Hour); err != nil {
+		if err := signaller.Signal(ctxT(t), reason, time.Duration(round+1)*10*time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, "watcher sees signal after reconnect", func() bool { return watcher.State().Reason == reason })
@@ -790,4 +790,66 @@ func closeBeforeTheServerStops(t *testing.T, fleets ...*Fleet) {
 			_ = f.Close()
 		}
 	})
+}
+
+// TestAPauseLongerThanMaxPauseIsCapped: the record in the bucket is honoured as written, and
+// any client with write access to the bucket (or a bug) could write a duration or a floor of
+// years: every worker of the account then waited for it, for ever, and a restart read it
+// again. A worker now honours at most MaxPause past the entry's creation, says so once per
+// entry, and its next Signal writes the capped deadline as the floor, which mends the record.
+func TestAPauseLongerThanMaxPauseIsCapped(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir(), -1)
+	var logs fleettest.Buffer
+	_, js := connect(t, s.ClientURL())
+	f := open(t, js, Config{Resync: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	kv, err := js.KeyValue(ctxT(t), DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range []record{
+		{D: int64(100 * 365 * 24 * time.Hour), Reason: "huge"},
+		{Floor: time.Now().Add(50 * 365 * 24 * time.Hour).UnixNano(), D: int64(time.Second), Reason: "short", FloorReason: "huge"},
+	} {
+		val, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		rev, err := kv.Put(ctxT(t), testAccount, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the worker to take the entry", func() bool {
+			return f.State().Revision == rev && f.Until().After(before.Add(MaxPause-time.Second))
+		})
+		if got := f.Until(); got.After(before.Add(MaxPause + time.Second)) {
+			t.Fatalf("entry %d: the worker waits until %v, %v from now; want at most MaxPause (%v)", i, got, time.Until(got).Round(time.Second), MaxPause)
+		}
+	}
+	// A few resyncs, which read the entry again; and past the coalescing slack of the
+	// Signal below, which the deadline would cover else.
+	time.Sleep(500 * time.Millisecond)
+	if n := strings.Count(logs.String(), "capped"); n != 2 {
+		t.Errorf("%d warnings of a capped pause for 2 entries, want one each; log:\n%s", n, logs.String())
+	}
+	// A Signal past the cap writes the capped deadline as its floor: the bucket holds no
+	// pause of years any more, for a reader that does not cap (an older worker).
+	if err := f.Signal(ctxT(t), ReasonRateLimited, 2*MaxPause); err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctxT(t), testAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Reason != ReasonRateLimited {
+		t.Fatalf("the signal wrote nothing: the bucket holds %+v", r)
+	}
+	if limit := e.Created().Add(MaxPause); r.Floor > limit.UnixNano() || r.D > int64(MaxPause) {
+		t.Errorf("the signal wrote %+v, created %v: past MaxPause", r, e.Created())
+	}
 }

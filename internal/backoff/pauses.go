@@ -60,7 +60,7 @@ func Pauses(ctx context.Context, js jetstream.JetStream, bucket string) ([]Pause
 				return pauses, nil
 			}
 			if r, ok := decode(e); ok {
-				dl, why := r.deadline(e.Created())
+				dl, why, _ := r.deadline(e.Created())
 				pauses = append(pauses, Pause{Account: e.Key(), Reason: why, Left: time.Duration(dl - now.UnixNano())})
 			}
 		}
