@@ -158,11 +158,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // watch registers gauges read on scrape from the limiter (less pulling, the count permits
 // the puller holds for jobs not pulled yet), the backoff, the capacity, the count of results
-// held for another try, the memory results take and the NATS connection.
-func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory, nc *nats.Conn) {
+// held for another try, the memory results take and the NATS connection. It returns what
+// stops the count of the connection's reconnects, for the worker's Close.
+func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c *capacity, held *atomic.Int64, mem *resultMemory, nc *nats.Conn) (stop func()) {
 	if m == nil {
-		return
+		return func() {}
 	}
+	// nats.go's Stats().Reconnects counts every try that reached a server, those the server
+	// refused included (its credentials, TLS): a server that refused a rotated password
+	// counted three a second, for one drop, and the alert on a connection that keeps dropping
+	// fired. A status listener counts the times the connection was made again.
+	reconnects := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tinkerfleet_nats_reconnects_total", Help: "Times the worker's NATS connection was made again after a drop (a server restart, a link that died); tries the server refused do not count.",
+	})
+	back := nc.StatusChanged(nats.CONNECTED)
+	go func() { // ends when stop removes the listener, which closes back
+		for range back {
+			reconnects.Inc()
+		}
+	}()
+	stop = func() { nc.RemoveStatusListener(back) }
 	gauge := func(name, help string, f func(dispatch.Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(l.Stats()) })
 	}
@@ -190,9 +205,7 @@ func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c
 			Name: "tinkerfleet_result_memory_bytes",
 			Help: "Memory charged to results between their arrival and their storage (an estimate); no new sample is sent while it reaches --result-memory.",
 		}, func() float64 { return float64(mem.charged()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "tinkerfleet_nats_reconnects_total", Help: "Times the worker's NATS connection was made again after a drop (a server restart, a link that died).",
-		}, func() float64 { return float64(nc.Stats().Reconnects) }),
+		reconnects,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_backoff_active", Help: "1 while the backoff deadline is in the future.",
 		}, func() float64 {
@@ -214,6 +227,7 @@ func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c
 	if err := m.reg.Register(connected); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 		panic(err)
 	}
+	return stop
 }
 
 // NATSConnectedHelp is the help of tinkerfleet_nats_connected, which a program may register

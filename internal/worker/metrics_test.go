@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
@@ -107,6 +109,56 @@ func TestMetricsFollowTheNATSConnection(t *testing.T) {
 	nc.Close()
 	if got := gathered(t, reg)["tinkerfleet_nats_connected{}"]; got != 0 {
 		t.Errorf("connected %v with the connection closed; want 0", got)
+	}
+}
+
+// TestReconnectsCountOnlyReconnects: tinkerfleet_nats_reconnects_total counted nats.go's
+// tries that reached a server (its Stats().Reconnects), refused ones included: a server that
+// refused the worker's credentials for a while (a password rotated on the servers first)
+// counted about three a second, for one drop, and the alert on a connection that keeps
+// dropping fired. It counts the times the connection was made again, as its help says.
+func TestReconnectsCountOnlyReconnects(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := emb.Server().Addr().(*net.TCPAddr).Port
+	b := &testBundle{emb: emb, tokens: builtinTokens()}
+	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	q := b.connect(t)
+	reg := prometheus.NewRegistry()
+	b.open(t, q, Config{Concurrency: 1, Registerer: reg})
+	nc := q.JS.Conn()
+	emb.Shutdown()
+	fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
+	// A server on the same port that refuses the worker's (lack of) credentials.
+	refusing, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true, Username: "fleet", Password: "rotated"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go refusing.Start()
+	if !refusing.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the refusing server is not ready")
+	}
+	fleettest.Eventually(t, 10*time.Second, "tries that the server refuses", func() bool { return nc.Stats().Reconnects >= 3 })
+	if got := gathered(t, reg)["tinkerfleet_nats_reconnects_total{}"]; got != 0 {
+		t.Errorf("reconnects_total %v while every try was refused, want 0", got)
+	}
+	refusing.Shutdown()
+	refusing.WaitForShutdown()
+	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	fleettest.Eventually(t, 10*time.Second, "the reconnect", nc.IsConnected)
+	fleettest.Eventually(t, 10*time.Second, "the reconnect in the metrics", func() bool {
+		return gathered(t, reg)["tinkerfleet_nats_reconnects_total{}"] == 1
+	})
+	if got := gathered(t, reg)["tinkerfleet_nats_reconnects_total{}"]; got != 1 {
+		t.Errorf("reconnects_total %v after one drop and one reconnect, want 1", got)
 	}
 }
 

@@ -274,7 +274,7 @@ func Open(ctx context.Context, cfg Config) (*Worker, error) {
 	gate.limiter = w.limiter
 	w.samplers.client = client
 	w.models.client = client
-	w.metrics.watch(w.limiter, &w.pullHeld, w.backoff, learned, &w.resultsHeld, &w.memory, cfg.Queue.JS.Conn())
+	w.closers = append(w.closers, w.metrics.watch(w.limiter, &w.pullHeld, w.backoff, learned, &w.resultsHeld, &w.memory, cfg.Queue.JS.Conn()))
 	ok = true
 	return w, nil
 }
