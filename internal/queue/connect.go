@@ -98,6 +98,10 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		}
 	}
 	every := cmp.Or(cfg.stillDownEvery, defaultStillDownEvery)
+	// refusalWarned is whether a refusal of the credentials was warned of since the last drop:
+	// the first is, at once, and then warnWhileDown's warning says it every interval. Only the
+	// handlers touch it.
+	var refusalWarned bool
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -114,6 +118,7 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 				return // Close: nats.go reports its own close as a disconnect without an error
 			}
 			log.Warn("nats disconnected", "err", err)
+			refusalWarned = false
 			endDrop()
 			back = make(chan struct{})
 			go warnWhileDown(nc, log, every, down, back)
@@ -127,7 +132,7 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.FlusherTimeout(WriteTimeout),
 		nats.ReconnectOnFlusherError(),
-		nats.ErrorHandler(asyncErrorLogger(log)),
+		nats.ErrorHandler(asyncErrorLogger(log, &refusalWarned)),
 	}
 	auth := 0
 	if cfg.CredsFile != "" {
@@ -318,17 +323,19 @@ func redactURLs(list string) string {
 // for its messages, a permission refused, a watch whose heartbeats stopped) through log, which
 // nats.go would otherwise print to stderr in a format of its own. While the connection is
 // down they are the drop's echoes, which the disconnect warning already told: they go to debug.
-// A server's refusal of the credentials on reconnect is why the connection stays down, and a
-// warning, at most every authWarnEvery (nats.go reports each try, several a second).
-func asyncErrorLogger(log *slog.Logger) nats.ErrHandler {
-	var authWarned time.Time // nats.go calls the handler from one goroutine
+// A server's refusal of the credentials on reconnect is why the connection stays down: the
+// first of a drop is a warning (refusalWarned, which the disconnect handler resets; nats.go
+// calls both from one goroutine), and then warnWhileDown's warning says it every interval.
+// Each warned of it every 30 s before, twice the same news (nats.go reports each try, several
+// a second).
+func asyncErrorLogger(log *slog.Logger, refusalWarned *bool) nats.ErrHandler {
 	return func(nc *nats.Conn, sub *nats.Subscription, err error) {
 		level := slog.LevelWarn
 		if !nc.IsConnected() {
 			level = slog.LevelDebug
-			if authRefusal(err) && time.Since(authWarned) >= authWarnEvery {
-				level, authWarned = slog.LevelWarn, time.Now()
-				err = fmt.Errorf("%w: the server refused this connection's credentials on reconnect; trying again until it accepts them", err)
+			if authRefusal(err) && !*refusalWarned {
+				level, *refusalWarned = slog.LevelWarn, true
+				err = fmt.Errorf("%w: %s", err, refusedOnReconnect)
 			}
 		}
 		attrs := []any{"err", err}
@@ -338,6 +345,9 @@ func asyncErrorLogger(log *slog.Logger) nats.ErrHandler {
 		log.Log(context.Background(), level, "nats error", attrs...)
 	}
 }
+
+// refusedOnReconnect says what a refusal of the credentials on reconnect means.
+const refusedOnReconnect = "the server refused this connection's credentials on reconnect; trying again until it accepts them"
 
 // defaultStillDownEvery is how often a connection that stays down is warned of.
 const defaultStillDownEvery = 30 * time.Second
@@ -360,15 +370,14 @@ func warnWhileDown(nc *nats.Conn, log *slog.Logger, interval time.Duration, sinc
 			return
 		}
 		attrs := []any{"for", time.Since(since).Round(time.Second)}
-		if err := nc.LastError(); err != nil { // the last try's, unless it reached no server
+		if err := nc.LastError(); authRefusal(err) {
+			attrs = append(attrs, "err", fmt.Errorf("%w: %s", err, refusedOnReconnect))
+		} else if err != nil { // the last try's, unless it reached no server
 			attrs = append(attrs, "err", err)
 		}
 		log.Warn("nats still disconnected", attrs...)
 	}
 }
-
-// authWarnEvery is how often a refusal of the credentials on reconnect is warned of.
-const authWarnEvery = 30 * time.Second
 
 // authRefusal says err is a server's refusal of the connection's credentials.
 func authRefusal(err error) bool {

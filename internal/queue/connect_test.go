@@ -346,7 +346,7 @@ func TestConnectLogsNATSErrorsThatComeLater(t *testing.T) {
 	// While the connection is down, its subscriptions' complaints echo the drop, of which
 	// the disconnect warning told: they are for debugging.
 	var down testLog
-	report := asyncErrorLogger(slog.New(slog.NewTextHandler(&down, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	report := asyncErrorLogger(slog.New(slog.NewTextHandler(&down, &slog.HandlerOptions{Level: slog.LevelInfo})), new(bool))
 	nc.Close()
 	report(nc, nil, nats.ErrConsumerNotActive)
 	if down.String() != "" {
@@ -548,5 +548,40 @@ func TestATrailingLineEndOfAPasswordOrTokenIsNoPartOfIt(t *testing.T) {
 			t.Fatalf("token %q: %v", token, err)
 		}
 		nc.Close()
+	}
+}
+
+// TestARefusalOnReconnectIsWarnedOfOncePerInterval: while a server refused the connection's
+// credentials on reconnect, two warnings said so every 30 s: the refusal's ("nats error …
+// authorization violation") and the connection's still being down, whose last error is that
+// refusal. The refusal is now warned of once, at its first try, and then by the warning that
+// the connection is still down, which says what the refusal means.
+func TestARefusalOnReconnectIsWarnedOfOncePerInterval(t *testing.T) {
+	t.Parallel()
+	const every = 300 * time.Millisecond
+	port := freeAddr(t).Port
+	s := startServer(t, &server.Options{Port: port, Username: "fleet", Password: "s3cret"})
+	var logs testLog
+	nc, err := Connect(ConnectConfig{URL: s.ClientURL(), User: "fleet", Password: "s3cret", stillDownEvery: every,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s.Shutdown()
+	startServer(t, &server.Options{Port: port, Username: "fleet", Password: "rotated"})
+	waitFor(t, "a warning of the refusal", func() bool { return strings.Contains(logs.String(), "authorization violation") })
+	time.Sleep(10 * every)
+	out := logs.String()
+	// One at the first refusal, then one every interval: 11 in 10 intervals and a bit, give
+	// or take one for timing; about twice as many before.
+	if n := strings.Count(strings.ToLower(out), "authorization violation"); n > 13 {
+		t.Errorf("the refusal was warned of %d times in about 10 intervals of %v, want one an interval; log:\n%s", n, every, out)
+	}
+	if !strings.Contains(out, `msg="nats still disconnected"`) || !strings.Contains(out, "refused this connection's credentials") {
+		t.Errorf("want the still-down warning to say that the server refuses the credentials; log:\n%s", out)
+	}
+	if strings.Contains(out, "s3cret") || strings.Contains(out, "rotated") {
+		t.Errorf("the log shows a password:\n%s", out)
 	}
 }
