@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -119,22 +118,15 @@ func TestMetricsFollowTheNATSConnection(t *testing.T) {
 // dropping fired. It counts the times the connection was made again, as its help says.
 func TestReconnectsCountOnlyReconnects(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := emb.Server().Addr().(*net.TCPAddr).Port
-	b := &testBundle{emb: emb, tokens: builtinTokens()}
-	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	b := restartable(t)
 	q := b.connect(t)
 	reg := prometheus.NewRegistry()
 	b.open(t, q, Config{Concurrency: 1, Registerer: reg})
 	nc := q.JS.Conn()
-	emb.Shutdown()
+	b.emb.Shutdown()
 	fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
 	// A server on the same port that refuses the worker's (lack of) credentials.
-	refusing, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true, Username: "fleet", Password: "rotated"})
+	refusing, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: b.port, NoLog: true, NoSigs: true, Username: "fleet", Password: "rotated"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,11 +140,7 @@ func TestReconnectsCountOnlyReconnects(t *testing.T) {
 	}
 	refusing.Shutdown()
 	refusing.WaitForShutdown()
-	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
+	b.startAgain(t)
 	fleettest.Eventually(t, 10*time.Second, "the reconnect", nc.IsConnected)
 	fleettest.Eventually(t, 10*time.Second, "the reconnect in the metrics", func() bool {
 		return gathered(t, reg)["tinkerfleet_nats_reconnects_total{}"] == 1

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -117,14 +116,7 @@ func TestAStopWithNATSUpStillSettlesAndLeaves(t *testing.T) {
 // connection was down, it left status counting the stopped worker running for 15 s.
 func TestAStopDuringABriefReconnectStillRemovesThePresenceNote(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := emb.Server().Addr().(*net.TCPAddr).Port
-	b := &testBundle{emb: emb, tokens: builtinTokens()}
-	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	b := restartable(t)
 	w := b.open(t, b.connect(t), Config{Concurrency: 2})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -145,16 +137,11 @@ func TestAStopDuringABriefReconnectStillRemovesThePresenceNote(t *testing.T) {
 	probe := b.connect(t)
 	fleettest.Eventually(t, 10*time.Second, "the worker's presence note", func() bool { return present(probe) })
 
-	emb.Shutdown()
+	b.emb.Shutdown()
 	nc := w.cfg.Queue.JS.Conn()
 	fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
 	cancel() // the stop, while reconnecting
-	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Shutdown)
-	b.emb = emb
+	b.startAgain(t)
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -42,6 +42,9 @@ type testBundle struct {
 	qcfg    queue.Config
 	tokens  *tokenizer.Registry
 	results *queue.Queue // a queue on its own connection, for the test's reads
+	// store and port are the NATS server's, for a test that starts it again (restartable).
+	store string
+	port  int
 }
 
 // builtinTokens is the registry of the built-in tokenizers that the tests share: loading
@@ -58,6 +61,28 @@ func setup(t *testing.T, qcfg queue.Config, sim tinkersim.Config) *testBundle {
 	b.tokens = builtinTokens()
 	b.results = b.connect(t)
 	return b
+}
+
+// restartable is a bundle (a default simulator, no results connection) whose NATS server the
+// test may stop (b.emb.Shutdown) and start again on the same store and port (startAgain), as
+// a server restart or a failover does.
+func restartable(t *testing.T) *testBundle {
+	t.Helper()
+	b := &testBundle{store: t.TempDir(), port: -1, tokens: builtinTokens()}
+	b.startAgain(t)
+	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	return b
+}
+
+// startAgain starts b's NATS server on its store and port: again, after b.emb.Shutdown.
+func (b *testBundle) startAgain(t *testing.T) {
+	t.Helper()
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: b.store, Port: b.port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Shutdown)
+	b.emb, b.port = emb, emb.Server().Addr().(*net.TCPAddr).Port
 }
 
 // connect opens a connection of its own (a worker's, or the test's) and sets up the queue.
@@ -1916,15 +1941,7 @@ func TestALone429HoldsALimitOnlyOnProbation(t *testing.T) {
 // capacity a leaver freed stayed unused.
 func TestWatchesFollowARestartedServer(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emb.Shutdown() })
-	port := emb.Server().Addr().(*net.TCPAddr).Port
-	b := &testBundle{emb: emb, tokens: builtinTokens()}
-	b.sim, b.simURL = fleettest.Sim(t, tinkersim.Config{})
+	b := restartable(t)
 	w := b.open(t, b.connect(t), Config{Concurrency: 4, CapacityTTL: time.Minute})
 	run(t, w)
 	ctx := context.Background()
@@ -1966,12 +1983,8 @@ func TestWatchesFollowARestartedServer(t *testing.T) {
 	})
 	hold()
 
-	emb.Shutdown()
-	emb, err = queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: port})
-	b.emb = emb
-	if err != nil {
-		t.Fatal(err)
-	}
+	b.emb.Shutdown()
+	b.startAgain(t)
 	nc := w.cfg.Queue.JS.Conn()
 	fleettest.Eventually(t, 10*time.Second, "the worker to reconnect", nc.IsConnected)
 	q = b.connect(t)
