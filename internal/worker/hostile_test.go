@@ -60,6 +60,24 @@ func resultSchema(t *testing.T) *jsonschema.Schema {
 	return s
 }
 
+// checkedResults waits for n results of batch, checks each (checkResult) and that no job has
+// two, and returns them by custom id.
+func checkedResults(t *testing.T, q *queue.Queue, batch string, n int) map[string]jobs.Result {
+	t.Helper()
+	s := resultSchema(t)
+	got := make(map[string]jobs.Result, n)
+	for _, data := range fleettest.RawResults(t, q, batch, n, 20*time.Second) {
+		r := checkResult(t, s, data)
+		if _, dup := got[r.CustomID]; dup {
+			t.Errorf("two results for %q", r.CustomID)
+		}
+		got[r.CustomID] = r
+	}
+	return got
+}
+
+// checkResult checks a result's JSON against result.schema.json, and that it holds no
+// secret, and decodes it.
 func checkResult(t *testing.T, s *jsonschema.Schema, data []byte) jobs.Result {
 	t.Helper()
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
@@ -170,15 +188,7 @@ func TestHostileJobsEachEndWithOneResult(t *testing.T) {
 	for _, c := range cases {
 		publishRaw(t, b.results, c.job)
 	}
-	s := resultSchema(t)
-	got := map[string]jobs.Result{}
-	for _, data := range fleettest.RawResults(t, b.results, "h", len(cases), 20*time.Second) {
-		r := checkResult(t, s, data)
-		if _, dup := got[r.CustomID]; dup {
-			t.Errorf("two results for %q", r.CustomID)
-		}
-		got[r.CustomID] = r
-	}
+	got := checkedResults(t, b.results, "h", len(cases))
 	for _, c := range cases {
 		r, ok := got[c.id]
 		switch {
@@ -338,12 +348,7 @@ func TestACompressedJobIsRefusedAsCompressed(t *testing.T) {
 	// A compressed message without the custom id header names no job: it is dropped, and
 	// ends without a result, as before.
 	publishRaw(t, b.results, rawJob{batch: "c", header: hdr(""), data: zstdOf(t, line("unnamed"))})
-	s := resultSchema(t)
-	got := map[string]jobs.Result{}
-	for _, data := range fleettest.RawResults(t, b.results, "c", len(cases), 20*time.Second) {
-		r := checkResult(t, s, data)
-		got[r.CustomID] = r
-	}
+	got := checkedResults(t, b.results, "c", len(cases))
 	for _, c := range cases {
 		r, ok := got[c.id]
 		switch {
