@@ -73,7 +73,12 @@ func TestAPublishInterruptedAnywhereIsCompletedOnce(t *testing.T) {
 		_, stderr, err := f.submit(cut, args...)
 		sub.Unsubscribe()
 		interrupt()
-		if k < valid && !errors.Is(err, errInterrupted) {
+		// The interrupt comes from a subscriber that hears of the k-th job after the server
+		// stored it: a run with a few jobs left may publish them, and write its manifest,
+		// before it sees the interrupt (k = valid-1 did, once, on a loaded machine). Either
+		// way the checks below hold.
+		const late = 64
+		if k < valid-late && !errors.Is(err, errInterrupted) {
 			t.Fatalf("k=%d: the interrupted run: %v, want interrupted\n%s", k, err, stderr)
 		}
 		if _, stderr, err := f.submit(ctx, args...); err != nil {
