@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -99,5 +100,30 @@ func TestDryRunAsksForAMissingTokenizerOnce(t *testing.T) {
 	}
 	if want := "meta-llama/Llama-3.1-8B: prompt tokens not counted for 50 of 50 jobs: tokenizer:"; !strings.Contains(stdout.String(), want) {
 		t.Errorf("the dry run does not say %q:\n%s", want, stdout.String())
+	}
+}
+
+// TestATokenizerDirThatIsNotThereIsRefused: a --tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR)
+// that does not exist, a typo, was passed over without a word by --dry-run and the local
+// worker, which took every tokenizer from the HF cache or the hub instead. It is refused
+// before anything is read or started, named.
+func TestATokenizerDirThatIsNotThereIsRefused(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "tokenizres")
+	file := writeLines(t, []string{`{"custom_id":"a","model":"Qwen/Qwen3-8B","prompt":"Hi","sampling_params":{"max_tokens":5}}`})
+	for _, tc := range []struct {
+		args []string
+		vars map[string]string
+	}{
+		{[]string{"--dry-run", "--tokenizer-dir", missing, file}, nil},
+		{[]string{"--dry-run", file}, map[string]string{"TINKERFLEET_TOKENIZER_DIR": missing}},
+		{[]string{"--local", "--simulate", "--data-dir", t.TempDir(), file}, map[string]string{"TINKERFLEET_TOKENIZER_DIR": missing}},
+	} {
+		env := quietEnv()
+		env.getenv = func(k string) string { return tc.vars[k] }
+		err := run(context.Background(), tc.args, env)
+		if err == nil || !strings.Contains(err.Error(), "--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR)") || !strings.Contains(err.Error(), missing) {
+			t.Errorf("submit %q with %v: %v, want an error naming --tokenizer-dir and %s", tc.args, tc.vars, err, missing)
+		}
 	}
 }

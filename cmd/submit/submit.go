@@ -121,6 +121,12 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 			return fmt.Errorf("the local worker needs a Tinker key (or --simulate): %w", err)
 		}
 	}
+	if o.conn.conn.URL == "" || o.conn.local || o.dryRun {
+		// Where the local worker and the dry run find tokenizers, before a line is read.
+		if err := tokenizer.CheckDir(o.local.tokenizerDir); err != nil {
+			return fmt.Errorf("--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR) %w", err)
+		}
+	}
 	if o.batchID != "" {
 		if err := queue.ValidateBatchID(o.batchID); err != nil {
 			return err

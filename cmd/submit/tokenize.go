@@ -59,6 +59,11 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if fs.NArg() > 0 {
 		return fmt.Errorf("tokenize: unexpected arguments %q", fs.Args())
 	}
+	if *path == "" && (*model != "" || *jobLines) { // else the tokenizer at path serves every line
+		if err := tokenizer.CheckDir(os.Getenv("TINKERFLEET_TOKENIZER_DIR")); err != nil {
+			return fmt.Errorf("tokenize: TINKERFLEET_TOKENIZER_DIR %w", err)
+		}
+	}
 	if *jobLines {
 		if *decode || *count || *raw || *jsonIn {
 			return errors.New("tokenize: --jobs takes no --decode, --count, --raw or --json")

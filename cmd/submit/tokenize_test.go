@@ -233,3 +233,21 @@ func TestTokenizeJobsPrintsThePromptAWorkerSends(t *testing.T) {
 		t.Errorf("stdout holds %d lines, want the %d good ones, the last after the bad:\n%s", got, want, out.String())
 	}
 }
+
+// TestTokenizeRefusesATokenizerDirThatIsNotThere: submit tokenize --model (and --jobs) finds
+// tokenizers through TINKERFLEET_TOKENIZER_DIR; one that does not exist, a typo, was passed
+// over without a word for the built-in, cached or downloaded tokenizer.
+func TestTokenizeRefusesATokenizerDirThatIsNotThere(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "tokenizres")
+	t.Setenv("TINKERFLEET_TOKENIZER_DIR", missing)
+	t.Setenv("HF_HUB_OFFLINE", "1")
+	for stdin, args := range map[string][]string{
+		"Hi\n": {"--model", "Qwen/Qwen3-8B"},
+		`{"custom_id":"a","model":"Qwen/Qwen3-8B","prompt":"Hi"}` + "\n": {"--jobs"},
+	} {
+		_, err := runTok(t, stdin, args...)
+		if err == nil || !strings.Contains(err.Error(), "TINKERFLEET_TOKENIZER_DIR") || !strings.Contains(err.Error(), missing) {
+			t.Errorf("tokenize %q: %v, want an error naming TINKERFLEET_TOKENIZER_DIR and %s", args, err, missing)
+		}
+	}
+}

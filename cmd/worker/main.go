@@ -112,6 +112,9 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 		// nats-server cannot listen on it, and says nothing: the worker would wait 30 s for it.
 		return o, fmt.Errorf("--embedded-port (or TINKERFLEET_EMBEDDED_PORT) %d: want a port up to 65535, or -1 for any free one", o.embeddedPort)
 	}
+	if err := tokenizer.CheckDir(o.tokenizerDir); err != nil {
+		return o, fmt.Errorf("--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR) %w", err)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return o, fmt.Errorf("--log-level (or TINKERFLEET_LOG_LEVEL) %q: want debug, info, warn or error", o.logLevel)

@@ -668,3 +668,26 @@ func TestAnEmbeddedServerOffLoopbackIsSaidToHaveNoAuthentication(t *testing.T) {
 		}
 	}
 }
+
+// TestATokenizerDirThatIsNotThereIsRefused: a --tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR)
+// that does not exist, a typo, was passed over without a word: the worker started, and every
+// tokenizer came from the HF cache or the hub instead. It is refused at start-up, named.
+func TestATokenizerDirThatIsNotThereIsRefused(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "tokenizres")
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--embedded-nats", "--tokenizer-dir", missing}, nil},
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_TOKENIZER_DIR": missing}},
+	} {
+		_, err := parseFlags(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR)") || !strings.Contains(err.Error(), missing) {
+			t.Errorf("parseFlags(%q, %v): %v, want an error naming --tokenizer-dir and %s", tc.args, tc.env, err, missing)
+		}
+	}
+	there := t.TempDir()
+	if o, err := parseFlags([]string{"--embedded-nats", "--tokenizer-dir", there}, env(nil), io.Discard); err != nil || o.tokenizerDir != there {
+		t.Errorf("an existing --tokenizer-dir: %q, %v", o.tokenizerDir, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -137,6 +138,23 @@ func readTokenFile(path string) string {
 // which net/http refuses in a header: every download failed. "" (only white space) is none.
 func cleanToken(s string) string {
 	return strings.TrimSpace(strings.NewReplacer("\r", "", "\n", "").Replace(s))
+}
+
+// CheckDir returns an error naming dir, an Options.Dir, if it is set but cannot be found. A
+// Registry looks in it for every tokenizer and goes on to the HF cache and the hub when a
+// tokenizer is not there, so that a mistyped path was passed over without a word: programs
+// check it at start-up.
+func CheckDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if _, err := os.Stat(dir); err != nil {
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = pe.Err // its text repeats the path
+		}
+		return fmt.Errorf("%q: %w", dir, err)
+	}
+	return nil
 }
 
 // TokenizerID maps a model name to the HuggingFace repository of its
