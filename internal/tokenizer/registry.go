@@ -578,13 +578,19 @@ func stallCause(ctx context.Context, err error) error {
 	return err
 }
 
+// staleTemp is the age past which a temporary file of writeAtomic is taken for one that a
+// process killed mid-write left behind: a write, from memory, takes well under a second.
+const staleTemp = time.Hour
+
 // writeAtomic writes data to path through a temporary file in the same
-// directory and a rename, so readers never see a partial file.
+// directory and a rename, so readers never see a partial file. It first removes the
+// temporary files older than staleTemp that processes killed mid-write left in the directory.
 func writeAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	removeStaleTemps(dir)
 	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -608,4 +614,22 @@ func writeAtomic(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// removeStaleTemps removes the temporary files of writeAtomic (".tmp-…") in dir that are older
+// than staleTemp. A younger one may be another process's write under way, and is left. It is
+// tidying only: what cannot be read or removed is left as it is.
+func removeStaleTemps(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), ".tmp-") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleTemp {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }

@@ -732,3 +732,46 @@ func TestASlowDownloadGoesOnAndAStalledOneIsGivenUp(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestStaleTemporaryFilesAreRemovedFromTheCache: a download is written into the cache through
+// a temporary file (.tmp-…) and a rename; a process killed in between left its temporary file
+// there for ever, one more at every such kill. The next write into that directory removes
+// those older than staleTemp, and leaves a newer one alone: another process may be writing it.
+func TestStaleTemporaryFilesAreRemovedFromTheCache(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t)}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	home := t.TempDir()
+	repo := filepath.Join(home, "hub", "models--org--mini")
+	snap, refs := filepath.Join(repo, "snapshots", "0123abcd"), filepath.Join(repo, "refs")
+	long := time.Now().Add(-staleTemp - time.Minute)
+	var stale, fresh []string
+	for _, dir := range []string{snap, refs} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		old, now := filepath.Join(dir, ".tmp-killed-123"), filepath.Join(dir, ".tmp-writing-456")
+		for _, p := range []string{old, now} {
+			if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chtimes(old, long, long); err != nil {
+			t.Fatal(err)
+		}
+		stale, fresh = append(stale, old), append(fresh, now)
+	}
+	if _, err := NewRegistry(Options{HFHome: home, Endpoint: srv.URL}).ForID(context.Background(), "org/mini"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range stale {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("a temporary file older than %s was left: %s", staleTemp, p)
+		}
+	}
+	for _, p := range fresh {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a recent temporary file (another process's write) was removed: %v", err)
+		}
+	}
+}
