@@ -176,7 +176,8 @@ func TokenizerID(model string) string {
 
 // Registry finds, loads and keeps tokenizers, one per tokenizer id for the
 // life of the process. Concurrent requests for the same id share one load.
-// A failed load answers for failedLoadMemory, then a later call tries again.
+// A failed load answers for failedLoadMemory, then a later call tries again; a load that
+// panics fails so, with the panic named, and the panic goes on in the request that loaded.
 type Registry struct {
 	opts    Options
 	now     func() time.Time // time.Now; a test's clock
@@ -281,17 +282,22 @@ func (r *Registry) ForID(ctx context.Context, id string) (*Tokenizer, error) {
 		e = &regEntry{done: make(chan struct{})}
 		r.entries[id] = e
 		r.mu.Unlock()
-		tok, err := r.load(ctx, id)
-		r.mu.Lock() // failedAt is read under it, by requests that find e done
-		e.tok, e.err = tok, err
-		if err != nil {
-			if ctx.Err() != nil {
-				delete(r.entries, id) // this request's end, not the tokenizer's failure
+		settled := false
+		defer func() {
+			if settled {
+				return
 			}
-			e.failedAt = r.now()
-		}
-		r.mu.Unlock()
-		close(e.done)
+			// The load panicked: its waiters, which would wait for ever, get an error that names
+			// the panic, and the panic goes on (the worker turns it into an error result).
+			p := recover()
+			r.settle(ctx, id, e, nil, fmt.Errorf("tokenizer %s: its load panicked: %v", id, p))
+			if p != nil {
+				panic(p)
+			}
+		}()
+		tok, err := r.load(ctx, id)
+		settled = true
+		r.settle(ctx, id, e, tok, err)
 		return tok, err
 	}
 	r.mu.Unlock()
@@ -301,6 +307,21 @@ func (r *Registry) ForID(ctx context.Context, id string) (*Tokenizer, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("tokenizer %s: %w", id, ctx.Err())
 	}
+}
+
+// settle ends the load of entry e (of tokenizer id, by a request whose context is ctx) with
+// tok or err, and wakes its waiters.
+func (r *Registry) settle(ctx context.Context, id string, e *regEntry, tok *Tokenizer, err error) {
+	r.mu.Lock() // failedAt is read under it, by requests that find e done
+	e.tok, e.err = tok, err
+	if err != nil {
+		if ctx.Err() != nil {
+			delete(r.entries, id) // this request's end, not the tokenizer's failure
+		}
+		e.failedAt = r.now()
+	}
+	r.mu.Unlock()
+	close(e.done)
 }
 
 func (r *Registry) load(ctx context.Context, id string) (*Tokenizer, error) {

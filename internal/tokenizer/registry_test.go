@@ -775,3 +775,51 @@ func TestStaleTemporaryFilesAreRemovedFromTheCache(t *testing.T) {
 		}
 	}
 }
+
+// panickingTransport panics in RoundTrip once release is closed, after saying it was reached.
+type panickingTransport struct{ reached, release chan struct{} }
+
+func (p panickingTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	close(p.reached)
+	<-p.release
+	panic("transport exploded")
+}
+
+// TestALoadThatPanicsFailsItsWaiters: the worker turns a panic into an error result and goes
+// on, so that a load that panicked (a bug met on some tokenizer.json, say) was recovered far
+// above ForID and left its entry loading for ever: every request for that tokenizer, then
+// and later, waited for it until its context ended, a worker's job for as long as it runs.
+// The panic now fails the load for its waiters, with the panic named, and goes on up to the
+// request that loaded.
+func TestALoadThatPanicsFailsItsWaiters(t *testing.T) {
+	tr := panickingTransport{reached: make(chan struct{}), release: make(chan struct{})}
+	reg := NewRegistry(Options{HFHome: t.TempDir(), Endpoint: "http://hub.invalid", HTTPClient: &http.Client{Transport: tr}})
+	loaderPanic := make(chan any, 1)
+	go func() {
+		defer func() { loaderPanic <- recover() }()
+		_, _ = reg.ForID(context.Background(), "org/mini")
+	}()
+	<-tr.reached
+	waited := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := reg.ForID(ctx, "org/mini")
+		waited <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the waiter finds the load under way
+	close(tr.release)
+	if p := <-loaderPanic; p != "transport exploded" {
+		t.Errorf("the loading request recovered %v, want the panic itself", p)
+	}
+	check := func(who string, err error) {
+		if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "panicked") || !strings.Contains(err.Error(), "transport exploded") {
+			t.Errorf("%s: %v, want an error naming the panic", who, err)
+		}
+	}
+	check("a request waiting on the load", <-waited)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := reg.ForID(ctx, "org/mini")
+	check("a request after the panic", err)
+}
