@@ -53,12 +53,15 @@ type Options struct {
 	HubCache string
 	// Endpoint is the hub (env HF_ENDPOINT); DefaultEndpoint when empty.
 	Endpoint string
-	// Token is sent as "Authorization: Bearer" (env HF_TOKEN, else the
-	// token file). It never appears in errors or logs.
+	// Token is sent as "Authorization: Bearer" (env HF_TOKEN, else
+	// HUGGING_FACE_HUB_TOKEN, else the token file). It never appears in errors or logs.
 	Token string
+	// TokenVar is the environment variable OptionsFromEnv read Token from (HF_TOKEN or
+	// HUGGING_FACE_HUB_TOKEN), which a refused download names; empty means HF_TOKEN.
+	TokenVar string
 	// TokenFile is the token file OptionsFromEnv read Token from, or looked
 	// for without finding one (env HF_TOKEN_PATH, default HFHome/token, where
-	// `huggingface-cli login` writes it); empty when Token came from HF_TOKEN.
+	// `huggingface-cli login` writes it); empty when Token came from TokenVar.
 	// A refused download names it.
 	TokenFile string
 	// Offline forbids downloads (env HF_HUB_OFFLINE=1).
@@ -75,8 +78,9 @@ type Options struct {
 // OptionsFromEnv reads TINKERFLEET_TOKENIZER_DIR, HF_HOME (default
 // $XDG_CACHE_HOME/huggingface or $HOME/.cache/huggingface), HF_HUB_CACHE
 // (or HUGGINGFACE_HUB_CACHE), HF_ENDPOINT,
-// HF_TOKEN and HF_HUB_OFFLINE through getenv (normally os.Getenv). Without
-// HF_TOKEN, the token is read from the file huggingface_hub reads it from:
+// HF_TOKEN (or, unset or empty, the older HUGGING_FACE_HUB_TOKEN, as huggingface_hub reads
+// them) and HF_HUB_OFFLINE through getenv (normally os.Getenv). Without
+// a token there, it is read from the file huggingface_hub reads it from:
 // HF_TOKEN_PATH, default $HF_HOME/token (a Kubernetes secret mounted as a
 // file, or `huggingface-cli login`'s); a missing file means no token. Either is
 // cleaned as huggingface_hub cleans it (cleanToken).
@@ -86,8 +90,13 @@ func OptionsFromEnv(getenv func(string) string) Options {
 		HFHome:   getenv("HF_HOME"),
 		HubCache: getenv("HF_HUB_CACHE"),
 		Endpoint: getenv("HF_ENDPOINT"),
-		Token:    cleanToken(getenv("HF_TOKEN")),
+		TokenVar: "HF_TOKEN",
 	}
+	token := getenv("HF_TOKEN")
+	if token == "" { // huggingface_hub: HF_TOKEN or HUGGING_FACE_HUB_TOKEN, then cleaned
+		token, o.TokenVar = getenv("HUGGING_FACE_HUB_TOKEN"), "HUGGING_FACE_HUB_TOKEN"
+	}
+	o.Token = cleanToken(token)
 	if o.HubCache == "" {
 		o.HubCache = getenv("HUGGINGFACE_HUB_CACHE")
 	}
@@ -103,6 +112,7 @@ func OptionsFromEnv(getenv func(string) string) Options {
 		}
 	}
 	if o.Token == "" {
+		o.TokenVar = ""
 		o.TokenFile = getenv("HF_TOKEN_PATH")
 		if o.TokenFile == "" && o.HFHome != "" {
 			o.TokenFile = filepath.Join(o.HFHome, "token")
@@ -132,10 +142,11 @@ func readTokenFile(path string) string {
 	return cleanToken(string(data))
 }
 
-// cleanToken is a token as huggingface_hub reads it from HF_TOKEN or the token file
-// (_clean_token): without line breaks, nor the white space around it. A secret handed to a
-// container as an environment variable often keeps the newline of the file it was made from,
-// which net/http refuses in a header: every download failed. "" (only white space) is none.
+// cleanToken is a token as huggingface_hub reads it from HF_TOKEN, HUGGING_FACE_HUB_TOKEN or
+// the token file (_clean_token): without line breaks, nor the white space around it. A secret
+// handed to a container as an environment variable often keeps the newline of the file it was
+// made from, which net/http refuses in a header: every download failed. "" (only white space)
+// is none.
 func cleanToken(s string) string {
 	return strings.TrimSpace(strings.NewReplacer("\r", "", "\n", "").Replace(s))
 }
@@ -566,7 +577,11 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		case r.opts.Token != "" && r.opts.TokenFile != "":
 			hint = "the token of " + r.opts.TokenFile + " was sent but has no access (gated model? accept its licence on the hub)"
 		case r.opts.Token != "":
-			hint = "HF_TOKEN was sent but has no access (gated model? accept its licence on the hub)"
+			name := r.opts.TokenVar
+			if name == "" {
+				name = "HF_TOKEN"
+			}
+			hint = name + " was sent but has no access (gated model? accept its licence on the hub)"
 		case r.opts.TokenFile != "":
 			hint = "set HF_TOKEN, or put a token in " + r.opts.TokenFile
 		}

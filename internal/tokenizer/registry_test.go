@@ -823,3 +823,29 @@ func TestALoadThatPanicsFailsItsWaiters(t *testing.T) {
 	_, err := reg.ForID(ctx, "org/mini")
 	check("a request after the panic", err)
 }
+
+// TestHuggingFaceHubTokenIsReadAfterHFToken: huggingface_hub reads the token from HF_TOKEN or,
+// failing that, the older HUGGING_FACE_HUB_TOKEN (utils/_auth.py, _get_token_from_environment),
+// before the token file; a deployment that still set the older name had its gated
+// tokenizers refused here. It is read as HF_TOKEN is, after it, and a refusal names it.
+func TestHuggingFaceHubTokenIsReadAfterHFToken(t *testing.T) {
+	h := &hub{data: miniTokenizerJSON(t), token: "hf_secret_value"}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	download := func(env map[string]string) error {
+		env["HF_ENDPOINT"], env["HF_HOME"] = srv.URL, t.TempDir()
+		_, err := NewRegistry(OptionsFromEnv(func(k string) string { return env[k] })).ForID(context.Background(), "org/mini")
+		return err
+	}
+	if err := download(map[string]string{"HUGGING_FACE_HUB_TOKEN": " hf_secret_value\r\n"}); err != nil {
+		t.Errorf("HUGGING_FACE_HUB_TOKEN alone: %v", err)
+	}
+	err := download(map[string]string{"HF_TOKEN": "hf_other_value", "HUGGING_FACE_HUB_TOKEN": "hf_secret_value"})
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "HF_TOKEN was sent") {
+		t.Errorf("HF_TOKEN beside HUGGING_FACE_HUB_TOKEN: want HF_TOKEN sent and refused, got %v", err)
+	}
+	err = download(map[string]string{"HUGGING_FACE_HUB_TOKEN": "hf_wrong_xyz"})
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "HUGGING_FACE_HUB_TOKEN was sent") || strings.Contains(err.Error(), "hf_wrong_xyz") {
+		t.Errorf("a wrong HUGGING_FACE_HUB_TOKEN: want a refusal naming it without the token, got %v", err)
+	}
+}
