@@ -24,8 +24,9 @@ var (
 	// ErrNotFound means the hub has no such repository or file (HTTP 404),
 	// or the tokenizer is not available locally while offline.
 	ErrNotFound = errors.New("tokenizer not found")
-	// ErrUnauthorized means the hub refused the download (HTTP 401/403):
-	// the repository is gated or private and HF_TOKEN is missing or lacks access.
+	// ErrUnauthorized means the hub refused the download (HTTP 401/403): the repository is
+	// gated or private and HF_TOKEN is missing or lacks access; or the host the hub redirected
+	// the download to (its CDN) refused it.
 	ErrUnauthorized = errors.New("tokenizer download unauthorized")
 	// ErrUnsupported means the tokenizer's files were found but cannot be used: they are not
 	// a tokenizer.json, or one this package would not reproduce exactly (Parse). They are the
@@ -568,9 +569,18 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		return nil, "", fmt.Errorf("download %s: %w", u, stallCause(ctx, err))
 	}
 	defer resp.Body.Close()
+	// A file in LFS or Xet is a redirect to a CDN, past the hub's check of the token: what the
+	// CDN answers is named by its host (only: a signed URL's query is a credential).
+	who, redirected := "hub", resp.Request != nil && resp.Request.URL.Host != req.URL.Host
+	if redirected {
+		who = resp.Request.URL.Host
+	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
-		return nil, "", fmt.Errorf("download %s: hub answered 404 (no such repository or file): %w", u, ErrNotFound)
+		return nil, "", fmt.Errorf("download %s: %s answered 404 (no such repository or file): %w", u, who, ErrNotFound)
+	case (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && redirected:
+		return nil, "", fmt.Errorf("download %s: %s answered %d to the hub's redirect; the hub accepted the request, so the refusal is that host's (a proxy in the way?): %w",
+			u, who, resp.StatusCode, ErrUnauthorized)
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		hint := "set HF_TOKEN"
 		switch {
@@ -587,7 +597,7 @@ func (r *Registry) fetch(ctx context.Context, id, file string) ([]byte, string, 
 		}
 		return nil, "", fmt.Errorf("download %s: hub answered %d; %s: %w", u, resp.StatusCode, hint, ErrUnauthorized)
 	case resp.StatusCode != http.StatusOK:
-		return nil, "", fmt.Errorf("download %s: hub answered %s", u, resp.Status)
+		return nil, "", fmt.Errorf("download %s: %s answered %s", u, who, resp.Status)
 	}
 	stalled.Reset(r.stall)
 	data, err := io.ReadAll(io.LimitReader(&stallReader{r: resp.Body, timer: stalled, stall: r.stall}, maxTokenizerJSON+1))

@@ -849,3 +849,37 @@ func TestHuggingFaceHubTokenIsReadAfterHFToken(t *testing.T) {
 		t.Errorf("a wrong HUGGING_FACE_HUB_TOKEN: want a refusal naming it without the token, got %v", err)
 	}
 }
+
+// TestARefusalByTheCDNNamesItsHost: the hub answers for a file in LFS or Xet with a redirect to
+// its CDN, having checked the token; a 401/403 of the CDN (a signed URL expired, a proxy that
+// blocks the CDN's host) was reported as the hub's, with a hint that HF_TOKEN is missing or
+// has no access, where the hub had accepted it. It names the host that refused, and neither
+// the token nor the signed URL's query.
+func TestARefusalByTheCDNNamesItsHost(t *testing.T) {
+	const token = "hf_secret_value"
+	cdn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "Request has expired", http.StatusForbidden)
+	}))
+	defer cdn.Close()
+	hubSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, "gated", http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("X-Repo-Commit", "0123abcd")
+		http.Redirect(w, r, cdn.URL+"/blob?X-Amz-Signature=sig_value_xyz", http.StatusFound)
+	}))
+	defer hubSrv.Close()
+	cdnHost := strings.TrimPrefix(cdn.URL, "http://")
+	for _, opts := range []Options{{Token: token}, {Token: token, TokenFile: "/run/secrets/hf-token"}} {
+		opts.HFHome, opts.Endpoint = t.TempDir(), hubSrv.URL
+		_, err := NewRegistry(opts).ForID(context.Background(), "org/mini")
+		if err == nil || !strings.Contains(err.Error(), cdnHost+" answered 403") || strings.Contains(err.Error(), "hub answered") ||
+			strings.Contains(err.Error(), "no access") {
+			t.Errorf("a CDN's 403 (token file %q): %v, want an error naming %s as the host that refused, not the token", opts.TokenFile, err, cdnHost)
+		}
+		if err != nil && (strings.Contains(err.Error(), token) || strings.Contains(err.Error(), "sig_value_xyz")) {
+			t.Errorf("the error shows the token or the signed URL: %v", err)
+		}
+	}
+}
