@@ -49,8 +49,9 @@ func TestSignalsRacingOnADeletedKeyAllSucceed(t *testing.T) {
 		if err := kv.Delete(ctx, "acct"); err != nil {
 			t.Fatal(err)
 		}
-		// Each round asks for a longer pause than the last, which no fleet holds yet.
-		d := time.Duration(round) * time.Hour
+		// Each round asks for a longer pause than the last, which no fleet holds yet (and
+		// within the longest a fleet honours, backoff.MaxPause).
+		d := time.Duration(round) * 5 * time.Minute
 		errs := make(chan error, signallers)
 		var wg sync.WaitGroup
 		for _, f := range fleets {
