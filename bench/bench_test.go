@@ -325,17 +325,24 @@ func TestPropagationTimesAreOfTheirOwnSignal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a few seconds of signals")
 	}
-	fleet, raw, err := propagation(context.Background(), 2, 10000)
+	// Each signal is a second longer than the last, up to backoff.MaxPause, so that it extends
+	// the deadline the others hold. Signals of an hour and more were all cut to one hour: the
+	// later ones found it held and wrote nothing, and each trial timed an earlier arrival.
+	const trials = 3000
+	fleet, raw, err := propagation(context.Background(), 2, trials)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(fleet) != 10000 || len(raw) != 10000 {
-		t.Fatalf("%d fleet and %d raw times, want 10000 each", len(fleet), len(raw))
+	if len(fleet) != trials || len(raw) != trials {
+		t.Fatalf("%d fleet and %d raw times, want %d each", len(fleet), len(raw), trials)
 	}
 	for k, d := range fleet {
 		if d <= 0 {
 			t.Fatalf("trial %d: propagation %v", k, d)
 		}
+	}
+	if _, _, err := propagation(context.Background(), 2, 4000); err == nil {
+		t.Error("4000 signals, the last longer than backoff.MaxPause: want an error, not times of signals cut short")
 	}
 }
 

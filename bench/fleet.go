@@ -128,6 +128,12 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return s[max(0, int(math.Ceil(q*float64(len(s))))-1)] // nearest rank
 }
 
+// The pause of propagation's first signal, and how much longer each next one is.
+const (
+	propagationFirst = time.Minute
+	propagationStep  = time.Second
+)
+
 // propagation signals on one of n fleets trials times and times how long until all the others
 // hold the new deadline; it does the same with a raw core NATS fan-out.
 func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration, err error) {
@@ -180,10 +186,17 @@ func propagation(ctx context.Context, n, trials int) (fleet, raw []time.Duration
 			return nil, nil, err
 		}
 	}
+	// Each signal is propagationStep longer than the last, so it always extends the deadline,
+	// by far more than any clock-offset bound and than Signal's slack (a deadline within 250
+	// ms of the new one is kept, unwritten); and none is longer than backoff.MaxPause, at which
+	// Signal cuts it: signals of an hour and more all came out at one hour, the later ones
+	// wrote nothing, and each trial read the previous signal's arrival (times of zero or less).
+	if last := propagationFirst + time.Duration(trials-1)*propagationStep; last > backoff.MaxPause {
+		return nil, nil, fmt.Errorf("%d signals would reach %s, longer than backoff.MaxPause (%s): at most %d",
+			trials, last, backoff.MaxPause, int((backoff.MaxPause-propagationFirst)/propagationStep)+1)
+	}
 	for k := range trials {
-		// Each signal is a second longer than the last, so it always extends, by far more
-		// than any clock-offset bound.
-		d := time.Hour + time.Duration(k)*time.Second
+		d := propagationFirst + time.Duration(k)*propagationStep
 		t0 := time.Now()
 		if err := fs[0].Signal(ctx, "bench", d); err != nil {
 			return nil, nil, err
