@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
 // TestTokenizerComparison runs comparison 6 on a 50 kB corpus and checks its table.
@@ -65,6 +67,34 @@ func TestThroughputOneWorker(t *testing.T) {
 	tb.print(&out)
 	if !strings.Contains(out.String(), "worker-bound, 1 worker(s)") {
 		t.Fatalf("printed table lacks the case:\n%s", out.String())
+	}
+}
+
+// TestThroughputCountsJobsDone: a job is done when its result is stored. With a results
+// stream that stores one result and refuses the rest, the worker holds its jobs and stores
+// no more; the simulator still completed a sample for each of its free job slots (here 2,000
+// against a capacity of 64: six seconds at the ideal), and counted so, the rate read the ideal.
+func TestThroughputCountsJobsDone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a worker for a few seconds")
+	}
+	sc := scenario{name: "results refused", capacity: 64, concurrency: 2000,
+		beforeStart: func(ctx context.Context, q *queue.Queue) error {
+			info, err := q.Results.Info(ctx)
+			if err != nil {
+				return err
+			}
+			cfg := info.Config
+			cfg.MaxMsgs = 1 // with DiscardNew: the second result is refused
+			_, err = q.JS.UpdateStream(ctx, cfg)
+			return err
+		}}
+	res, err := measureThroughput(context.Background(), sc, 1, 300*time.Millisecond, 1500*time.Millisecond, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ideal != 320 || res.rate > 0.1*res.ideal {
+		t.Fatalf("%.1f jobs/s against the ideal %.1f, with no result stored after the first: want at most a tenth", res.rate, res.ideal)
 	}
 }
 

@@ -19,6 +19,9 @@ type scenario struct {
 	name        string
 	capacity    int // simulator capacity
 	concurrency int // per worker
+	// beforeStart, when set, runs once the workers are ready, before they take jobs (tests:
+	// a results stream that stores nothing).
+	beforeStart func(context.Context, *queue.Queue) error
 }
 
 // workerBound: the simulator has room for everything; the workers' job slots bind.
@@ -67,7 +70,7 @@ func runThroughput(ctx context.Context, s settings, log io.Writer) (*table, erro
 	}
 	t.note("simulator BaseLatency %s, PerTokenLatency 0, max_tokens %d; ideal = min(capacity, workers x slots) / latency",
 		throughputLatency, benchMaxTokens)
-	t.note("steady state: from t1 = first completion + %s, the simulator's completions read every %s for %s; the rate is the slope of the least-squares line through the readings",
+	t.note("steady state: from t1 = first result stored + %s, the results stored (jobs done) read every %s for %s; the rate is the slope of the least-squares line through the readings",
 		s.ThroughputWarmup, rateSampleEvery, s.ThroughputWindow)
 	t.note("a process each, as a fleet runs: every worker (started together), the NATS server, the simulator; fresh for each row")
 	return t, nil
@@ -125,13 +128,30 @@ func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window t
 	// Together, as the workers of one process did: a worker that joins a fleet running at
 	// the capacity costs it a 1 s pause to learn its part (the worker's capacity), which
 	// workers a second apart put inside the window.
+	if sc.beforeStart != nil {
+		if err := sc.beforeStart(ctx, pub); err != nil {
+			return throughputResult{}, err
+		}
+	}
 	for _, w := range workers {
 		if err := w.start(); err != nil {
 			return throughputResult{}, err
 		}
 	}
+	// A job is done once its result is stored (the worker acks it then): the simulator's
+	// completions ran ahead of that by every job slot not bound by the capacity (336 to 1,536
+	// in the capacity-bound rows, seconds of the window at 320 jobs/s), so a worker that
+	// stored no result read the ideal there.
+	stored := func() (int64, error) {
+		info, err := pub.Results.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("results stream info: %w", err)
+		}
+		return int64(info.State.Msgs), nil
+	}
 	stats := func() (tinkersim.Stats, error) { return simStats(ctx, simTarget{url: sim.first}) }
-	res, err := steadyRate(ctx, stats, warmup, window)
+	var before tinkersim.Stats
+	res, err := steadyRate(ctx, stored, func() (err error) { before, err = stats(); return err }, warmup, window)
 	if err != nil {
 		return throughputResult{}, err
 	}
@@ -140,6 +160,7 @@ func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window t
 	if err != nil {
 		return throughputResult{}, err
 	}
+	res.capacity429 = st.CapacityRejections - before.CapacityRejections
 	res.dry = st.SamplesAccepted >= int64(need)
 	return res, nil
 }
@@ -147,35 +168,38 @@ func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window t
 // rateSampleEvery is how often steadyRate reads the simulator's completions.
 const rateSampleEvery = 10 * time.Millisecond
 
-// steadyRate waits for the first completion and the warm-up, then reads the simulator's
-// completions every rateSampleEvery over window, and takes the slope of the least-squares
-// line through them for the rate. The count of the window's completions alone was quantized
+// steadyRate waits for the first completion and the warm-up, calls atStart, then reads the
+// completions (done) every rateSampleEvery over window, and takes the slope of the
+// least-squares line through them for the rate. The count of the window's completions alone was quantized
 // by the workers' waves (slots that start together finish together, a wave a latency): a
 // cycle a few milliseconds over the latency left one wave of ten out of a 2 s window, and
 // three rows read 0.900 in one CI run where the one before read 0.94-1.00. The slope through
 // the staircase is within 1 % of its rate, whatever the waves' phase against the window.
-func steadyRate(ctx context.Context, stats func() (tinkersim.Stats, error), warmup, window time.Duration) (throughputResult, error) {
-	var statsErr error
-	if err := waitFor(ctx, 60*time.Second, "the first completed sample", func() bool {
-		st, err := stats()
-		statsErr = err
-		return err != nil || st.SamplesCompleted > 0
+func steadyRate(ctx context.Context, done func() (int64, error), atStart func() error, warmup, window time.Duration) (throughputResult, error) {
+	var doneErr error
+	if err := waitFor(ctx, 60*time.Second, "the first completed job", func() bool {
+		n, err := done()
+		doneErr = err
+		return err != nil || n > 0
 	}); err != nil {
 		return throughputResult{}, err
 	}
-	if statsErr != nil {
-		return throughputResult{}, statsErr
+	if doneErr != nil {
+		return throughputResult{}, doneErr
 	}
 	if err := sleepCtx(ctx, warmup); err != nil {
 		return throughputResult{}, err
 	}
-	s1, err := stats()
+	if err := atStart(); err != nil {
+		return throughputResult{}, err
+	}
+	s1, err := done()
 	if err != nil {
 		return throughputResult{}, err
 	}
 	t1 := time.Now()
 	var fit lineFit
-	fit.add(0, float64(s1.SamplesCompleted))
+	fit.add(0, float64(s1))
 	tick := time.NewTicker(rateSampleEvery)
 	defer tick.Stop()
 	s2 := s1
@@ -185,16 +209,12 @@ func steadyRate(ctx context.Context, stats func() (tinkersim.Stats, error), warm
 			return throughputResult{}, ctx.Err()
 		case <-tick.C:
 		}
-		if s2, err = stats(); err != nil {
+		if s2, err = done(); err != nil {
 			return throughputResult{}, err
 		}
-		fit.add(time.Since(t1).Seconds(), float64(s2.SamplesCompleted))
+		fit.add(time.Since(t1).Seconds(), float64(s2))
 	}
-	return throughputResult{
-		rate:        fit.slope(),
-		completed:   s2.SamplesCompleted - s1.SamplesCompleted,
-		capacity429: s2.CapacityRejections - s1.CapacityRejections,
-	}, nil
+	return throughputResult{rate: fit.slope(), completed: s2 - s1}, nil
 }
 
 // lineFit fits a least-squares line y = a + b*x to the points added.
