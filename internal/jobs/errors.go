@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrEmptyFile is wrapped by the error Reader.Next returns, once, at the end of an input that
@@ -29,15 +30,40 @@ func (e *FieldError) Error() string {
 	return "field " + e.Field + ": " + e.Msg
 }
 
+// MaxExcerpt bounds the bytes of a value that Excerpt quotes.
+const MaxExcerpt = 200
+
+// Excerpt is s, a key, value or line read from outside, for an error message: quoted as
+// strconv.Quote does (a line break cannot split the message, nor an escape sequence reach a
+// terminal), and when s is longer than MaxExcerpt bytes, only its first ones, cut at a
+// character's start, with "…" after the closing quote. A line may be hundreds of megabytes,
+// and its message is printed, logged and stored.
+func Excerpt[T string | []byte](s T) string {
+	if len(s) <= MaxExcerpt {
+		return strconv.Quote(string(s))
+	}
+	cut := MaxExcerpt
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strconv.Quote(string(s[:cut])) + "…"
+}
+
 // keyPath is the path of the member key of the object at parent ("" for the line itself):
 // parent.key, or key alone. A key that would not read as one key when written bare is
 // quoted (strconv.Quote): an empty one (a path "" is the line's own), one with a character
 // not printed as itself (a line break would split the error's line, an escape sequence
-// would reach the terminal), and one with a '.', '[', ']' or '"', which a path spells.
+// would reach the terminal), and one with a '.', '[', ']' or '"', which a path spells. A key
+// longer than MaxExcerpt bytes is quoted and cut (Excerpt): a line may hold megabytes of one.
 func keyPath(parent string, key []byte) string {
-	name := string(key)
-	if name == "" || strings.ContainsAny(name, `.[]"`) || strconv.Quote(name) != `"`+name+`"` {
-		name = strconv.Quote(name)
+	var name string
+	switch {
+	case len(key) > MaxExcerpt:
+		name = Excerpt(key)
+	case len(key) == 0 || strings.ContainsAny(string(key), `.[]"`) || strconv.Quote(string(key)) != `"`+string(key)+`"`:
+		name = strconv.Quote(string(key))
+	default:
+		name = string(key)
 	}
 	if parent == "" {
 		return name

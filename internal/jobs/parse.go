@@ -448,10 +448,14 @@ func parseTokens(v []byte, path string) ([]int, *FieldError) {
 	return toks, nil
 }
 
-// truncate shortens a raw value for an error message.
+// truncate shortens a raw value for an error message, cut at a character's start.
 func truncate(v []byte) []byte {
 	if len(v) > 40 {
-		return append(v[:37:37], "..."...)
+		cut := 37
+		for cut > 0 && !utf8.RuneStart(v[cut]) {
+			cut--
+		}
+		return append(v[:cut:cut], "..."...)
 	}
 	return v
 }
@@ -588,7 +592,7 @@ func parseContent(v []byte, msgsPath string, msg int, openai bool) (string, *Fie
 			return "", fe
 		}
 		if t != "text" {
-			return "", fieldErr(pp+".type", fmt.Sprintf("only text content parts are supported, not %q", t))
+			return "", fieldErr(pp+".type", "only text content parts are supported, not "+Excerpt(t))
 		}
 		if unknown != nil {
 			return "", fieldErr(keyPath(pp, unknown), "unknown field (a text part has only type and text)")

@@ -71,7 +71,7 @@ func (j *Job) validate(l Limits, n *fieldNames) *FieldError {
 	switch j.Format {
 	case "", FormatNative, FormatOpenAIChat, FormatOpenAICompletions:
 	default:
-		return fieldErr("format", fmt.Sprintf("unknown format %q", j.Format))
+		return fieldErr("format", "unknown format "+Excerpt(j.Format))
 	}
 	if fe := checkCustomID(j.CustomID, n.customID, l.MaxCustomIDLen); fe != nil {
 		return fe
@@ -196,7 +196,7 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 	}
 	if e := j.ReasoningEffort; e != "" {
 		if e != "low" && e != "medium" && e != "high" {
-			return fieldErr(n.reasoningEffort, fmt.Sprintf("must be low, medium or high, not %q", e))
+			return fieldErr(n.reasoningEffort, "must be low, medium or high, not "+Excerpt(e))
 		}
 		if len(j.Messages) == 0 {
 			return fieldErr(n.reasoningEffort, "applies to messages only (gpt-oss's chat template)")
@@ -208,7 +208,7 @@ func (j *Job) validatePrompt(l Limits, n *fieldNames) *FieldError {
 		case RoleSystem, RoleUser, RoleAssistant, RoleTool:
 		default:
 			return fieldErr(n.messages+"["+strconv.Itoa(i)+"].role",
-				fmt.Sprintf("must be system, user, assistant or tool, not %q", m.Role))
+				"must be system, user, assistant or tool, not "+Excerpt(m.Role))
 		}
 		size += len(m.Content)
 	}
