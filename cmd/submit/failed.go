@@ -149,7 +149,7 @@ func (c *failedCollector) Write(p []byte) (int, error) {
 		}
 		r, status, ok := parseOutputLine(c.rest[:i])
 		if !ok && c.err == nil {
-			c.err = fmt.Errorf("read a result: %q is not one", c.rest[:i])
+			c.err = fmt.Errorf("read a result: %s is not one", jobs.Excerpt(c.rest[:i]))
 		}
 		if status == string(jobs.StatusError) && (!c.retryable || r.Error != nil && r.Error.Retryable) {
 			c.ids[r.CustomID] = true

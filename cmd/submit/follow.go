@@ -365,12 +365,18 @@ func (l *outputLine) ofBatch(path, batch string) error {
 	case l.Status == "" && l.ID == jobs.OpenAIRequestID(batch, l.CustomID):
 		return nil
 	}
+	// The file's batch id and custom id may be anything, of any length: quoted and cut
+	// unless the id is one a batch can have.
 	other := "another batch"
-	if l.BatchID != "" {
+	switch {
+	case l.BatchID == "":
+	case queue.ValidateBatchID(l.BatchID) == nil:
 		other = "batch " + l.BatchID
+	default:
+		other = "batch " + jobs.Excerpt(l.BatchID)
 	}
-	return fmt.Errorf("%s holds results of %s (custom_id %q), not of batch %s: give this batch another -o file, or move that one away: %w",
-		path, other, l.CustomID, batch, errOtherBatch)
+	return fmt.Errorf("%s holds results of %s (custom_id %s), not of batch %s: give this batch another -o file, or move that one away: %w",
+		path, other, jobs.Excerpt(l.CustomID), batch, errOtherBatch)
 }
 
 // removeIfEmpty removes the file at path if it is empty: an output file that a run created
