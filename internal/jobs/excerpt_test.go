@@ -72,3 +72,13 @@ func TestTruncateKeepsCharactersWhole(t *testing.T) {
 		t.Errorf("error %q; want valid UTF-8, the value's first characters and \"...\"", msg)
 	}
 }
+
+// TestDecodeResultBoundsItsError: a stored result with an unknown key of a megabyte (another
+// client's, or a bug's) is refused with an error of its first bytes: encoding/json names an
+// unknown field whole, and submit returns the error on its way to the terminal.
+func TestDecodeResultBoundsItsError(t *testing.T) {
+	_, err := DecodeResult([]byte(`{"custom_id":"a","format":"openai-chat","` + strings.Repeat("k", 1<<20) + `":1}`))
+	if err == nil || len(err.Error()) > MaxExcerpt+100 || !strings.Contains(err.Error(), "unknown field") {
+		t.Fatalf("DecodeResult of a result with a 1 MiB key: %d bytes of error, starting %.200q", len(err.Error()), err)
+	}
+}

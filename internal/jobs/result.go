@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // Status is the outcome of a job in its result line.
@@ -407,6 +408,10 @@ func DecodeResult(data []byte) (Result, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
+		if msg := err.Error(); len(msg) > MaxExcerpt {
+			// encoding/json names an unknown field whole, and a key may be megabytes long.
+			return Result{}, fmt.Errorf("decode result: %s…", strings.ToValidUTF8(msg[:MaxExcerpt], ""))
+		}
 		return Result{}, fmt.Errorf("decode result: %w", err)
 	}
 	res := Result(r)
