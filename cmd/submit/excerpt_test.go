@@ -67,9 +67,11 @@ func TestFailedNamesALineThatIsNoResultBriefly(t *testing.T) {
 		t.Fatal(err)
 	}
 	storeResult(ctx, t, q, batch, "job-00000", "error", data)
-	storeResult(ctx, t, q, batch, "job-00001", "error", []byte(`{"custom_id":"job-00001","pad":"`+strings.Repeat("x", 1<<20)+`"}`))
+	// One JSON line of this job's result, as far as the check before it is written looks
+	// (jobs.ResultLineIDs), but no result line for a reader of them: its usage is a string.
+	storeResult(ctx, t, q, batch, "job-00001", "error", []byte(`{"custom_id":"job-00001","batch_id":"`+batch+`","status":"error","usage":"`+strings.Repeat("x", 1<<20)+`"}`))
 	_, _, err = f.submit(ctx, "failed", batch)
-	boundedErr(t, "failed, a result without a status", err)
+	boundedErr(t, "failed, a result whose usage is a string", err)
 }
 
 // TestOutputOfAnotherBatchIsNamedBriefly: an -o file of another batch's results is refused

@@ -78,16 +78,25 @@ func parseResultFormat(v string) (resultFormat, error) {
 	return "", fmt.Errorf("--result-format (or TINKERFLEET_RESULT_FORMAT) %q: must be auto, native or openai: %w", v, errUsage)
 }
 
-// resultLine appends to dst the output line (without newline) of the stored result data, in
-// format f; created is when the result was stored, the "created" of OpenAI lines, so that writing
-// a result again gives the same line.
-func resultLine(dst, data []byte, created time.Time, f resultFormat) ([]byte, error) {
+// resultLine appends to dst the output line (without newline) of the stored result data of
+// job key of batch, in format f; created is when the result was stored, the "created" of
+// OpenAI lines, so that writing a result again gives the same line.
+func resultLine(dst, data []byte, created time.Time, f resultFormat, batch string, key queue.JobKey) ([]byte, error) {
 	if f == resultNative || (f == resultAuto && jobs.FormatOfResult(data) == "") {
-		return append(dst, data...), nil // byte for byte, as the worker wrote it
+		// Byte for byte, as the worker wrote it, and so only a line that a resume reads back
+		// as this job's result: a stored payload of two lines, or with garbage after it (of
+		// another client, or a bug) would make it refuse the file, or write a line twice.
+		if id, b, ok := jobs.ResultLineIDs(data); !ok || b != batch || queue.JobKeyOf(id) != key {
+			return nil, errNotResultLine
+		}
+		return append(dst, data...), nil
 	}
 	r, err := jobs.DecodeResult(data)
 	if err != nil {
 		return nil, err
+	}
+	if r.BatchID != batch || queue.JobKeyOf(r.CustomID) != key {
+		return nil, errNotResultLine // its line's id would be another batch's, or job's
 	}
 	return r.AppendOpenAI(dst, created)
 }
@@ -295,10 +304,11 @@ func followFrom(ctx context.Context, q *queue.Queue, m queue.Manifest, w io.Writ
 				meta, err = msg.Metadata()
 			}
 			if err == nil {
-				line, err = resultLine(line[:0], data, meta.Timestamp, f)
+				line, err = resultLine(line[:0], data, meta.Timestamp, f, m.BatchID, key)
 			}
 			if err != nil {
-				return sum, fmt.Errorf("result %s: %w", msg.Subject(), err)
+				return sum, fmt.Errorf("result of batch %s, custom_id %s: %w", m.BatchID,
+					jobs.Excerpt(queue.CustomID(nats.Header(msg.Headers()))), err)
 			}
 			out.Write(line)
 			if err := out.WriteByte('\n'); err != nil {
@@ -399,6 +409,11 @@ func removeIfEmpty(path string) {
 
 // errOtherBatch is the error of an output file that holds another batch's results.
 var errOtherBatch = errors.New("the output file belongs to another batch")
+
+// errNotResultLine is resultLine's error for a stored result that is not one line of one JSON
+// object, starting with its custom_id, of its own job and batch (jobs.ResultLineIDs): not
+// written, since the output file would not read back.
+var errNotResultLine = errors.New("the stored result is not one JSON line of this job's result, as a worker writes one (another client's, or a bug's): not written, since the output file would not read back")
 
 // parseOutputLine reads a line of an output file and its result status; ok is false when the
 // line is not a result.

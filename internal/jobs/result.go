@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Status is the outcome of a job in its result line.
@@ -340,6 +341,37 @@ func FormatOfResult(data []byte) string {
 		return ""
 	}
 	return ""
+}
+
+// ResultLineIDs returns the custom_id and batch_id of data, a result line as AppendJSON
+// writes one and a reader of an output file takes it back: one JSON object on one line (no
+// line break, even between its members, and nothing but white space after it), starting with
+// its custom_id (valid UTF-8), with a batch_id and a status that are strings. ok is false for
+// anything else. It costs one pass over data (validJSON) and a look at its first members:
+// submit runs it on every result it writes as stored.
+func ResultLineIDs(data []byte) (customID, batchID string, ok bool) {
+	if !bytes.HasPrefix(data, []byte(`{"custom_id":`)) || bytes.IndexByte(data, '\n') >= 0 || !validJSON(data) {
+		return "", "", false
+	}
+	var haveID, haveBatch, haveStatus bool
+	it := newObjIter(data)
+	for k, v, more := it.next(); more && !(haveID && haveBatch && haveStatus); k, v, more = it.next() {
+		var s string
+		switch string(k) {
+		case "custom_id":
+			s, ok = decString(v)
+			customID, haveID = s, ok && s != "" && utf8.ValidString(s)
+		case "batch_id":
+			batchID, haveBatch = decString(v)
+		case "status":
+			s, ok = decString(v)
+			haveStatus = ok && s != ""
+		}
+	}
+	if !haveID || !haveBatch || !haveStatus {
+		return "", "", false
+	}
+	return customID, batchID, true
 }
 
 // NewResult starts a result for j: custom_id, batch id, model, format and metadata filled in,

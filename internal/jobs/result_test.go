@@ -200,3 +200,41 @@ func TestANaNTopKLogprobIsWrittenAndReadBack(t *testing.T) {
 		t.Fatalf("read back %+v", row)
 	}
 }
+
+// TestResultLineIDs: the ids of a result line as AppendJSON writes it, and ok false for a
+// payload that an output file's reader would not take back as one line of one result.
+func TestResultLineIDs(t *testing.T) {
+	r := Result{CustomID: "q-1", BatchID: "b-1", Status: StatusOK, Attempts: 1}
+	good, err := r.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, batch, ok := ResultLineIDs(good); !ok || id != "q-1" || batch != "b-1" {
+		t.Fatalf("ResultLineIDs(%s) = %q, %q, %v", good, id, batch, ok)
+	}
+	if id, _, ok := ResultLineIDs([]byte(`{"custom_id":"q\u002d1","batch_id":"b","status":"ok"} ` + "\r")); !ok || id != "q-1" {
+		t.Errorf("an escaped custom_id and white space after: %q, %v", id, ok)
+	}
+	s := string(good)
+	for _, bad := range []string{
+		"",
+		s[:len(s)-1],
+		s + " x",
+		s + s,
+		s + "\n" + s,
+		strings.Replace(s, `,"batch_id"`, ",\n"+`"batch_id"`, 1),
+		" " + s,
+		`{"batch_id":"b-1","custom_id":"q-1","status":"ok"}`,
+		`{"custom_id":"","batch_id":"b-1","status":"ok"}`,
+		`{"custom_id":"q-1","batch_id":"b-1"}`,
+		`{"custom_id":"q-1","batch_id":"b-1","status":""}`,
+		`{"custom_id":"q-1","batch_id":1,"status":"ok"}`,
+		`{"custom_id":"q-1","status":"ok"}`,
+		`{"custom_id":"q-1` + "\xff" + `","batch_id":"b-1","status":"ok"}`,
+		`{"custom_id":"q-1","batch_id":"b-1","status":"ok","x":01}`,
+	} {
+		if id, batch, ok := ResultLineIDs([]byte(bad)); ok {
+			t.Errorf("ResultLineIDs(%.80q) = %q, %q, true; want false", bad, id, batch)
+		}
+	}
+}
