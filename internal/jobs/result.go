@@ -34,25 +34,34 @@ const (
 // Error codes of ResultError.Code.
 const (
 	// CodeAPIError: the Tinker API refused the request with a non-retryable HTTP status
-	// (400/401/403/404/422, §6.1, §7.1).
+	// (400/404/422, §6.1, §7.1), or with a 403 while it accepts the key itself (a 401, or a 403
+	// to the key, stops the worker instead, and the job waits for another).
 	CodeAPIError = "api_error"
 	// CodeCancelled: the batch was cancelled before the job was sampled.
 	CodeCancelled = "cancelled"
 	// CodeContextTooLong: prompt tokens + max_tokens exceed the model's context window.
 	CodeContextTooLong = "context_too_long"
 	// CodeDeadLetter: the job was delivered the maximum number of times without a result
-	// (workers crashed or timed out on it).
+	// (workers crashed on it, or its failures were all worth another try: a sample the
+	// service failed or did not answer within the worker's sample timeout, a 402 past the
+	// billing window).
 	CodeDeadLetter = "dead_letter"
 	// CodeFailedFuture: the sampling future completed with a RequestFailedResponse (§T5, §7.2);
 	// the SDK never retries these.
 	CodeFailedFuture = "failed_future"
-	// CodeInternal: a tinkerfleet bug or an unexpected condition.
+	// CodeInternal: a tinkerfleet bug (a worker's panic on the job, category unknown), or a
+	// result too large to store (category user: the job asked for it).
 	CodeInternal = "internal"
 	// CodeInvalidJob: the job failed validation in the worker (or could not be decoded).
 	CodeInvalidJob = "invalid_job"
-	// CodeRateLimited: the account stayed rate limited (429 / 402) past the worker's patience.
+	// CodeRateLimited is reserved (result.schema.json has it; AppendOpenAI writes it as a
+	// 429): no worker of this version ends a job with it. A 429 pauses the fleet and is tried
+	// again for as long as it lasts; a 402 past the billing window (§2.3) is a failure worth
+	// another try, and the job's last ends as CodeDeadLetter.
 	CodeRateLimited = "rate_limited"
-	// CodeTimeout: no progress within the stuck-detection window (§6.3).
+	// CodeTimeout is reserved (result.schema.json has it): no worker of this version ends a
+	// job with it. A sample without progress (§6.3) or past the worker's sample timeout is
+	// tried again, and the job's last try ends as CodeDeadLetter.
 	CodeTimeout = "timeout"
 	// CodeTokenize: the prompt could not be tokenized or rendered with the chat template.
 	CodeTokenize = "tokenize_failed"
