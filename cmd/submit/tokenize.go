@@ -128,7 +128,8 @@ func tokenizeLine(tok *tokenizer.Tokenizer, line string, lineNo int, decode, raw
 	if decode {
 		var ids []int
 		if err := json.Unmarshal([]byte(line), &ids); err != nil {
-			return fmt.Errorf("tokenize: line %d: want a JSON array of ids: %w", lineNo, err)
+			// encoding/json quotes a number that is too large whole, megabytes of digits.
+			return fmt.Errorf("tokenize: line %d: want a JSON array of ids: %s", lineNo, jobs.Clip(err.Error()))
 		}
 		if ids == nil { // null, which Unmarshal takes for no array at all: [] is an empty one
 			return fmt.Errorf("tokenize: line %d: want a JSON array of ids, not null", lineNo)

@@ -251,3 +251,15 @@ func TestTokenizeRefusesATokenizerDirThatIsNotThere(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenizeBoundsItsErrorOfALine: a --decode line that is not an array of ids is named
+// with at most the first bytes of what encoding/json says of it. Before, a number of a
+// megabyte of digits made a megabyte of error: encoding/json writes the whole number into
+// its message.
+func TestTokenizeBoundsItsErrorOfALine(t *testing.T) {
+	p := miniTokenizer(t)
+	_, err := runTok(t, "["+strings.Repeat("9", 1<<20)+"]\n", "--tokenizer", p, "--decode")
+	if err == nil || !strings.Contains(err.Error(), "line 1") || len(err.Error()) > jobs.MaxExcerpt+100 || !strings.HasSuffix(err.Error(), "…") {
+		t.Errorf("a number of a megabyte: a %d-byte error, starting %.300q; want one that names line 1, cut", len(err.Error()), err)
+	}
+}

@@ -42,11 +42,27 @@ func Excerpt[T string | []byte](s T) string {
 	if len(s) <= MaxExcerpt {
 		return strconv.Quote(string(s))
 	}
+	return strconv.Quote(string(s[:excerptEnd(s)])) + "…"
+}
+
+// Clip is s, text already quoted or escaped (another package's error about a value read from
+// outside), cut as Excerpt cuts: at most MaxExcerpt bytes, at a character's start, with "…"
+// after them when s is longer.
+func Clip(s string) string {
+	if len(s) <= MaxExcerpt {
+		return s
+	}
+	return s[:excerptEnd(s)] + "…"
+}
+
+// excerptEnd is where Excerpt and Clip cut s, longer than MaxExcerpt bytes: at the start of
+// the character that MaxExcerpt falls in.
+func excerptEnd[T string | []byte](s T) int {
 	cut := MaxExcerpt
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	return strconv.Quote(string(s[:cut])) + "…"
+	return cut
 }
 
 // keyPath is the path of the member key of the object at parent ("" for the line itself):

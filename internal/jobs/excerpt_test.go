@@ -57,6 +57,12 @@ func TestExcerpt(t *testing.T) {
 	if got, want := Excerpt(s), `"`+strings.Repeat("x", MaxExcerpt-1)+`"…`; got != want {
 		t.Errorf("Excerpt cutting a character = %s; want %s", got, want)
 	}
+	if got, want := Clip(s), strings.Repeat("x", MaxExcerpt-1)+"…"; got != want {
+		t.Errorf("Clip cutting a character = %s; want %s", got, want)
+	}
+	if got := Clip(exact); got != exact {
+		t.Errorf("Clip of %d bytes = %s; want it whole", MaxExcerpt, got)
+	}
 }
 
 // TestTruncateKeepsCharactersWhole: a value shortened for a message is cut at a character's

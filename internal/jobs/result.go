@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -451,7 +450,7 @@ func DecodeResult(data []byte) (Result, error) {
 	if err := dec.Decode(&r); err != nil {
 		if msg := err.Error(); len(msg) > MaxExcerpt {
 			// encoding/json names an unknown field whole, and a key may be megabytes long.
-			return Result{}, fmt.Errorf("decode result: %s…", strings.ToValidUTF8(msg[:MaxExcerpt], ""))
+			return Result{}, fmt.Errorf("decode result: %s", Clip(msg))
 		}
 		return Result{}, fmt.Errorf("decode result: %w", err)
 	}
