@@ -138,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "CI sizes: all six comparisons in under 2 minutes on 2 cores (the default)")
-	full := fs.Bool("full", false, "full sizes: 1M-line submit and backlog, longer windows (about 6 minutes on 2 cores)")
+	full := fs.Bool("full", false, "full sizes: 1M-line submit and backlog, longer windows (about 7½ minutes on 2 cores)")
 	only := fs.String("only", "", "comma-separated comparisons to run, e.g. 1,3 (default: all)")
 	verbose := fs.Bool("v", false, "progress lines on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to `file`, and of each helper process to file.<role>.<pid>")
