@@ -2,9 +2,12 @@ package backoff
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // BenchmarkPropagation measures the latency from Signal on one connection to
@@ -13,23 +16,43 @@ import (
 func BenchmarkPropagation(b *testing.B) {
 	s := startServer(b, b.TempDir(), -1)
 	seen := make(chan struct{}, 1024)
-	var fs []*Fleet
-	for i := range 3 {
+	var jss []jetstream.JetStream
+	for range 3 {
 		_, js := connect(b, s.ClientURL())
-		cfg := Config{}
-		if i > 0 {
-			cfg.OnChange = func(State) { seen <- struct{}{} }
-		}
-		fs = append(fs, open(b, js, cfg))
+		jss = append(jss, js)
 	}
+	// fleets opens the signalling fleet and the two watchers of account.
+	fleets := func(account string) []*Fleet {
+		var fs []*Fleet
+		for i, js := range jss {
+			cfg := Config{Account: account}
+			if i > 0 {
+				cfg.OnChange = func(State) { seen <- struct{}{} }
+			}
+			fs = append(fs, open(b, js, cfg))
+		}
+		return fs
+	}
+	// Each signal is a second longer than the last, so that it always extends the deadline
+	// (by far more than Signal's slack), from a minute up to MaxPause, where Signal cuts it:
+	// signals of an hour and more all came out at one hour, the second and later wrote
+	// nothing, and the benchmark waited for ever for watchers that had nothing to see. Past
+	// MaxPause the signals start again on a fresh account.
+	const first, step = time.Minute, time.Second
+	perAccount := int((MaxPause-first)/step) + 1
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
-	base := time.Hour
+	var fs []*Fleet
 	b.ResetTimer()
 	for i := range b.N {
+		k := i % perAccount
+		if k == 0 {
+			b.StopTimer()
+			fs = fleets(fmt.Sprintf("bench%d", i/perAccount))
+			b.StartTimer()
+		}
 		start := time.Now()
-		// Each signal is longer than the last, so it always extends.
-		if err := fs[0].Signal(ctx, "bench", base+time.Duration(i)*time.Second); err != nil {
+		if err := fs[0].Signal(ctx, "bench", first+time.Duration(k)*step); err != nil {
 			b.Fatal(err)
 		}
 		<-seen
