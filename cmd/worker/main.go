@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/envflag"
 	"github.com/tinkerfleet/tinkerfleet/internal/interrupt"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
@@ -111,6 +112,10 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	if o.embeddedPort < -1 || o.embeddedPort > 65535 {
 		// nats-server cannot listen on it, and says nothing: the worker would wait 30 s for it.
 		return o, fmt.Errorf("--embedded-port (or TINKERFLEET_EMBEDDED_PORT) %d: want a port up to 65535, or -1 for any free one", o.embeddedPort)
+	}
+	if o.pausedBackoff > backoff.MaxPause {
+		// Signal would cut it to MaxPause without a word.
+		return o, fmt.Errorf("--paused-backoff (or TINKERFLEET_PAUSED_BACKOFF) %s: at most %s, the longest pause a worker honours", o.pausedBackoff, backoff.MaxPause)
 	}
 	if err := tokenizer.CheckDir(o.tokenizerDir); err != nil {
 		return o, fmt.Errorf("--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR) %w", err)

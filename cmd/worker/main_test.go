@@ -691,3 +691,16 @@ func TestATokenizerDirThatIsNotThereIsRefused(t *testing.T) {
 		t.Errorf("an existing --tokenizer-dir: %q, %v", o.tokenizerDir, err)
 	}
 }
+
+// TestAPausedBackoffPastMaxPauseIsRefused: a --paused-backoff longer than the longest pause a
+// worker honours (backoff.MaxPause) was cut to it by Signal without a word; it is refused at
+// start-up, and one of MaxPause is taken.
+func TestAPausedBackoffPastMaxPauseIsRefused(t *testing.T) {
+	_, err := parseFlags([]string{"--embedded-nats", "--paused-backoff", "2h"}, env(nil), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--paused-backoff") || !strings.Contains(err.Error(), "1h0m0s") {
+		t.Errorf("--paused-backoff 2h: %v, want an error naming the flag and its most", err)
+	}
+	if o, err := parseFlags([]string{"--embedded-nats"}, env(map[string]string{"TINKERFLEET_PAUSED_BACKOFF": "1h"}), io.Discard); err != nil || o.pausedBackoff != time.Hour {
+		t.Errorf("TINKERFLEET_PAUSED_BACKOFF=1h: %v, %v", o.pausedBackoff, err)
+	}
+}

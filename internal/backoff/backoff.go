@@ -39,10 +39,11 @@ const (
 	// the caller opts into.
 	PausedBackoff = 5 * time.Second
 	// MaxPause is the longest pause a worker honours, past the creation of the entry that
-	// asks for it: the longest the service pauses a client, a 402's billing window
-	// (billing_exception_max_pause_duration_sec, 3600 s by default, §2.3). A longer one in the
-	// bucket (a client with write access to it, a bug) would otherwise pause every worker of
-	// the account for ever, and each again when it restarts. Signal writes no longer one.
+	// asks for it: the longest the SDK stays paused for one cause, a 402 incident's billing
+	// window (billing_exception_max_pause_duration_sec, 3600 s by default, §2.3), through
+	// which it retries every 5 s. A single signal is seconds long; a longer one in the bucket
+	// (a client with write access to it, a bug) would otherwise pause every worker of the
+	// account for ever, and each again when it restarts. Signal writes no longer one.
 	MaxPause = time.Hour
 )
 

@@ -20,9 +20,10 @@
 //
 // and the deadline it stands for is max(F, C + D), where C is the entry's
 // Created() timestamp, assigned by the JetStream server when it stored the
-// entry, capped at C + MaxPause (1 h, the billing window of §2.3): any client
-// with write access to the bucket, or a bug, could else pause the fleet for
-// ever. A worker warns once per entry it caps, and Signal writes no longer d.
+// entry, capped at C + MaxPause (1 h, a 402 incident's billing window, §2.3,
+// the longest the SDK stays paused for one cause): any client with write
+// access to the bucket, or a bug, could else pause the fleet for ever. A
+// worker warns once per entry it caps, and Signal writes no longer d.
 // Every quantity is in the server's clock; no worker's clock is ever written,
 // so a skewed worker can neither shorten nor stretch a pause.
 //
