@@ -853,3 +853,28 @@ func TestAPauseLongerThanMaxPauseIsCapped(t *testing.T) {
 		t.Errorf("the signal wrote %+v, created %v: past MaxPause", r, e.Created())
 	}
 }
+
+// TestCloseWithNATSGoneDoesNotWaitForIt: fleets closed while their NATS server is gone (a
+// whole stack shut down, a node lost) return at once. A Close could wait for the stop of
+// its watcher, whose delete of the watch's consumer waits out nats.go's 5 s API timeout
+// while the connection is down (when that stop came before the one nats.go makes as the
+// watch's context ends; a worker took 5 s more to stop, about once in five).
+func TestCloseWithNATSGoneDoesNotWaitForIt(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	nc, js := connect(t, s.ClientURL())
+	fleets := make([]*Fleet, 20)
+	for i := range fleets {
+		fleets[i] = open(t, js, Config{})
+	}
+	stopServer(s)
+	eventually(t, "the connection to go down", func() bool { return !nc.IsConnected() })
+	began := time.Now()
+	var closing sync.WaitGroup
+	for _, f := range fleets {
+		closing.Go(func() { _ = f.Close() })
+	}
+	closing.Wait()
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("closing %d fleets took %v with NATS gone, want at most a second", len(fleets), took.Round(time.Millisecond))
+	}
+}

@@ -198,7 +198,15 @@ func (s *Silence) Watch(ctx context.Context, q *Queue, silent func(worker string
 	if err != nil {
 		return fmt.Errorf("presence watch: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
+	// Stop deletes the watch's consumer with a request, which waits out nats.go's 5 s API
+	// timeout while the connection is down. This returns only on a closed watcher or on
+	// ctx's end, which unsubscribes the watcher (the watch is tied to ctx): with the
+	// connection down that is left to do, and the server drops the consumer by itself.
+	defer func() {
+		if nc := q.JS.Conn(); nc == nil || nc.IsConnected() {
+			_ = w.Stop()
+		}
+	}()
 	if s.last == nil {
 		s.last = make(map[string]time.Time)
 	}
