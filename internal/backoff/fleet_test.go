@@ -783,7 +783,8 @@ func TestAWorkerWhoseWatchCameBackAfterAnotherMadeTheBucketAgainSeesItsPauses(t 
 
 // closeBeforeTheServerStops closes the fleets before a server started after them stops
 // (cleanups run last-in first-out): closing, a fleet deletes its watch consumers, each of
-// which would wait out the JetStream API timeout (5 s) with the server gone.
+// which waits out the JetStream API timeout (5 s) if the server is gone but its connection
+// has not noticed yet (with the connection down, Close skips the delete).
 func closeBeforeTheServerStops(t *testing.T, fleets ...*Fleet) {
 	t.Cleanup(func() {
 		for _, f := range fleets {

@@ -43,20 +43,7 @@ func TestAStopWithNATSDownTakesTheGracePeriodAndLittleMore(t *testing.T) {
 	b.emb.Shutdown()
 	nc := w.cfg.Queue.JS.Conn()
 	fleettest.Eventually(t, 10*time.Second, "the worker to lose its NATS server", func() bool { return !nc.IsConnected() })
-	began := time.Now()
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return within a minute")
-	}
-	ran := time.Since(began)
-	w.Close()
-	took := time.Since(began)
-	t.Logf("Run returned after %v, Close after %v more", ran.Round(time.Millisecond), (took - ran).Round(time.Millisecond))
+	ran, took := stopTimed(t, w, cancel, done)
 	// Run: the grace period and the presence note's second (before: 2 s for it, and a
 	// keep-alive flush's wait on top, at least 8 s in all).
 	if limit := grace + 1750*time.Millisecond; ran > limit {
@@ -181,6 +168,17 @@ func TestAnIdleWorkerStopsWithNATSGoneWithoutWaitingForIt(t *testing.T) {
 	nc := w.cfg.Queue.JS.Conn()
 	fleettest.Eventually(t, 10*time.Second, "the worker to lose its NATS server", func() bool { return !nc.IsConnected() })
 	time.Sleep(time.Second) // gone for a while, not reconnecting at once
+	ran, took := stopTimed(t, w, cancel, done)
+	// The presence note's removal waits a second for a reconnect (attend); nothing else waits.
+	if limit := 1750 * time.Millisecond; took > limit {
+		t.Errorf("Run and Close took %v (Run %v) with NATS gone, want at most %v", took.Round(time.Millisecond), ran.Round(time.Millisecond), limit)
+	}
+}
+
+// stopTimed stops w's Run (cancel, whose end done reports) and closes w, and returns how long
+// Run took to return and how long until Close returned, both from the cancel.
+func stopTimed(t *testing.T, w *Worker, cancel context.CancelFunc, done <-chan error) (ran, took time.Duration) {
+	t.Helper()
 	began := time.Now()
 	cancel()
 	select {
@@ -191,12 +189,9 @@ func TestAnIdleWorkerStopsWithNATSGoneWithoutWaitingForIt(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not return within a minute")
 	}
-	ran := time.Since(began)
+	ran = time.Since(began)
 	w.Close()
-	took := time.Since(began)
+	took = time.Since(began)
 	t.Logf("Run returned after %v, Close after %v more", ran.Round(time.Millisecond), (took - ran).Round(time.Millisecond))
-	// The presence note's removal waits a second for a reconnect (attend); nothing else waits.
-	if limit := 1750 * time.Millisecond; took > limit {
-		t.Errorf("Run and Close took %v (Run %v) with NATS gone, want at most %v", took.Round(time.Millisecond), ran.Round(time.Millisecond), limit)
-	}
+	return ran, took
 }
