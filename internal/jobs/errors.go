@@ -56,11 +56,15 @@ func Clip(s string) string {
 }
 
 // excerptEnd is where Excerpt and Clip cut s, longer than MaxExcerpt bytes: at the start of
-// the character that MaxExcerpt falls in.
+// the character that MaxExcerpt falls in. It looks back no further than a character reaches
+// (utf8.UTFMax bytes): bytes that start no character are no UTF-8, each quoted on its own.
 func excerptEnd[T string | []byte](s T) int {
 	cut := MaxExcerpt
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
+	for cut > MaxExcerpt-(utf8.UTFMax-1) && !utf8.RuneStart(s[cut]) {
 		cut--
+	}
+	if !utf8.RuneStart(s[cut]) {
+		return MaxExcerpt
 	}
 	return cut
 }

@@ -88,3 +88,17 @@ func TestDecodeResultBoundsItsError(t *testing.T) {
 		t.Fatalf("DecodeResult of a result with a 1 MiB key: %d bytes of error, starting %.200q", len(err.Error()), err)
 	}
 }
+
+// TestExcerptOfBytesThatAreNoUTF8: bytes that start no character (a binary file read as an
+// output file, a header of another client) are quoted as escapes, MaxExcerpt of them at most:
+// a cut looks back for a character's start only as far as a character reaches, utf8.UTFMax
+// bytes. It looked back to the first byte, and quoted nothing of them: `""…`.
+func TestExcerptOfBytesThatAreNoUTF8(t *testing.T) {
+	s := strings.Repeat("\x80", MaxExcerpt+1)
+	if got, want := Excerpt(s), `"`+strings.Repeat(`\x80`, MaxExcerpt)+`"…`; got != want {
+		t.Errorf("Excerpt of %d bytes 0x80 = %.40s (%d bytes); want %.40s… (%d bytes)", len(s), got, len(got), want, len(want))
+	}
+	if got, want := Clip(s), s[:MaxExcerpt]+"…"; got != want {
+		t.Errorf("Clip of %d bytes 0x80 = %d bytes; want %d", len(s), len(got), len(want))
+	}
+}
