@@ -118,9 +118,9 @@ func TestDeleteEndsWhatIsLeftOfABatch(t *testing.T) {
 	if n, err := q.ResultsStored(ctx, "unfinished"); err != nil || n != 0 {
 		t.Errorf("%d results stored for the deleted batch (%v), want none", n, err)
 	}
-	if n := jobsIn(t, q); n != 0 {
-		t.Errorf("%d jobs left in the queue; want the late one acked", n)
-	}
+	// The next batch's job is acked after its result is stored (acks go in groups, 2 ms
+	// apart): under load its ack came after the result was read, and the count read 1.
+	fleettest.Eventually(t, 10*time.Second, "the late job and the next one acked", func() bool { return jobsIn(t, q) == 0 })
 	if n := f.sim.Stats().SamplesAccepted; n != 1 {
 		t.Errorf("%d samples; want 1, the next batch's", n)
 	}
