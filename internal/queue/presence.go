@@ -198,15 +198,7 @@ func (s *Silence) Watch(ctx context.Context, q *Queue, silent func(worker string
 	if err != nil {
 		return fmt.Errorf("presence watch: %w", err)
 	}
-	// Stop deletes the watch's consumer with a request, which waits out nats.go's 5 s API
-	// timeout while the connection is down. This returns only on a closed watcher or on
-	// ctx's end, which unsubscribes the watcher (the watch is tied to ctx): with the
-	// connection down that is left to do, and the server drops the consumer by itself.
-	defer func() {
-		if nc := q.JS.Conn(); nc == nil || nc.IsConnected() {
-			_ = w.Stop()
-		}
-	}()
+	defer q.StopWatch(w) // this returns only on a closed watcher or on ctx's end
 	if s.last == nil {
 		s.last = make(map[string]time.Time)
 	}
@@ -251,5 +243,16 @@ func (s *Silence) saw(worker string, put bool, at time.Time, silent func(string)
 			delete(s.last, id)
 			silent(id)
 		}
+	}
+}
+
+// StopWatch stops w, a KV watch on q's connection made with a context that ends as its
+// owner returns. Stop deletes the watch's consumer with a request, which waits out nats.go's
+// 5 s API timeout while the connection is down: a worker whose NATS server was gone took 5 s
+// more to stop. With the connection down, the context's end unsubscribes the watcher instead,
+// and the server drops the consumer by itself.
+func (q *Queue) StopWatch(w jetstream.KeyWatcher) {
+	if nc := q.JS.Conn(); nc == nil || nc.IsConnected() {
+		_ = w.Stop()
 	}
 }

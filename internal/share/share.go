@@ -345,10 +345,10 @@ func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error
 	if err != nil {
 		return fmt.Errorf("share: watch the board: %w", err)
 	}
-	// Stop deletes the watch's consumer with a request, which waits out nats.go's 5 s API
-	// timeout while the connection is down. This returns only on a closed watcher or on
-	// ctx's end, which unsubscribes the watcher (the watch is tied to ctx): with the
-	// connection down that is left to do, and the server drops the consumer by itself.
+	// As queue.StopWatch (this package imports no queue): Stop deletes the watch's consumer
+	// with a request, which waits out nats.go's 5 s API timeout while the connection is down.
+	// This returns only on a closed watcher or on ctx's end, which unsubscribes the watcher
+	// (the watch is tied to ctx), and the server drops the consumer by itself.
 	defer func() {
 		if nc := b.js.Conn(); nc == nil || nc.IsConnected() {
 			_ = w.Stop()

@@ -282,15 +282,7 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 	if err != nil {
 		return err
 	}
-	// Stop deletes the watch's consumer with a request, which waits out nats.go's 5 s API
-	// timeout while the connection is down: a worker stopped with its NATS server gone took
-	// 5 s more. Then ctx's end (rewatch's, as this returns) unsubscribes the watcher instead,
-	// the watch being tied to it, and the server drops the consumer by itself.
-	defer func() {
-		if nc := q.JS.Conn(); nc == nil || nc.IsConnected() {
-			_ = w.Stop()
-		}
-	}()
+	defer q.StopWatch(w)         // the watch is tied to ctx, rewatch's, which ends as this returns
 	initial := map[string]bool{} // the bucket's entries as the watch finds them, until it has them all
 	for {
 		select {
