@@ -208,6 +208,8 @@ func (s *Silence) Watch(ctx context.Context, q *Queue, silent func(worker string
 			return nil
 		case e, ok := <-w.Updates():
 			switch {
+			case !ok && ctx.Err() != nil: // ctx's end closes the watcher too: either may come first
+				return nil
 			case !ok:
 				return errors.New("presence watch: the watcher closed")
 			case e == nil:

@@ -360,6 +360,8 @@ func (b *Board) WatchLeaves(ctx context.Context, left func(worker string)) error
 			return nil
 		case e, ok := <-w.Updates():
 			switch {
+			case !ok && ctx.Err() != nil: // ctx's end closes the watcher too: either may come first
+				return nil
 			case !ok:
 				return errors.New("share: board watcher closed")
 			case e == nil: // the end of what was stored before the watch: go on

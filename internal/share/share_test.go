@@ -508,3 +508,57 @@ func TestWatchLeavesResumesWhereItLeftOff(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchLeavesReturnsNilWhenItsContextEnds: the watch is tied to ctx, so ctx's end also
+// closes the watcher's channel, and the watch may find the channel closed before it sees
+// ctx done. That is still the end asked for, not a watcher lost: CI once read it as the
+// error. Here the watch is held in its callback while ctx ends and nats.go closes the
+// watcher, so both are ready when it selects again; each round, one in two picked the error.
+func TestWatchLeavesReturnsNilWhenItsContextEnds(t *testing.T) {
+	t.Parallel()
+	js := runServer(t)
+	ctx := context.Background()
+	open := func() *Board {
+		b, err := Open(ctx, js, "backoff", "acct", Config{Gather: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	watcher := open()
+	for round := range 8 {
+		watchCtx, cancel := context.WithCancel(ctx)
+		inside, release := make(chan struct{}, 1), make(chan struct{})
+		ended := make(chan error, 1)
+		go func() {
+			ended <- watcher.WatchLeaves(watchCtx, func(string) {
+				select {
+				case inside <- struct{}{}:
+					<-release
+				default: // a later leave, while the first is held: nothing to hold
+				}
+			})
+		}()
+		// Leaves until the watch, once set up, sees one and is held in its callback.
+		for held := false; !held; {
+			probe := open()
+			if _, err := probe.Split(ctx, Report{Peak: 1, Want: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := probe.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-inside:
+				held = true
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		cancel()
+		time.Sleep(50 * time.Millisecond) // nats.go unsubscribes and closes the channel
+		close(release)
+		if err := <-ended; err != nil {
+			t.Fatalf("round %d: WatchLeaves after its context ended: %v; want nil", round, err)
+		}
+	}
+}

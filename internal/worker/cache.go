@@ -290,6 +290,9 @@ func (s *cancelSet) watchOnce(ctx context.Context, q *queue.Queue, loaded func()
 			return nil
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil { // ctx's end closes the watcher too: either may come first
+					return nil
+				}
 				return errors.New("watcher closed")
 			}
 			if e == nil { // the end of the initial values
