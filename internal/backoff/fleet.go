@@ -675,6 +675,9 @@ func (f *Fleet) follow(ctx context.Context, w jetstream.KeyWatcher, status chan 
 			return true
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil { // ctx's end closes the watcher too: either may come first
+					return true
+				}
 				f.log.Info("backoff: watch closed; re-watching")
 				return false
 			}
