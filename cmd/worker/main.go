@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -116,6 +117,11 @@ func parseFlags(args []string, getenv envflag.Getenv, stderr io.Writer) (options
 	if o.pausedBackoff > backoff.MaxPause {
 		// Signal would cut it to MaxPause without a word.
 		return o, fmt.Errorf("--paused-backoff (or TINKERFLEET_PAUSED_BACKOFF) %s: at most %s, the longest pause a worker honours", o.pausedBackoff, backoff.MaxPause)
+	}
+	if mib := int64(o.resultMemory); mib > math.MaxInt64>>20 || mib < math.MinInt64>>20 {
+		// Its bytes (MiB << 20) would overflow an int64: a negative bound, which the worker
+		// reads as none, or one of 0, which it reads as the default.
+		return o, fmt.Errorf("--result-memory (or TINKERFLEET_RESULT_MEMORY) %d: want at most %d MiB (8 EiB), or a negative value such as -1 for no bound", o.resultMemory, int64(math.MaxInt64>>20))
 	}
 	if err := tokenizer.CheckDir(o.tokenizerDir); err != nil {
 		return o, fmt.Errorf("--tokenizer-dir (or TINKERFLEET_TOKENIZER_DIR) %w", err)

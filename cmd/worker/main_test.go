@@ -704,3 +704,30 @@ func TestAPausedBackoffPastMaxPauseIsRefused(t *testing.T) {
 		t.Errorf("TINKERFLEET_PAUSED_BACKOFF=1h: %v, %v", o.pausedBackoff, err)
 	}
 }
+
+// TestAResultMemoryWhoseBytesOverflowIsRefused: --result-memory is in MiB and the worker
+// bounds bytes, MiB << 20 in an int64. A value of 2^43 MiB or more overflowed it: 2^43 became
+// a negative bound, which the worker reads as no bound at all, and 2^44 a bound of 0, which it
+// reads as the default 256 MiB. Such a value is refused at start-up, named; the largest that
+// fits is taken.
+func TestAResultMemoryWhoseBytesOverflowIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--embedded-nats", "--result-memory", "8796093022208"}, nil},                          // 2^43: << 20 is math.MinInt64
+		{[]string{"--embedded-nats"}, map[string]string{"TINKERFLEET_RESULT_MEMORY": "17592186044416"}}, // 2^44: << 20 is 0
+		{[]string{"--embedded-nats", "--result-memory", "-17592186044416"}, nil},                        // << 20 is 0, not no bound
+	} {
+		_, err := parseFlags(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--result-memory (or TINKERFLEET_RESULT_MEMORY)") {
+			t.Errorf("parseFlags(%q, %v): %v, want an error naming --result-memory and TINKERFLEET_RESULT_MEMORY", tc.args, tc.env, err)
+		}
+	}
+	for _, mib := range []int{8796093022207, -1, -8796093022208} { // math.MaxInt64 >> 20, no bound, math.MinInt64 >> 20
+		o, err := parseFlags([]string{"--embedded-nats", "--result-memory", strconv.Itoa(mib)}, env(nil), io.Discard)
+		if err != nil || o.resultMemory != mib {
+			t.Errorf("--result-memory %d: %d, %v", mib, o.resultMemory, err)
+		}
+	}
+}
