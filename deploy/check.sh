@@ -105,6 +105,22 @@ check(c["submit"]["environment"]["NATS_USER"] == "submit", "compose: submit must
 check(dur(w["stop_grace_period"]) > dur(env["TINKERFLEET_SHUTDOWN_GRACE"]), "compose: worker stop_grace_period must exceed the shutdown grace")
 check(int(env["TINKERFLEET_MAX_ACK_PENDING"]) == 3 * int(env["TINKERFLEET_CONCURRENCY"]), "compose: MaxAckPending != workers x concurrency")
 check("TINKER_API_KEY" not in env and env.get("TINKER_API_KEY_FILE"), "compose: the key must come from a secret file")
+# A tokenizer in a gated HuggingFace repository needs a token: HF_TOKEN of the host, empty
+# (no token, as the tokenizer package reads it) when unset. Where `compose run submit` loads
+# tokenizers (--dry-run, tokenize) too.
+for name, e in (("worker", env), ("submit", c["submit"]["environment"])):
+    check(e.get("HF_TOKEN") in ("${HF_TOKEN:-}", "${HF_TOKEN-}"), f"compose: {name} must take HF_TOKEN from the host, as HF_TOKEN: ${{HF_TOKEN:-}} (empty when unset: no token)")
+# The workers' tokenizer cache is a named volume that 65532 can write: mounted on the image
+# user's home, whose owner a new volume takes (one on a path the image lacks is root's). In
+# the container's own layer, every recreated worker downloaded its tokenizers again.
+named = {v.split(":")[1]: v.split(":")[0] for v in w.get("volumes", []) if v.split(":")[0] in docs["deploy/compose.yaml"][0].get("volumes", {})}
+hf_home = env.get("HF_HOME", "")
+check(re.search(r"^FROM gcr\.io/distroless/\S+:nonroot$", open("deploy/Dockerfile").read(), re.M),
+      "Dockerfile: the image is no longer distroless's nonroot, whose /home/nonroot (65532's) compose mounts the workers' tokenizer cache on")
+check(any(m == "/home/nonroot" and hf_home.startswith(m + "/") for m in named),
+      f"compose: worker HF_HOME {hf_home or '(unset)'} must be under a named volume mounted on /home/nonroot (the image user's home)")
+check(c["submit"]["environment"].get("HF_HOME", "").startswith("/work/"),
+      "compose: submit runs as a user the image does not know (HOME is /, not writable): its HF_HOME must be under the mounted checkout, /work")
 
 # prometheus scrapes the workers and the exporters
 p = docs["deploy/prometheus/prometheus.yml"][0]
