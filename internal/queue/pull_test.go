@@ -243,7 +243,16 @@ func TestJobPullerReportsADeletedConsumer(t *testing.T) {
 		_, err := p.Pull(ctx, 1, 10*time.Second, func(jetstream.Msg) {})
 		errc <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // let the request reach the server
+	// The request has reached the server once the consumer counts it waiting: a delete before
+	// that left it no consumer to reach, and a 503 (no responders) for a 409 (deleted).
+	waitFor(t, "the pull request waiting at the consumer", func() bool {
+		cons, err := b.q.JS.Consumer(ctx, b.q.Names.JobsStream(), ConsumerName)
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting > 0
+	})
 	if err := b.q.JS.DeleteConsumer(ctx, b.q.Names.JobsStream(), ConsumerName); err != nil {
 		t.Fatal(err)
 	}
