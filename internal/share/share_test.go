@@ -182,11 +182,15 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	reports := []Report{{Peak: 27, Want: 400}, {Peak: 37, Want: 400}, {Peak: 0, Want: 400}, {Peak: 0, Want: 400}}
 	parts := make([]int, len(reports))
 	boards := make([]*Board, len(reports))
+	// Every board is open before the first report: an open between the reports (a round
+	// trip each, longer on a loaded machine) put the last report past the first's Gather.
+	for i := range boards {
+		boards[i] = open("acct")
+	}
 	var wg sync.WaitGroup
 	roundAt := time.Now()
 	for i, r := range reports {
-		b := open("acct")
-		boards[i] = b
+		b := boards[i]
 		wg.Go(func() {
 			p, err := b.Split(ctx, r)
 			if err != nil {
@@ -226,8 +230,12 @@ func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	later := []Report{{Peak: 20, Want: 400, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 10, Want: 400, Limit: 32, LimitAge: 10 * time.Second}, {Peak: 0, Want: 400}}
 	shares := make([]Share, len(later))
+	laterBoards := make([]*Board, len(later))
+	for i := range laterBoards {
+		laterBoards[i] = open("acct")
+	}
 	for i, r := range later {
-		b := open("acct")
+		b := laterBoards[i]
 		wg.Go(func() {
 			s, err := b.Split(ctx, r)
 			if err != nil {
