@@ -66,7 +66,7 @@ func checkedResults(t *testing.T, q *queue.Queue, batch string, n int) map[strin
 	t.Helper()
 	s := resultSchema(t)
 	got := make(map[string]jobs.Result, n)
-	for _, data := range fleettest.RawResults(t, q, batch, n, 20*time.Second) {
+	for _, data := range fleettest.RawResults(t, q, batch, n, time.Minute) {
 		r := checkResult(t, s, data)
 		if _, dup := got[r.CustomID]; dup {
 			t.Errorf("two results for %q", r.CustomID)

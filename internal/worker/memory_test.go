@@ -184,7 +184,7 @@ func TestKeptSettlementsHoldNoResultOnceItIsStored(t *testing.T) {
 			Params: jobs.SamplingParams{MaxTokens: intp(4)}, PromptLogprobs: true, TopKPromptLogprobs: 20}
 	}
 	publishJobs(t, b.results, "lp", js)
-	for id, r := range waitResults(t, b.results, "lp", len(js), time.Minute) {
+	for id, r := range waitResults(t, b.results, "lp", len(js), 3*time.Minute) {
 		if r.Status != jobs.StatusOK {
 			t.Fatalf("%s: %+v", id, r.Error)
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
@@ -101,41 +102,62 @@ func TestAStopWithNATSUpStillSettlesAndLeaves(t *testing.T) {
 // connection reconnects to a server back within a fraction of a second (a rolling restart, a
 // failover) still removes its presence note, which the reconnect lands: skipped whenever the
 // connection was down, it left status counting the stopped worker running for 15 s.
+//
+// A stop waits a second for the reconnect (attend). On a loaded machine the server's restart
+// alone can take longer, and the note rightly stays: such a try is not the brief reconnect
+// asked about, and the test tries again, with another worker.
 func TestAStopDuringABriefReconnectStillRemovesThePresenceNote(t *testing.T) {
 	t.Parallel()
+	const brief = 700 * time.Millisecond // from the stop to the reconnect: well within the second
 	b := restartable(t)
-	w := b.open(t, b.connect(t), Config{Concurrency: 2})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	present := func(q *queue.Queue) bool {
+	present := func(q *queue.Queue, id string) bool {
 		a, _, err := q.Present(context.Background(), queue.PresenceWindow, queue.PresenceWindow)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range a.Running {
-			if p.Worker == w.id {
+			if p.Worker == id {
 				return true
 			}
 		}
 		return false
 	}
-	probe := b.connect(t)
-	fleettest.Eventually(t, 10*time.Second, "the worker's presence note", func() bool { return present(probe) })
+	var slow []time.Duration
+	for len(slow) < 3 {
+		w := b.open(t, b.connect(t), Config{Concurrency: 2})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		probe := b.connect(t)
+		fleettest.Eventually(t, 10*time.Second, "the worker's presence note", func() bool { return present(probe, w.id) })
 
-	b.emb.Shutdown()
-	nc := w.cfg.Queue.JS.Conn()
-	fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
-	cancel() // the stop, while reconnecting
-	b.startAgain(t)
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
+		b.emb.Shutdown()
+		nc := w.cfg.Queue.JS.Conn()
+		fleettest.Eventually(t, 10*time.Second, "the worker to lose its server", func() bool { return !nc.IsConnected() })
+		reconnected := nc.StatusChanged(nats.CONNECTED)
+		stopped := time.Now()
+		cancel() // the stop, while reconnecting
+		b.startAgain(t)
+		var back time.Duration
+		select {
+		case <-reconnected:
+			back = time.Since(stopped)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the worker did not reconnect in 10s")
+		}
+		nc.RemoveStatusListener(reconnected)
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if !present(b.connect(t), w.id) {
+			return
+		}
+		if back < brief {
+			t.Fatalf("the stopped worker's presence note is still there after a reconnect of %v: status counts it running for up to %v", back.Round(time.Millisecond), queue.PresenceWindow)
+		}
+		slow = append(slow, back.Round(time.Millisecond))
 	}
-	fleettest.Eventually(t, 10*time.Second, "the worker to reconnect", nc.IsConnected)
-	if present(b.connect(t)) {
-		t.Errorf("the stopped worker's presence note is still there after a reconnect of well under a second: status counts it running for up to %v", queue.PresenceWindow)
-	}
+	t.Skipf("the server came back too late for a brief reconnect in each try (%v after the stop): a loaded machine", slow)
 }
 
 // TestAnIdleWorkerStopsWithNATSGoneWithoutWaitingForIt: an idle worker stopped after its
