@@ -91,14 +91,16 @@ func resultLine(dst, data []byte, created time.Time, f resultFormat, batch strin
 		}
 		return append(dst, data...), nil
 	}
-	r, err := jobs.DecodeResult(data)
+	// Read in place (jobs.AppendOpenAIFromJSON): decoded whole, a result of queue.MaxResultBytes
+	// took GiBs.
+	out, id, b, err := jobs.AppendOpenAIFromJSON(dst, data, created)
 	if err != nil {
 		return nil, err
 	}
-	if r.BatchID != batch || queue.JobKeyOf(r.CustomID) != key {
+	if b != batch || queue.JobKeyOf(id) != key {
 		return nil, errNotResultLine // its line's id would be another batch's, or job's
 	}
-	return r.AppendOpenAI(dst, created)
+	return out, nil
 }
 
 // summary counts the results of a batch by status.

@@ -37,6 +37,8 @@
 // Result is one line of output (schemas/result.schema.json; AppendOpenAI writes it in the OpenAI
 // Batch output format, schemas/openai-result.schema.json): status ok, error or cancelled, the
 // samples with their tokens and logprobs, prompt logprobs when asked, usage, and for failures a
-// ResultError with a Code*, a category (§7.2) and whether a retry may help. NewResult,
+// ResultError with a Code*, a category (§7.2) and whether a retry may help.
+// AppendOpenAIFromJSON writes a stored line in the OpenAI format without decoding it whole,
+// one sample at a time, with DecodeResult's checks and errors. NewResult,
 // ErrorResult, CancelledResult and InvalidJobResult fill in the job's identity and metadata.
 package jobs

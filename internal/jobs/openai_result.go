@@ -91,6 +91,13 @@ func (r *Result) AppendOpenAI(b []byte, created time.Time) ([]byte, error) {
 	if err := r.Validate(); err != nil {
 		return nil, fmt.Errorf("openai result %q: %w", r.CustomID, err)
 	}
+	return r.appendOpenAI(b, created, len(r.Samples), func(i int) *Sample { return &r.Samples[i] }), nil
+}
+
+// appendOpenAI is AppendOpenAI on a valid result whose n samples are sample(0) … sample(n-1)
+// (r.Samples itself is not read), sample being called once for each i in turn:
+// AppendOpenAIFromJSON decodes each one only when it is written, into the same Sample.
+func (r *Result) appendOpenAI(b []byte, created time.Time, n int, sample func(i int) *Sample) []byte {
 	h := openAIHash(r.BatchID, r.CustomID)
 	b = append(b, `{"id":"batch_req_`...)
 	b = append(b, h[:]...)
@@ -99,7 +106,7 @@ func (r *Result) AppendOpenAI(b []byte, created time.Time) ([]byte, error) {
 	if r.Status == StatusCancelled {
 		b = append(b, `,"response":null,"error":{"code":"`+OpenAICodeBatchCancelled+`","message":`...)
 		b = appendJSONString(b, r.Error.Message)
-		return append(b, "}}"...), nil
+		return append(b, "}}"...)
 	}
 	status := 200
 	if r.Status == StatusError {
@@ -111,11 +118,11 @@ func (r *Result) AppendOpenAI(b []byte, created time.Time) ([]byte, error) {
 	b = append(b, h[:]...)
 	b = append(b, `","body":`...)
 	if r.Status == StatusOK {
-		b = r.appendOpenAICompletion(b, h, created)
+		b = r.appendOpenAICompletion(b, h, created, n, sample)
 	} else {
 		b = appendOpenAIError(b, status, r.Error)
 	}
-	return append(b, `},"error":null}`...), nil
+	return append(b, `},"error":null}`...)
 }
 
 // openAIStatus is the HTTP status of a failed request (see AppendOpenAI).
@@ -147,8 +154,9 @@ func appendOpenAIError(b []byte, status int, e *ResultError) []byte {
 	return append(b, "}}"...)
 }
 
-// appendOpenAICompletion appends the chat.completion or text_completion body of an ok result.
-func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time) []byte {
+// appendOpenAICompletion appends the chat.completion or text_completion body of an ok result
+// whose n samples are sample(i).
+func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time, n int, sample func(i int) *Sample) []byte {
 	chat := r.Format == FormatOpenAIChat
 	if chat {
 		b = append(b, `{"id":"chatcmpl-`...)
@@ -169,8 +177,8 @@ func (r *Result) appendOpenAICompletion(b []byte, h [24]byte, created time.Time)
 	b = append(b, `,"model":`...)
 	b = appendJSONString(b, r.Model)
 	b = append(b, `,"choices":[`...)
-	for i := range r.Samples {
-		s := &r.Samples[i]
+	for i := range n {
+		s := sample(i)
 		if i > 0 {
 			b = append(b, ',')
 		}

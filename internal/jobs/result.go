@@ -209,6 +209,14 @@ func (t *TokenBytes) UnmarshalJSON(b []byte) error {
 		*t = nil
 		return nil
 	}
+	if validJSON(b) {
+		// Read in place, as the worker writes them: through [][]int, a token of one byte took
+		// 40 bytes or more, and a sample's lists 10 times their JSON.
+		if n, ok := scanTokenBytes(b); ok && n >= 0 {
+			*t = decodeTokenBytes(nil, b, n)
+			return nil
+		}
+	}
 	var raw [][]int
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return fmt.Errorf("token bytes: %w", err)
@@ -284,6 +292,19 @@ func (l *Logprobs) UnmarshalJSON(b []byte) error {
 	if string(bytes.TrimSpace(b)) == "null" {
 		*l = nil
 		return nil
+	}
+	if validJSON(b) {
+		// Read in place (numbers and nulls): through []*float64, each took 24 bytes more.
+		if n, ok := scanLogprobs(b); ok && n >= 0 {
+			out := make(Logprobs, 0, n)
+			it := newArrIter(b)
+			for v, more := it.next(); more; v, more = it.next() {
+				f, _ := storedLogprob(v)
+				out = append(out, f)
+			}
+			*l = out
+			return nil
+		}
 	}
 	var raw []*float64
 	if err := json.Unmarshal(b, &raw); err != nil {
@@ -488,15 +509,31 @@ func (r *Result) Validate() error {
 		return fieldErr("status", `must be "ok", "error" or "cancelled"`)
 	}
 	for i, s := range r.Samples {
-		if s.StopReason != StopReasonStop && s.StopReason != StopReasonLength {
-			return fieldErr("samples["+strconv.Itoa(i)+"].stop_reason", `must be "stop" or "length"`)
+		logprobs, tokenBytes := -1, -1
+		if s.Logprobs != nil {
+			logprobs = len(s.Logprobs)
 		}
-		if s.Logprobs != nil && len(s.Logprobs) != len(s.Tokens) {
-			return fieldErr("samples["+strconv.Itoa(i)+"].logprobs", "must have one entry per token")
+		if s.TokenBytes != nil {
+			tokenBytes = len(s.TokenBytes)
 		}
-		if s.TokenBytes != nil && len(s.TokenBytes) != len(s.Tokens) {
-			return fieldErr("samples["+strconv.Itoa(i)+"].token_bytes", "must have one entry per token")
+		if err := validateSample(i, s.StopReason, len(s.Tokens), logprobs, tokenBytes); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// validateSample checks sample i of a result (see Validate) from its stop reason and the
+// lengths of its lists: logprobs and tokenBytes are -1 when the sample has none (nil).
+func validateSample(i int, stopReason string, tokens, logprobs, tokenBytes int) error {
+	if stopReason != StopReasonStop && stopReason != StopReasonLength {
+		return fieldErr("samples["+strconv.Itoa(i)+"].stop_reason", `must be "stop" or "length"`)
+	}
+	if logprobs >= 0 && logprobs != tokens {
+		return fieldErr("samples["+strconv.Itoa(i)+"].logprobs", "must have one entry per token")
+	}
+	if tokenBytes >= 0 && tokenBytes != tokens {
+		return fieldErr("samples["+strconv.Itoa(i)+"].token_bytes", "must have one entry per token")
 	}
 	return nil
 }
