@@ -286,8 +286,9 @@ func scanSample(v []byte) (s rawSample, ok bool) {
 	return s, true
 }
 
-// scanInts checks a list of integers from lo to hi, or null (n -1).
-func scanInts(v []byte, lo, hi int64) (n int, ok bool) {
+// scanList checks a list whose every element elem accepts, or null (n -1), and counts its
+// elements.
+func scanList(v []byte, elem func([]byte) bool) (n int, ok bool) {
 	if isNull(v) {
 		return -1, true
 	}
@@ -296,49 +297,36 @@ func scanInts(v []byte, lo, hi int64) (n int, ok bool) {
 	}
 	it := newArrIter(v)
 	for e, more := it.next(); more; e, more = it.next() {
-		x, ok := storedInt(e)
-		if !ok || x < lo || x > hi {
+		if !elem(e) {
 			return 0, false
 		}
 		n++
 	}
 	return n, true
+}
+
+// scanInts checks a list of integers from lo to hi, or null (n -1).
+func scanInts(v []byte, lo, hi int64) (n int, ok bool) {
+	return scanList(v, func(e []byte) bool {
+		x, ok := storedInt(e)
+		return ok && x >= lo && x <= hi
+	})
 }
 
 // scanLogprobs checks a list of numbers and nulls (Logprobs), or null (n -1).
 func scanLogprobs(v []byte) (n int, ok bool) {
-	if isNull(v) {
-		return -1, true
-	}
-	if !isArray(v) {
-		return 0, false
-	}
-	it := newArrIter(v)
-	for e, more := it.next(); more; e, more = it.next() {
-		if _, ok := storedLogprob(e); !ok {
-			return 0, false
-		}
-		n++
-	}
-	return n, true
+	return scanList(v, func(e []byte) bool {
+		_, ok := storedLogprob(e)
+		return ok
+	})
 }
 
 // scanTokenBytes checks a list of lists of bytes (TokenBytes), or null (n -1).
 func scanTokenBytes(v []byte) (n int, ok bool) {
-	if isNull(v) {
-		return -1, true
-	}
-	if !isArray(v) {
-		return 0, false
-	}
-	it := newArrIter(v)
-	for e, more := it.next(); more; e, more = it.next() {
-		if k, ok := scanInts(e, 0, 255); !ok || k < 0 {
-			return 0, false
-		}
-		n++
-	}
-	return n, true
+	return scanList(v, func(e []byte) bool {
+		k, ok := scanInts(e, 0, 255)
+		return ok && k >= 0
+	})
 }
 
 // scanTopK checks topk_prompt_logprobs: null, or a list of nulls and lists of
