@@ -156,15 +156,22 @@ func runServer(t *testing.T) jetstream.JetStream {
 	return js
 }
 
+// openBoard opens account's board in js's "backoff" bucket, or fails the test.
+func openBoard(t *testing.T, js jetstream.JetStream, account string, cfg Config) *Board {
+	t.Helper()
+	b, err := Open(context.Background(), js, "backoff", account, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func TestBoardSplitsOneRoundAmongItsWorkers(t *testing.T) {
 	t.Parallel()
 	js := runServer(t)
 	ctx := context.Background()
 	open := func(account string) *Board {
-		b, err := Open(ctx, js, "backoff", account, Config{Gather: 200 * time.Millisecond, Window: 300 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := openBoard(t, js, account, Config{Gather: 200 * time.Millisecond, Window: 300 * time.Millisecond})
 		t.Cleanup(func() { _ = b.Close(ctx) })
 		return b
 	}
@@ -274,13 +281,7 @@ func TestWatchLeavesSeesAnotherWorkerLeave(t *testing.T) {
 	t.Parallel()
 	js := runServer(t)
 	ctx := context.Background()
-	open := func(account string) *Board {
-		b, err := Open(ctx, js, "backoff", account, Config{Gather: 10 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	open := func(account string) *Board { return openBoard(t, js, account, Config{Gather: 10 * time.Millisecond}) }
 	watcher, leaver, silent, other := open("acct"), open("acct"), open("acct"), open("other")
 	for _, b := range []*Board{watcher, leaver, other} {
 		if _, err := b.Split(ctx, Report{Peak: 8, Want: 400}); err != nil {
@@ -409,13 +410,7 @@ func TestWatchLeavesResumesWhereItLeftOff(t *testing.T) {
 	t.Parallel()
 	js := runServer(t)
 	ctx := context.Background()
-	open := func() *Board {
-		b, err := Open(ctx, js, "backoff", "acct", Config{Gather: 10 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	open := func() *Board { return openBoard(t, js, "acct", Config{Gather: 10 * time.Millisecond}) }
 	report := func(b *Board) {
 		if _, err := b.Split(ctx, Report{Peak: 1, Want: 1}); err != nil {
 			t.Fatal(err)
@@ -526,13 +521,7 @@ func TestWatchLeavesReturnsNilWhenItsContextEnds(t *testing.T) {
 	t.Parallel()
 	js := runServer(t)
 	ctx := context.Background()
-	open := func() *Board {
-		b, err := Open(ctx, js, "backoff", "acct", Config{Gather: 10 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	open := func() *Board { return openBoard(t, js, "acct", Config{Gather: 10 * time.Millisecond}) }
 	watcher := open()
 	for round := range 8 {
 		watchCtx, cancel := context.WithCancel(ctx)
