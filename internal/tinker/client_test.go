@@ -31,7 +31,7 @@ func TestDialStartupAndHeartbeat(t *testing.T) {
 		beats.Add(1)
 		jsonReply(200, `{"type":"session_heartbeat"}`)(w, r, b)
 	})
-	c, _, _ := dial(t, f, func(cfg *Config) {
+	c, _, ev := dial(t, f, func(cfg *Config) {
 		cfg.Timing.HeartbeatInterval = 5 * time.Millisecond
 		cfg.Tags = []string{"a"}
 		cfg.ProjectID = "proj-1"
@@ -68,15 +68,28 @@ func TestDialStartupAndHeartbeat(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	after := beats.Load()
+	// Close waited for the heartbeat to end; every heartbeat it sent has finished (the last
+	// one cut short, perhaps, while the fake still reads it), and the fake sees no more.
+	sent := int32(heartbeatRequests(ev))
 	time.Sleep(30 * time.Millisecond)
-	if beats.Load() != after {
-		t.Fatalf("heartbeat continued after Close: %d -> %d", after, beats.Load())
+	if n := heartbeatRequests(ev); n != int(sent) || beats.Load() > sent {
+		t.Fatalf("heartbeat continued after Close: %d sent by then, %d sent and %d received in all", sent, n, beats.Load())
 	}
 	if _, err := c.NewSampler(context.Background(), SamplerSpec{BaseModel: "m"}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("NewSampler after Close: %v", err)
 	}
 	_ = c.Close() // idempotent
+}
+
+// heartbeatRequests counts the session_heartbeat requests the client has finished.
+func heartbeatRequests(ev *eventLog) int {
+	n := 0
+	for _, e := range ev.of(EventRequest) {
+		if e.Endpoint == "session_heartbeat" {
+			n++
+		}
+	}
+	return n
 }
 
 func waitFor(t *testing.T, cond func() bool) {
