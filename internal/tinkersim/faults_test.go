@@ -1,7 +1,10 @@
 package tinkersim
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -330,34 +333,58 @@ func TestFaultSlowHeartbeat(t *testing.T) {
 
 func TestFaultSlowAcceptHoldsTheSlotBeforeTheReply(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Config{Capacity: 1, BaseLatency: time.Hour})
+	h := newHarness(t, Config{Capacity: 2, BaseLatency: time.Hour})
 	ssid := h.sampler("Qwen/Qwen3-8B")
-	mustInject(t, h.srv, Fault{Kind: FaultSlowAccept, Delay: 300 * time.Millisecond})
-	accepted := make(chan time.Duration, 1)
+	// The acceptance comes after the delay.
+	mustInject(t, h.srv, Fault{Kind: FaultSlowAccept, Delay: 300 * time.Millisecond, Count: 1})
 	start := time.Now()
+	h.asample(sampleBody(ssid, 0, []int32{1}, nil))
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Fatalf("acceptance answered after %v, want the 300ms delay", el)
+	}
+	// The slot is taken while the acceptance is still on its way: a second sample is turned
+	// away at once, and its 429 arrives before the first sample's acceptance. That acceptance
+	// is held for an hour, longer than any 429 can take under load, and let go by cancelling
+	// its request.
+	mustInject(t, h.srv, Fault{Kind: FaultSlowAccept, Delay: time.Hour, Count: 1})
+	data, err := json.Marshal(sampleBody(ssid, 1, []int32{1}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", h.base+"/api/v1/asample", bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", testKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Tinker-Sampling-Backpressure", "1")
+	accepted := make(chan error, 1)
 	go func() {
-		h.asample(sampleBody(ssid, 0, []int32{1}, nil))
-		accepted <- time.Since(start)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		accepted <- err
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for h.srv.Stats().Concurrent != 1 {
+	for h.srv.Stats().Concurrent != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the sample never took its slot")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	// The slot is taken while the acceptance is still on its way: a second sample is turned
-	// away at once, and its 429 arrives before the first sample's acceptance.
-	r := h.do("POST", "/api/v1/asample", sampleBody(ssid, 1, []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
+	r := h.do("POST", "/api/v1/asample", sampleBody(ssid, 2, []int32{1}, nil), "X-Tinker-Sampling-Backpressure", "1")
 	mustJSONError(t, r, http.StatusTooManyRequests)
 	select {
-	case el := <-accepted:
-		t.Fatalf("the acceptance arrived before the 429, after %v", el)
+	case err := <-accepted:
+		t.Fatalf("the acceptance arrived before the 429: %v", err)
 	default:
 	}
-	if el := <-accepted; el < 300*time.Millisecond {
-		t.Fatalf("acceptance answered after %v, want the 300ms delay", el)
-	}
+	cancel()
+	<-accepted
 	if _, err := h.srv.Inject(Fault{Kind: FaultSlowAccept}); err == nil {
 		t.Fatal("slow_accept without a delay was accepted")
 	}
