@@ -359,11 +359,15 @@ func TestSimBillingPause(t *testing.T) {
 	t.Parallel()
 	t.Run("402s that stop inside the window", func(t *testing.T) {
 		t.Parallel()
-		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(10 * time.Second), Faults: []tinkersim.Fault{
-			{Kind: tinkersim.FaultPaymentRequired, Duration: 300 * time.Millisecond}}})
+		e := newFaultEnv(t, tinkersim.Config{ClientConfig: billingWindow(10 * time.Second)})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		s := e.sampler(t, ctx)
+		// Three 402s, then none: counted, not timed, so that they meet the sample however
+		// long Dial and the sampler took.
+		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPaymentRequired, Count: 3}); err != nil {
+			t.Fatal(err)
+		}
 		res, err := s.Sample(ctx, simRequest(4))
 		if err != nil {
 			t.Fatalf("sample across a billing pause inside the window: %v", err)
