@@ -709,21 +709,40 @@ func TestSimFaults(t *testing.T) {
 		e := newSimEnv(t, tinkersim.Config{}, nil)
 		s := e.sampler(t, tinker.SamplerSpec{BaseModel: "Qwen/Qwen3-8B"})
 		const reason = "Tinker backend is running short on capacity (simulated)"
-		if _, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPausedCapacity, Duration: 400 * time.Millisecond, Reason: reason}); err != nil {
+		id, err := e.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultPausedCapacity, Reason: reason})
+		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := s.Sample(e.ctx, simRequest(9))
-		if err != nil {
-			t.Fatalf("sample across the pause: %v", err)
+		type out struct {
+			res *tinker.SampleResult
+			err error
 		}
-		checkSequences(t, res.Response, 1, 16)
-		var paused []tinker.Event
-		for _, ev := range e.eventsOf(tinker.EventQueueState) {
-			if ev.QueueState == tinker.QueuePausedCapacity {
-				paused = append(paused, ev)
+		done := make(chan out, 1)
+		go func() {
+			res, err := s.Sample(e.ctx, simRequest(9))
+			done <- out{res, err}
+		}()
+		pausedEvents := func() []tinker.Event {
+			var paused []tinker.Event
+			for _, ev := range e.eventsOf(tinker.EventQueueState) {
+				if ev.QueueState == tinker.QueuePausedCapacity {
+					paused = append(paused, ev)
+				}
 			}
+			return paused
 		}
-		if len(paused) == 0 || paused[0].Reason != reason || paused[0].SamplerID != s.ID() {
+		// The window ends once the client has reported the pause, however long that took.
+		deadline := time.Now().Add(20 * time.Second)
+		for len(pausedEvents()) == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		e.sim.RemoveFault(id)
+		o := <-done
+		if o.err != nil {
+			t.Fatalf("sample across the pause: %v", o.err)
+		}
+		checkSequences(t, o.res.Response, 1, 16)
+		if paused := pausedEvents(); len(paused) == 0 || paused[0].Reason != reason || paused[0].SamplerID != s.ID() {
 			t.Fatalf("paused queue-state events %+v, want reason %q for sampler %s", paused, reason, s.ID())
 		}
 		if w := e.sim.Stats().Windows; len(w) != 1 || w[0].AsampleCalls != 1 {
