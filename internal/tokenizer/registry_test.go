@@ -682,7 +682,11 @@ func TestADownloadedTokenizerIsUsedWhenTheCacheCannotBeWritten(t *testing.T) {
 // after the stall timeout without a byte, however long it has run.
 func TestASlowDownloadGoesOnAndAStalledOneIsGivenUp(t *testing.T) {
 	data := miniTokenizerJSON(t)
-	const stall = 300 * time.Millisecond
+	// A piece every tenth of the stall timeout: a loaded machine under -race delays a piece
+	// by hundreds of milliseconds (with a piece every 100 ms of a 300 ms timeout, the slow
+	// download was given up once in 30 runs), never by most of a second.
+	const stall = time.Second
+	const pieces = 34 // 3.4 stall timeouts in all
 	hang := make(chan struct{})
 	defer close(hang)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -692,20 +696,20 @@ func TestASlowDownloadGoesOnAndAStalledOneIsGivenUp(t *testing.T) {
 		}
 		w.Header().Set("X-Repo-Commit", "0123abcd")
 		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-		pieces := 10 // a piece every stall/3: 3.3 stall timeouts in all
+		sent := pieces
 		if strings.HasPrefix(r.URL.Path, "/org/stalled/") {
-			pieces = 2
+			sent = 2
 		}
-		for i := range pieces {
-			w.Write(data[len(data)*i/10 : len(data)*(i+1)/10])
+		for i := range sent {
+			w.Write(data[len(data)*i/pieces : len(data)*(i+1)/pieces])
 			w.(http.Flusher).Flush()
 			select {
-			case <-time.After(stall / 3):
+			case <-time.After(stall / 10):
 			case <-r.Context().Done():
 				return
 			}
 		}
-		if pieces < 10 {
+		if sent < pieces {
 			select { // half a body, then nothing
 			case <-hang:
 			case <-r.Context().Done():
