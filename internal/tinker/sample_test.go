@@ -572,15 +572,29 @@ func TestTimedOutSubmissionsAreRetriedAtEachLayer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("15 submissions that timed out, then one answered: %v", err)
 	}
-	if res.Attempts != 2 || res.Submissions != 16 {
-		t.Fatalf("result %+v: want 2 attempts of 16 submissions", res)
+	// The first attempt's 15 submissions time out: 14 retries of the §6.2 loop, which spends
+	// its 300 s on them, then one of the §6.3 layer. The second attempt's submission is
+	// answered at once, but a loaded machine under -race can take more than 20 ms to bring
+	// the answer in: then it too timed out, and the loop sent it again.
+	if res.Attempts != 2 || res.Submissions < 16 {
+		t.Fatalf("result %+v: want 2 attempts of 16 submissions (more if an answered one came late)", res)
 	}
-	layers := map[RetryLayer]int{}
+	var layers []RetryLayer
 	for _, e := range ev.of(EventRetry) {
-		layers[e.Layer]++
+		if e.Layer == LayerSubmit || e.Layer == LayerSample {
+			layers = append(layers, e.Layer)
+		}
 	}
-	if layers[LayerSubmit] != 14 || layers[LayerSample] != 1 {
-		t.Fatalf("retry layers %v", layers)
+	want := []RetryLayer{}
+	for range 14 {
+		want = append(want, LayerSubmit)
+	}
+	want = append(want, LayerSample)
+	for range res.Submissions - 16 {
+		want = append(want, LayerSubmit)
+	}
+	if !reflect.DeepEqual(layers, want) {
+		t.Fatalf("retry layers %v, want %v", layers, want)
 	}
 }
 
