@@ -334,7 +334,9 @@ func TestARequestTimeoutOverHTTP2IsATimeout(t *testing.T) {
 	roots.AddCert(srv.Certificate())
 
 	_, err := tinker.Dial(context.Background(), tinker.Config{BaseURL: srv.URL, APIKey: simKey, RootCAs: roots,
-		Timing: tinker.Timing{RequestTimeout: 100 * time.Millisecond, HTTPMaxRetries: -1, SubmitRetryDeadline: time.Nanosecond}})
+		// The request must reach the service over HTTP/2 before it times out: the TLS
+		// handshake under -race on a loaded machine took more than 100 ms.
+		Timing: tinker.Timing{RequestTimeout: time.Second, HTTPMaxRetries: -1, SubmitRetryDeadline: time.Nanosecond}})
 	var ce *tinker.ConnectionError
 	if !errors.As(err, &ce) || !ce.Timeout || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Dial against a service that never answers: %v; want a timed-out *ConnectionError", err)
