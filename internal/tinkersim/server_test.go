@@ -311,7 +311,9 @@ func TestLongPollTimesOutWith408(t *testing.T) {
 // while one nobody read yet stays for ResultTTL.
 func TestAReadFutureIsDroppedSoonAfter(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Config{ResultTTL: time.Hour, ReadTTL: 300 * time.Millisecond})
+	// The second read comes one loopback round trip after the first: ReadTTL leaves it 2 s,
+	// which a loaded machine under -race does not take.
+	h := newHarness(t, Config{ResultTTL: time.Hour, ReadTTL: 2 * time.Second})
 	ssid := h.sampler("Qwen/Qwen3-8B")
 	read := h.asample(sampleBody(ssid, 0, []int32{1}, nil))
 	unread := h.asample(sampleBody(ssid, 1, []int32{2}, nil))
