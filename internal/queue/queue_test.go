@@ -628,7 +628,10 @@ func TestTheLargestJobsDeadLetterCopyFits(t *testing.T) {
 
 func largestJobAndDeadCopy(t *testing.T, b *testBundle, customID string) {
 	t.Helper()
-	ctx := context.Background()
+	// Not jetstream's 5 s for a context without a deadline: a megabyte read back as base64 in
+	// JSON, under -race, on a loaded machine, took longer.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	batch := strings.Repeat("b", 64)
 	data := bytes.Repeat([]byte("x"), int(b.nc.MaxPayload())-JobHeaderRoom)
 	fut, err := b.q.PublishJobAsync(batch, customID, data, true)
@@ -639,7 +642,7 @@ func largestJobAndDeadCopy(t *testing.T, b *testBundle, customID string) {
 	case <-fut.Ok():
 	case err := <-fut.Err():
 		t.Fatalf("the largest job was not stored: %v", err)
-	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
 		t.Fatal("no ack for the largest job")
 	}
 	reason := strings.Repeat("é", 8<<10) // a long error, two bytes a character
@@ -648,7 +651,7 @@ func largestJobAndDeadCopy(t *testing.T, b *testBundle, customID string) {
 	}
 	dead, err := b.q.Dead.GetLastMsgForSubject(ctx, b.q.Names.DeadSubject(batch))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("read the dead-letter copy: %v", err)
 	}
 	got := dead.Header.Get(HeaderDeadReason)
 	if len(dead.Data) != len(data) || len(got) > maxDeadReason+len("…") || !utf8.ValidString(got) || !strings.HasPrefix(reason, strings.TrimSuffix(got, "…")) {
