@@ -74,9 +74,10 @@ type rawSample struct {
 	nTokens, nLogprobs, nTokenBytes    int // elements; -1 for a null or absent list
 }
 
-// validate checks sample i as Validate does.
+// validate checks sample i as Validate does: null or absent tokens are no tokens (len(nil)),
+// which an empty list of logprobs or token bytes matches.
 func (s *rawSample) validate(i int) error {
-	return validateSample(i, s.stopReason, s.nTokens, s.nLogprobs, s.nTokenBytes)
+	return validateSample(i, s.stopReason, max(s.nTokens, 0), s.nLogprobs, s.nTokenBytes)
 }
 
 // decode fills d with the sample, reusing d's lists; the lists were checked by scanSample.

@@ -118,6 +118,9 @@ var mutations = []func(string) string{
 	func(s string) string { return strings.Replace(s, `"token_bytes":[`, `"token_bytes":[[],`, 1) },
 	func(s string) string { return strings.Replace(s, `"tokens":[`, `"tokens":null,"x":[`, 1) },
 	func(s string) string { return strings.Replace(s, `"tokens":[`, `"tokens":[null,`, 1) },
+	// No tokens (null or absent) but empty lists: len(nil) is 0, so DecodeResult takes them.
+	func(s string) string { return strings.Replace(s, `"tokens":null`, `"tokens":null,"logprobs":[]`, 1) },
+	func(s string) string { return strings.Replace(s, `"tokens":null,`, `"token_bytes":[ ],`, 1) },
 	func(s string) string { return strings.Replace(s, `"tokens":[`, `"tokens":[1.5,`, 1) },
 	func(s string) string { return strings.Replace(s, `"tokens":[`, `"tokens":[99999999999999999999,`, 1) },
 	func(s string) string { return strings.Replace(s, `"logprobs":[`, `"logprobs":[1e999,`, 1) },
