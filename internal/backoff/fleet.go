@@ -244,12 +244,18 @@ func bindBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 	return kv, nil
 }
 
-// Close stops the watch goroutine. It is idempotent.
+// Close stops the watch goroutine, and waits for the stops of the watches it replaced
+// (stop) while the connection is up. With the connection down, each of those stops waits
+// out nats.go's JetStream API timeout (5 s) for a consumer delete that cannot be sent, and
+// the server drops the consumer by itself: they end by that timeout, after Close, which a
+// worker's stop no longer waits for. It is idempotent.
 func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
 		f.cancel()
 		<-f.done
-		f.stopping.Wait()
+		if f.nc == nil || f.nc.IsConnected() {
+			f.stopping.Wait()
+		}
 	})
 	return nil
 }
@@ -636,7 +642,7 @@ func (f *Fleet) run(ctx context.Context) {
 // stop stops an old watcher in the background: Stop deletes the watch's
 // consumer with a request that can take up to the JetStream API timeout while
 // the connection is down, and the new watch must not wait for it. Close waits
-// for these. Once ctx is done with the connection down it leaves w to ctx's
+// for these while the connection is up. Once ctx is done with the connection down it leaves w to ctx's
 // end, which unsubscribes it (the watch is tied to ctx, see watch), and the
 // server drops the consumer by itself: Close waited out that timeout for
 // nothing, and a worker whose NATS server was gone took 5 s more to stop.

@@ -879,3 +879,28 @@ func TestCloseWithNATSGoneDoesNotWaitForIt(t *testing.T) {
 		t.Errorf("closing %d fleets took %v with NATS gone, want at most a second", len(fleets), took.Round(time.Millisecond))
 	}
 }
+
+// TestCloseDoesNotWaitForAStopStartedWithNATSGone: a watch replaced while the connection is
+// down (a re-read that failed as the server went, a watch that closed) is stopped in the
+// background, and that Stop's consumer delete waits out nats.go's 5 s API timeout. Close
+// waited for it: a worker stopped then took 5 s more (CI saw it in
+// TestCloseWithNATSGoneDoesNotWaitForIt, a fleet whose first re-read met the server's end).
+func TestCloseDoesNotWaitForAStopStartedWithNATSGone(t *testing.T) {
+	s := startServer(t, t.TempDir(), -1)
+	nc, js := connect(t, s.ClientURL())
+	f := open(t, js, Config{})
+	w, err := f.watch(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopServer(s)
+	eventually(t, "the connection to go down", func() bool { return !nc.IsConnected() })
+	f.stop(t.Context(), w) // as the run loop stops a watch it replaces, its context alive
+	began := time.Now()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("Close took %v with a watch's stop waiting for NATS, want at most a second", took.Round(time.Millisecond))
+	}
+}
