@@ -642,10 +642,11 @@ func (f *Fleet) run(ctx context.Context) {
 // stop stops an old watcher in the background: Stop deletes the watch's
 // consumer with a request that can take up to the JetStream API timeout while
 // the connection is down, and the new watch must not wait for it. Close waits
-// for these while the connection is up. Once ctx is done with the connection down it leaves w to ctx's
-// end, which unsubscribes it (the watch is tied to ctx, see watch), and the
-// server drops the consumer by itself: Close waited out that timeout for
-// nothing, and a worker whose NATS server was gone took 5 s more to stop.
+// for these while the connection is up. Once ctx is done with the connection
+// down it leaves w to ctx's end, which unsubscribes it (the watch is tied to
+// ctx, see watch), and the server drops the consumer by itself: Close waited
+// out that timeout for nothing, and a worker whose NATS server was gone took
+// 5 s more to stop.
 func (f *Fleet) stop(ctx context.Context, w jetstream.KeyWatcher) {
 	if ctx.Err() != nil && f.nc != nil && !f.nc.IsConnected() {
 		return
