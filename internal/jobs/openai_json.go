@@ -99,24 +99,30 @@ func (s *rawSample) decode(d *Sample) {
 			d.Tokens = append(d.Tokens, int(n))
 		}
 	}
-	d.Logprobs = d.Logprobs[:0]
 	if s.nLogprobs < 0 {
 		d.Logprobs = nil
 	} else {
-		if d.Logprobs == nil || cap(d.Logprobs) < s.nLogprobs {
-			d.Logprobs = make(Logprobs, 0, s.nLogprobs)
-		}
-		it := newArrIter(s.logprobs)
-		for v, ok := it.next(); ok; v, ok = it.next() {
-			f, _ := storedLogprob(v)
-			d.Logprobs = append(d.Logprobs, f)
-		}
+		d.Logprobs = decodeLogprobs(d.Logprobs[:0], s.logprobs, s.nLogprobs)
 	}
 	if s.nTokenBytes < 0 {
 		d.TokenBytes = nil
 		return
 	}
 	d.TokenBytes = decodeTokenBytes(d.TokenBytes[:0], s.tokenBytes, s.nTokenBytes)
+}
+
+// decodeLogprobs decodes raw, a list of n numbers and nulls that scanLogprobs checked, into
+// lp (reusing its array when it holds n).
+func decodeLogprobs(lp Logprobs, raw []byte, n int) Logprobs {
+	if lp == nil || cap(lp) < n {
+		lp = make(Logprobs, 0, n)
+	}
+	it := newArrIter(raw)
+	for v, ok := it.next(); ok; v, ok = it.next() {
+		f, _ := storedLogprob(v)
+		lp = append(lp, f)
+	}
+	return lp
 }
 
 // decodeTokenBytes decodes raw, a list of n lists of bytes that scanSample checked, into tb

@@ -296,13 +296,7 @@ func (l *Logprobs) UnmarshalJSON(b []byte) error {
 	if validJSON(b) {
 		// Read in place (numbers and nulls): through []*float64, each took 24 bytes more.
 		if n, ok := scanLogprobs(b); ok && n >= 0 {
-			out := make(Logprobs, 0, n)
-			it := newArrIter(b)
-			for v, more := it.next(); more; v, more = it.next() {
-				f, _ := storedLogprob(v)
-				out = append(out, f)
-			}
-			*l = out
+			*l = decodeLogprobs(nil, b, n)
 			return nil
 		}
 	}
