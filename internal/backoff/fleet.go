@@ -228,20 +228,45 @@ func bindBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("backoff: bind bucket %s: %w", cfg.Bucket, err)
 	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	bucket := jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
 		Description: "tinkerfleet fleet-wide backoff deadlines per Tinker account",
 		History:     1,
 		Replicas:    cfg.Replicas,
 		Storage:     jetstream.FileStorage,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) { // lost a creation race
-		kv, err = js.KeyValue(ctx, cfg.Bucket)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		kv, err = js.CreateKeyValue(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketExists) { // lost a creation race
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+		if err == nil {
+			return kv, nil
+		}
+		if !serverFault(err) || attempt == createAttempts {
+			return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
+		case <-time.After(delay):
+		}
+		delay *= 2
 	}
-	return kv, nil
+}
+
+// createAttempts bounds the creations of the bucket that a server fault fails (about 1.5 s
+// of waits between them).
+const createAttempts = 6
+
+// serverFault reports whether err is the JetStream API's own failure (a 5xx), which may pass:
+// a bucket made again just after it was deleted, when nats-server removes the account's
+// emptied store directories in the background, can fail with "error creating store for
+// stream" while another worker's creation of it goes through.
+func serverFault(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code >= 500
 }
 
 // Close stops the watch goroutine, and waits for the stops of the watches it replaced

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -638,6 +640,54 @@ func TestADeletedBucketIsMadeAgain(t *testing.T) {
 	})
 	eventually(t, "a signal to go through", func() bool { return b.Signal(ctxT(t), ReasonRateLimited, time.Hour) == nil })
 	eventually(t, "the other worker to see the pause", a.Active)
+}
+
+// TestOpenRidesOutAServerThatCannotMakeTheBucketYet: a worker starting just after the
+// bucket was deleted met the server's "error creating store for stream" (a 500: nats-server
+// removes an account's emptied store directories in the background, and the new stream's
+// directory was made under them meanwhile) and did not start. The server here fails the
+// bucket's creation with the same error (a file where the stream's directory goes) until
+// it has been asked twice; Open asks again and starts.
+func TestOpenRidesOutAServerThatCannotMakeTheBucketYet(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := startServer(t, dir, -1)
+	nc, js := connect(t, s.ClientURL())
+	streams := filepath.Join(dir, "jetstream", server.DEFAULT_GLOBAL_ACCOUNT, "streams")
+	blocker := filepath.Join(streams, "KV_"+DefaultBucket)
+	if err := os.MkdirAll(streams, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	creates := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe("$JS.API.STREAM.CREATE.KV_"+DefaultBucket, creates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	go func() { // ends at the second request, or with the test
+		for range 2 {
+			select {
+			case <-creates:
+			case <-ctx.Done():
+				return
+			}
+		}
+		_ = os.Remove(blocker)
+	}()
+	a := open(t, js, Config{})
+	_, js2 := connect(t, s.ClientURL())
+	b := open(t, js2, Config{})
+	if err := a.Signal(ctxT(t), ReasonRateLimited, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the other worker to see the pause", b.Active)
 }
 
 // twoFleets starts a server and two Fleets on it, each on a connection of its own and
