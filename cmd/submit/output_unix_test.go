@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -134,7 +135,7 @@ func TestAPipeAsTheOutputIsRefused(t *testing.T) {
 // first ends with every line.
 func TestAnOutputFileFollowedElsewhereIsRefused(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, queue.Config{}, tinkersim.Config{Capacity: 2, BaseLatency: 100 * time.Millisecond})
+	f := newFleet(t, queue.Config{}, tinkersim.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	in := writeLines(t, jobLines(40))
@@ -142,7 +143,22 @@ func TestAnOutputFileFollowedElsewhereIsRefused(t *testing.T) {
 	if _, stderr, err := f.submit(ctx, in, "--batch-id", "two"); err != nil {
 		t.Fatalf("%v: %s", err, stderr)
 	}
-	f.startWorker(2)
+	// The results are stored here, half before the second process and half after it, as a
+	// worker would store them: with a worker, a first submit slow to start (a busy machine)
+	// read all 40 at once and ended before the second came, which then was not refused.
+	q := bind(t, f)
+	storeResults := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			res := jobs.Result{CustomID: fmt.Sprintf("job-%05d", i), BatchID: "two", Status: jobs.StatusOK, Model: "Qwen/Qwen3-8B"}
+			data, err := res.AppendJSON(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			storeResult(ctx, t, q, "two", res.CustomID, string(res.Status), data)
+		}
+	}
+	storeResults(0, 20)
 	first := make(chan error, 1)
 	go func() {
 		_, stderr, err := f.submit(ctx, in, "--batch-id", "two", "-o", out)
@@ -160,6 +176,7 @@ func TestAnOutputFileFollowedElsewhereIsRefused(t *testing.T) {
 	if _, _, err := f.submit(ctx, "results", "two", "-o", out); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "is being written by another submit") {
 		t.Errorf("a second process on the same -o: %v, want it refused", err)
 	}
+	storeResults(20, 40)
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
