@@ -1918,12 +1918,20 @@ func TestPublishingRidesOutAStreamWithoutLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var said bytes.Buffer
+	var said fleettest.Buffer
 	w := &storeWaiter{q: q, wait: 20 * time.Second, stderr: &said}
 	ctx := context.Background()
+	made := make(chan struct{})
+	defer func() { <-made }()
 	go func() {
-		// The stream comes back (is made) after nats.go's own retries (2 × 250 ms) are over.
-		time.Sleep(1500 * time.Millisecond)
+		defer close(made)
+		// The stream comes back (is made) after nats.go's own retries (2 × 250 ms) are over:
+		// once the waiter says that it waits, as it does when the job it published again was
+		// refused too. A fixed 1.5 s, about 0.5 s after that on an idle machine, came before
+		// it on a busy one.
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(said.String(), "cannot store jobs now") && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
 		if _, err := q.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "LATER", Subjects: []string{"later.>"}}); err != nil {
 			t.Error(err)
 		}
