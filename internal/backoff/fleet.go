@@ -185,16 +185,32 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Fleet, erro
 // responders", or no answer at all. It tries again for a few seconds then, and gives any other
 // error (a permission, say) at once.
 func (f *Fleet) firstRead(ctx context.Context) error {
-	delay := 50 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	return tryAgain(ctx, firstReadAttempts, notYet, func() error {
 		actx, cancel := context.WithTimeout(ctx, firstReadAttempt)
+		defer cancel()
 		_, err := f.probe(actx)
 		if err == nil {
 			_, err = f.reread(actx)
 		}
-		cancel()
-		notYet := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
-		if err == nil || !notYet || attempt == firstReadAttempts || ctx.Err() != nil {
+		return err
+	})
+}
+
+// notYet reports whether err is a cluster's bucket that no replica answers for yet (see
+// firstRead).
+func notYet(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// tryAgain calls try until it succeeds, fails with an error for which again is false (one
+// that waiting does not mend), has been called attempts times, or ctx ends; it waits 50 ms
+// after the first failure, doubling to 2 s. It returns try's last error, or ctx's when ctx
+// ends during a wait.
+func tryAgain(ctx context.Context, attempts int, again func(error) bool, try func() error) error {
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := try()
+		if err == nil || !again(err) || attempt == attempts || ctx.Err() != nil {
 			return err
 		}
 		select {
@@ -235,25 +251,18 @@ func bindBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 		Replicas:    cfg.Replicas,
 		Storage:     jetstream.FileStorage,
 	}
-	delay := 50 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	err = tryAgain(ctx, createAttempts, serverFault, func() error {
+		var err error
 		kv, err = js.CreateKeyValue(ctx, bucket)
 		if errors.Is(err, jetstream.ErrBucketExists) { // lost a creation race
 			kv, err = js.KeyValue(ctx, cfg.Bucket)
 		}
-		if err == nil {
-			return kv, nil
-		}
-		if !serverFault(err) || attempt == createAttempts {
-			return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
-		case <-time.After(delay):
-		}
-		delay *= 2
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backoff: create bucket %s: %w", cfg.Bucket, err)
 	}
+	return kv, nil
 }
 
 // createAttempts bounds the creations of the bucket that a server fault fails (about 1.5 s
