@@ -44,6 +44,8 @@ type ConnectConfig struct {
 	// stillDownEvery is how often a connection that stays down is warned of; zero is
 	// defaultStillDownEvery (tests shorten it).
 	stillDownEvery time.Duration
+	// embedded is set by Plain: the server is on this machine (see embeddedConnectTimeout).
+	embedded bool
 }
 
 // PingInterval and MaxPingsOut make a connection notice a link that died without closing: a
@@ -68,10 +70,18 @@ const WriteTimeout = 10 * time.Second
 
 // Plain returns c for an embedded server (StartEmbedded), which asks for no credentials and
 // serves no TLS: without them. A fleet's NATS settings left in the environment (NATS_TLS_CA,
-// say) then do not fail a local run ("secure connection not available").
+// say) then do not fail a local run ("secure connection not available"). Its connection is
+// given embeddedConnectTimeout to open.
 func (c ConnectConfig) Plain() ConnectConfig {
-	return ConnectConfig{URL: c.URL, Name: c.Name, Logger: c.Logger}
+	return ConnectConfig{URL: c.URL, Name: c.Name, Logger: c.Logger, embedded: true}
 }
+
+// embeddedConnectTimeout bounds the opening of a connection to an embedded server, this
+// process's or another's on this machine, in place of nats.go's 2 s: a server that slow to
+// greet is on a machine under load, not gone (a refused dial still fails at once). At a load
+// average of about 20, `submit --local` failed with "i/o timeout" before its own server's
+// greeting.
+const embeddedConnectTimeout = 15 * time.Second
 
 // Connect dials NATS with the given credentials and TLS, reconnecting forever after a drop (a
 // worker outlives server restarts). extra options are applied last. It fails at once when no
@@ -171,6 +181,9 @@ func Connect(cfg ConnectConfig, extra ...nats.Option) (*nats.Conn, error) {
 	}
 	if cfg.TLSCert != "" {
 		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	if cfg.embedded {
+		opts = append(opts, nats.Timeout(embeddedConnectTimeout))
 	}
 	opts = append(opts, extra...)
 	opts = append(opts, closeOnWriteTimeout) // last: it wraps the dialer the others chose

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -584,4 +585,50 @@ func TestARefusalOnReconnectIsWarnedOfOncePerInterval(t *testing.T) {
 	if strings.Contains(out, "s3cret") || strings.Contains(out, "rotated") {
 		t.Errorf("the log shows a password:\n%s", out)
 	}
+}
+
+// TestAnEmbeddedServerSlowToGreetIsWaitedFor: `submit --local` connects to its own embedded
+// server, on this machine, and a machine under heavy load (load average about 20) once took
+// longer than nats.go's 2 s connect timeout to get the server's greeting through: the run
+// failed with "i/o timeout". A server this process embeds, or another process's on this
+// machine (ConnectConfig.Plain), is given embeddedConnectTimeout. The greeting comes here
+// 2.5 s late, through a proxy.
+func TestAnEmbeddedServerSlowToGreetIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &server.Options{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var proxies sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); proxies.Wait() })
+	proxies.Add(1)
+	go func() { // accepts one connection, then passes it on to the server 2.5 s late
+		defer proxies.Done()
+		in, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer in.Close()
+		out, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			return
+		}
+		defer out.Close()
+		time.Sleep(2500 * time.Millisecond)
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(out, in); out.Close(); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(in, out); in.Close(); done <- struct{}{} }()
+		<-done
+		<-done
+	}()
+	cfg := ConnectConfig{URL: "nats://" + ln.Addr().String()}.Plain()
+	nc, err := Connect(cfg, nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("connect to a local server whose greeting came 2.5 s late: %v", err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Error(err)
+	}
+	nc.Close()
 }
