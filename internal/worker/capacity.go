@@ -68,7 +68,8 @@ type capacity struct {
 	admitted int // admitted, not yet on the wire (waiting for the backoff or a permit)
 	sending  int // asample on the wire, not yet answered
 	accepted int // asample accepted, result not yet back
-	// acceptedSince counts acceptances since the last measure began or ended.
+	// acceptedSince counts acceptances since the last measure began or ended, of samples sent
+	// since the last one ended (see learn).
 	acceptedSince int
 	limit         int       // 0: none
 	learnedAt     time.Time // when the capacity limit is a part of was measured (see hold)
@@ -106,8 +107,16 @@ type measure struct {
 
 // waiter is a sample waiting for room; admitting it sets its phase and closes ready.
 type waiter struct {
-	phase *samplePhase
-	ready chan struct{}
+	sample *sample
+	ready  chan struct{}
+}
+
+// sample is one job's sample as the capacity counts it: its phase, and the round (the
+// capacity's measures settled so far) it was last admitted or sent in. An answer to a sample
+// sent in an earlier round answers a submission that raced the last measure.
+type sample struct {
+	phase samplePhase
+	round int
 }
 
 // samplePhase is where one job's sample stands for capacity accounting.
@@ -169,7 +178,7 @@ func (c *capacity) admitWaiters() {
 		w := c.waiters[0]
 		c.waiters[0] = waiter{}
 		c.waiters = c.waiters[1:]
-		*w.phase = phaseAdmitted
+		w.sample.phase, w.sample.round = phaseAdmitted, c.round
 		c.admitted++
 		close(w.ready)
 	}
@@ -180,19 +189,19 @@ func (c *capacity) admitWaiters() {
 // gives back the room it had (Gate.Acquire does so before it takes permits); a sample
 // admitted before a limit was learned gives its room back if the worker now holds more than
 // the limit, and waits like a new one.
-func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
+func (c *capacity) submit(ctx context.Context, s *sample) error {
 	c.mu.Lock()
 	select {
 	case <-c.stopping.Done():
-		if *phase != phaseIdle {
-			c.leave(phase)
+		if s.phase != phaseIdle {
+			c.leave(s)
 		}
 		c.mu.Unlock()
 		return errStopping
 	default:
 	}
 	c.expire()
-	switch *phase {
+	switch s.phase {
 	case phaseSending:
 		c.mu.Unlock()
 		return nil
@@ -204,17 +213,17 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 			c.mu.Unlock()
 			return nil
 		}
-		c.leave(phase)
+		c.leave(s)
 	case phaseAccepted:
-		c.leave(phase)
+		c.leave(s)
 	}
 	if len(c.waiters) == 0 && c.room() {
 		c.admitted++
-		*phase = phaseAdmitted
+		s.phase, s.round = phaseAdmitted, c.round
 		c.mu.Unlock()
 		return nil
 	}
-	w := waiter{phase: phase, ready: make(chan struct{})}
+	w := waiter{sample: s, ready: make(chan struct{})}
 	c.waiters = append(c.waiters, w)
 	for {
 		var (
@@ -245,8 +254,8 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 		if err != nil {
 			stop()
 			c.mu.Lock()
-			if *phase == phaseAdmitted { // admitted as the wait ended: pass the room on
-				c.leave(phase)
+			if s.phase == phaseAdmitted { // admitted as the wait ended: pass the room on
+				c.leave(s)
 			} else {
 				c.waiters = slices.DeleteFunc(c.waiters, func(o waiter) bool { return o.ready == w.ready })
 			}
@@ -255,7 +264,7 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 		}
 		c.mu.Lock()
 		c.expire()
-		if *phase == phaseAdmitted {
+		if s.phase == phaseAdmitted {
 			c.mu.Unlock()
 			return nil
 		}
@@ -267,27 +276,29 @@ func (c *capacity) submit(ctx context.Context, phase *samplePhase) error {
 func (c *capacity) close() { c.stop() }
 
 // send records that an admitted sample's asample is going on the wire.
-func (c *capacity) send(phase *samplePhase) {
+func (c *capacity) send(s *sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if *phase == phaseAdmitted {
+	if s.phase == phaseAdmitted {
 		c.admitted--
 		c.sending++
-		*phase = phaseSending
+		s.phase, s.round = phaseSending, c.round
 	}
 }
 
 // answered records that asample accepted a sample.
-func (c *capacity) answered(phase *samplePhase) {
+func (c *capacity) answered(s *sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.unanswered(*phase) {
+	if !c.unanswered(s.phase) {
 		return
 	}
-	c.uncount(*phase)
+	c.uncount(s.phase)
 	c.accepted++
-	c.acceptedSince++
-	*phase = phaseAccepted
+	if s.round == c.round { // not an answer read late to the last measure's burst (see learn)
+		c.acceptedSince++
+	}
+	s.phase = phaseAccepted
 	if c.limit == 0 && c.window > 0 {
 		c.window++
 		c.admitWaiters()
@@ -301,20 +312,20 @@ func (c *capacity) answered(phase *samplePhase) {
 // requeue takes a sample that the service did not take (a 429, a failed submission, or one
 // never sent) out of the count, so that it waits for room again like a new one rather than
 // holding a place it does not have.
-func (c *capacity) requeue(phase *samplePhase) {
+func (c *capacity) requeue(s *sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.unanswered(*phase) {
-		c.leave(phase)
+	if c.unanswered(s.phase) {
+		c.leave(s)
 	}
 }
 
 // done records that a job's sample is over, whatever its phase.
-func (c *capacity) done(phase *samplePhase) {
+func (c *capacity) done(s *sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if *phase != phaseIdle {
-		c.leave(phase)
+	if s.phase != phaseIdle {
+		c.leave(s)
 	}
 }
 
@@ -336,9 +347,9 @@ func (c *capacity) uncount(phase samplePhase) {
 }
 
 // leave makes a counted sample idle and passes its room on. Call with mu held.
-func (c *capacity) leave(phase *samplePhase) {
-	c.uncount(*phase)
-	*phase = phaseIdle
+func (c *capacity) leave(s *sample) {
+	c.uncount(s.phase)
+	s.phase = phaseIdle
 	c.settle()
 	c.admitWaiters()
 }
@@ -349,6 +360,14 @@ func (c *capacity) leave(phase *samplePhase) {
 // storm (a rate limit, or a pause), not a new measure of the share, and lowering on each
 // would leave the worker crawling long after the storm. A worker that holds no sample and
 // has none on the wire learns nothing.
+//
+// Nor do acceptances read after the last measure ended count, of samples sent before it
+// (answered checks each sample's round): on a starved machine answers are read later than
+// measureMax, and a 429 read with them, this worker's or another's through the fleet's
+// backoff, answers the same burst, with the fleet paused since. Taken as new, it started a
+// second measure, whose round made the share board's division of the first stale (share
+// adopts the latest round only), and the workers kept their own peaks: four learned 30 of
+// 60 between them.
 func (c *capacity) learn() {
 	if c.ttl <= 0 {
 		return

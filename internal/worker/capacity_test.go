@@ -22,7 +22,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 	ctx := context.Background()
 
 	// Three samples accepted, one refused: the service is full at three.
-	phases := make([]samplePhase, 4)
+	phases := make([]sample, 4)
 	for i := range phases {
 		if err := c.submit(ctx, &phases[i]); err != nil {
 			t.Fatal(err)
@@ -51,7 +51,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 	}
 
 	// A sample submitted again after its future expired is counted once, as admitted.
-	if err := c.submit(ctx, &phases[1]); err != nil || phases[1] != phaseAdmitted || c.held() != 3 {
+	if err := c.submit(ctx, &phases[1]); err != nil || phases[1].phase != phaseAdmitted || c.held() != 3 {
 		t.Fatalf("resubmission: %v, phase %v, %d held", err, phases[1], c.held())
 	}
 
@@ -70,7 +70,7 @@ func TestCapacityWithNothingAcceptedLearnsNothing(t *testing.T) {
 		t.Fatalf("a worker with no sample in flight learned a limit of %d", got)
 	}
 	off := newCapacity(0)
-	var p samplePhase
+	var p sample
 	_ = off.submit(context.Background(), &p)
 	off.answered(&p)
 	off.learn()
@@ -82,7 +82,7 @@ func TestCapacityWithNothingAcceptedLearnsNothing(t *testing.T) {
 func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
-	var a, b samplePhase
+	var a, b sample
 	_ = c.submit(context.Background(), &a)
 	c.answered(&a)
 	c.learn()
@@ -91,7 +91,7 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	if err := c.submit(ctx, &b); err == nil {
 		t.Fatal("admitted over the limit")
 	}
-	if b != phaseIdle || c.admitted != 0 || c.accepted != 1 || len(c.waiters) != 0 {
+	if b.phase != phaseIdle || c.admitted != 0 || c.accepted != 1 || len(c.waiters) != 0 {
 		t.Fatalf("counts after a cancelled wait: phase %v, admitted %d, accepted %d, waiters %d", b, c.admitted, c.accepted, len(c.waiters))
 	}
 }
@@ -104,7 +104,7 @@ func TestCapacityAdmitsNoMoreOnceClosed(t *testing.T) {
 	c := newCapacity(time.Minute)
 	phases := sendN(t, c, initialWindow-1)
 	c.answered(&phases[0]) // accepted: it runs on; the window grows by one
-	var admitted, waiting samplePhase
+	var admitted, waiting sample
 	if err := c.submit(context.Background(), &admitted); err != nil {
 		t.Fatal(err)
 	}
@@ -128,13 +128,13 @@ func TestCapacityAdmitsNoMoreOnceClosed(t *testing.T) {
 	if err := c.submit(context.Background(), &admitted); !errors.Is(err, errStopping) {
 		t.Fatalf("the admitted sample's next submit: %v, want errStopping", err)
 	}
-	var late samplePhase
+	var late sample
 	if err := c.submit(context.Background(), &late); !errors.Is(err, errStopping) {
 		t.Fatalf("a sample after close: %v, want errStopping", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if admitted != phaseIdle || waiting != phaseIdle || late != phaseIdle || phases[0] != phaseAccepted ||
+	if admitted.phase != phaseIdle || waiting.phase != phaseIdle || late.phase != phaseIdle || phases[0].phase != phaseAccepted ||
 		c.admitted != 0 || c.accepted != 1 || c.sending != initialWindow-1 || len(c.waiters) != 0 {
 		t.Fatalf("after close: phases %v %v %v, admitted %d, sending %d, accepted %d, waiters %d",
 			admitted, waiting, late, c.admitted, c.sending, c.accepted, len(c.waiters))
@@ -145,7 +145,7 @@ func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
 	ctx := context.Background()
-	phases := make([]samplePhase, 10)
+	phases := make([]sample, 10)
 	for i := range phases {
 		_ = c.submit(ctx, &phases[i])
 		c.answered(&phases[i])
@@ -188,7 +188,7 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	// A sample that finds no room fails the test rather than waiting for ever.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var phases []samplePhase
+	var phases []sample
 	for _, n := range []int{initialWindow, 10 - initialWindow} { // the window grows as they are accepted
 		sent := sendN(t, c, n)
 		for i := range sent {
@@ -208,7 +208,7 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 		t.Fatalf("second measure: limit %d, %+v; want 10, and the first expired", got, m)
 	}
 
-	accept := func(p *samplePhase) { // a new sample, admitted, sent and accepted
+	accept := func(p *sample) { // a new sample, admitted, sent and accepted
 		if err := c.submit(ctx, p); err != nil {
 			t.Fatal(err)
 		}
@@ -283,13 +283,13 @@ func TestCapacityHoldsALimitForItsTTLOnceConfirmed(t *testing.T) {
 	c.now = func() time.Time { return now }
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // no room: fail, not hang
 	defer cancel()
-	var phases []samplePhase
+	var phases []sample
 	learnAt := func(held int) { // the samples before are done; held new ones accepted, a 429
 		t.Helper()
 		for i := range phases {
 			c.done(&phases[i])
 		}
-		phases = make([]samplePhase, held)
+		phases = make([]sample, held)
 		for i := range phases {
 			if err := c.submit(ctx, &phases[i]); err != nil {
 				t.Fatal(err)
@@ -382,9 +382,9 @@ func settled(t *testing.T, c *capacity) measure {
 }
 
 // sendN admits and sends n samples, as the gate does before asample.
-func sendN(t *testing.T, c *capacity, n int) []samplePhase {
+func sendN(t *testing.T, c *capacity, n int) []sample {
 	t.Helper()
-	phases := make([]samplePhase, n)
+	phases := make([]sample, n)
 	for i := range phases {
 		if err := c.submit(context.Background(), &phases[i]); err != nil {
 			t.Fatal(err)
@@ -455,6 +455,60 @@ func TestCapacityEndsAMeasureThatOutlastsMeasureMax(t *testing.T) {
 	}
 }
 
+// TestCapacityALate429OfTheLastMeasureStartsNoOther: on a starved machine the answers to a
+// burst are read late, some after measureMax has cut the measure. A 429 read then (this
+// worker's, or another's through the fleet's backoff) answers a submission sent before the
+// measure ended, as do the acceptances read with it: it is the same burst, and the fleet has
+// been paused since. Taken as a new 429, it started a second measure whose round made the
+// share board's division of the first stale, and the fleet ran at its workers' own peaks
+// (four workers learned 30 of 60 between them).
+func TestCapacityALate429OfTheLastMeasureStartsNoOther(t *testing.T) {
+	t.Parallel()
+	c := newCapacity(time.Minute)
+	c.settled = make(chan measure, 1)
+	phases := sendN(t, c, 5)
+	c.answered(&phases[0])
+	c.answered(&phases[1])
+	c.learn() // the 429 of phases[4]; phases[2] and phases[3] are still on the wire
+	c.requeue(&phases[4])
+	var m measure
+	select { // cut at measureMax
+	case m = <-c.settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the measure was not cut")
+	}
+	if m.peak != 2 || c.current() != 2 {
+		t.Fatalf("measure %+v, limit %d; want the 2 accepted", m, c.current())
+	}
+
+	// Read late: phases[2] was accepted, phases[3] was refused.
+	c.answered(&phases[2])
+	c.learn()
+	c.requeue(&phases[3])
+	c.mu.Lock()
+	measuring, round := c.measuring, c.round
+	c.mu.Unlock()
+	if measuring || round != m.round {
+		t.Fatalf("a 429 answering a submission of the last measure: measuring %v, round %d; want no new measure (round %d)", measuring, round, m.round)
+	}
+	c.share(m.round, share.Share{Part: 15, Capacity: 60, Measured: 60})
+	if got := c.current(); got != 15 {
+		t.Fatalf("limit %d after the round of the measure, want its part 15", got)
+	}
+
+	// A sample sent after the measure and accepted is new work: the next 429 measures.
+	c.done(&phases[0])
+	if err := c.submit(context.Background(), &phases[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.send(&phases[0])
+	c.answered(&phases[0])
+	c.learn()
+	if m := settled(t, c); m.round != round+1 || m.limit != 15 {
+		t.Fatalf("measure after new work %+v, want round %d with the limit 15 before it", m, round+1)
+	}
+}
+
 func TestCapacityMeasureKeepsThePeak(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
@@ -481,7 +535,7 @@ func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
 		t.Fatalf("limit = %d, want 2", got)
 	}
 	const n = 5
-	waiting := make([]samplePhase, n)
+	waiting := make([]sample, n)
 	admitted := make(chan int, n)
 	for i := range n {
 		go func() {
@@ -520,7 +574,7 @@ func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
 	// A larger part from the fleet admits as many as it has room for, still in order.
 	c.share(c.round, share.Share{Part: 4, Capacity: 4, Measured: 4})
 	a, b := <-admitted, <-admitted
-	if min(a, b) != 2 || max(a, b) != 3 || waiting[4] != phaseIdle {
+	if min(a, b) != 2 || max(a, b) != 3 || waiting[4].phase != phaseIdle {
 		t.Fatalf("admitted waiters %d and %d (waiter 4 in phase %v), want 2 and 3", a, b, waiting[4])
 	}
 	// When the limit expires, the window carries on from it: no room yet, and then every
@@ -551,7 +605,7 @@ func TestCapacityWindowBoundsTheFirstBurst(t *testing.T) {
 	first := sendN(t, c, initialWindow)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	var extra samplePhase
+	var extra sample
 	if err := c.submit(ctx, &extra); err == nil {
 		t.Fatal("admitted past the initial window with nothing accepted")
 	}
@@ -572,7 +626,7 @@ func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
 	sent := sendN(t, c, 3)
-	var early samplePhase // admitted in the first burst, still waiting for the backoff
+	var early sample // admitted in the first burst, still waiting for the backoff
 	if err := c.submit(context.Background(), &early); err != nil {
 		t.Fatal(err)
 	}
@@ -588,7 +642,7 @@ func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
 	if err := c.submit(ctx, &early); err == nil {
 		t.Fatal("a sample admitted before the limit went over it")
 	}
-	if early != phaseIdle || c.held() != 2 {
+	if early.phase != phaseIdle || c.held() != 2 {
 		t.Fatalf("after giving its place back: phase %v, held %d", early, c.held())
 	}
 }

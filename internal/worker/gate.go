@@ -51,11 +51,11 @@ func NewGate(l *dispatch.Limiter, b Backoff, log *slog.Logger) *Gate {
 
 // sampleState is one job's passage through the gate, carried in the context of its Sample
 // call: the count permit reserved before the job was pulled (used by its first Acquire, so
-// the job does not queue for a second one), its capacity phase, and its batch, which may be
+// the job does not queue for a second one), its place in the capacity count, and its batch, which may be
 // cancelled while the job waits.
 type sampleState struct {
 	reservation *dispatch.Reservation
-	phase       samplePhase
+	sample      sample
 	batch       string
 	msg         jetstream.Msg // the job's delivery
 }
@@ -98,7 +98,7 @@ func sampleStateOf(ctx context.Context) *sampleState {
 func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(accepted bool), error) {
 	st := sampleStateOf(ctx)
 	if st != nil {
-		g.capacity.done(&st.phase)
+		g.capacity.done(&st.sample)
 	}
 	var (
 		p   dispatch.Permit
@@ -116,16 +116,16 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(accepted
 	if st == nil {
 		return func(bool) { p.Release() }, nil
 	}
-	if err := g.capacity.submit(ctx, &st.phase); err != nil {
+	if err := g.capacity.submit(ctx, &st.sample); err != nil {
 		p.Release()
 		return nil, err
 	}
 	return func(accepted bool) {
 		p.Release()
 		if accepted {
-			g.capacity.answered(&st.phase)
+			g.capacity.answered(&st.sample)
 		} else {
-			g.capacity.requeue(&st.phase)
+			g.capacity.requeue(&st.sample)
 		}
 	}, nil
 }
@@ -146,17 +146,17 @@ func (g *Gate) Wait(ctx context.Context) error {
 		if err := g.waitBackoff(ctx); err != nil {
 			return err
 		}
-		if err := g.capacity.submit(ctx, &st.phase); err != nil {
+		if err := g.capacity.submit(ctx, &st.sample); err != nil {
 			return err
 		}
 		// Waiting for room may have outlasted the pause and met the next one.
 		if now := time.Now(); !now.Before(g.backoff.Until()) {
 			if g.cancelled != nil && g.cancelled.has(st.batch) {
-				g.capacity.done(&st.phase) // its room goes to the next job, not to an answer
+				g.capacity.done(&st.sample) // its room goes to the next job, not to an answer
 				return errBatchCancelled
 			}
 			if g.held != nil && g.held.stale(st.msg, now) {
-				g.capacity.done(&st.phase)
+				g.capacity.done(&st.sample)
 				return errGivenOut
 			}
 			if g.link != nil && g.link.doubtful(now) {
@@ -165,7 +165,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 				}
 				continue // time has passed: the backoff, the room and the news are looked at again
 			}
-			g.capacity.send(&st.phase) // the client sends asample as soon as Wait returns
+			g.capacity.send(&st.sample) // the client sends asample as soon as Wait returns
 			return nil
 		}
 	}
@@ -219,7 +219,7 @@ func (g *Gate) Backoff(ctx context.Context, reason string, d time.Duration) {
 	if reason == backoff.ReasonRateLimited {
 		g.capacity.learn()
 		if st := sampleStateOf(ctx); st != nil {
-			g.capacity.requeue(&st.phase)
+			g.capacity.requeue(&st.sample)
 		}
 	}
 	if err := g.backoff.Signal(ctx, reason, d); err != nil {

@@ -526,7 +526,7 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 	kept := false // the result, and its memory charge, go to the outcome
 	defer func() {
 		if !kept { // a failure, or a panic (see work): give back what the sample held
-			w.gate.capacity.done(&st.phase)
+			w.gate.capacity.done(&st.sample)
 			mem.release()
 		}
 	}()
@@ -555,7 +555,7 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 			w.sampled(job)
 		}
 	}
-	w.gate.capacity.done(&st.phase)
+	w.gate.capacity.done(&st.sample)
 	if errors.Is(err, tinker.ErrFutureTimeout) {
 		return transient(fmt.Errorf("no result %s after the service accepted the sample: it may have lost it (worker --sample-timeout)", w.cfg.SampleTimeout))
 	}
