@@ -394,6 +394,18 @@ func sendN(t *testing.T, c *capacity, n int) []sample {
 	return phases
 }
 
+// sendAgain ends the sample s and sends the worker's next one in its place, as the gate does.
+func sendAgain(t *testing.T, c *capacity, s *sample) {
+	t.Helper()
+	c.done(s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.submit(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	c.send(s)
+}
+
 func TestCapacityMeasuresUntilTheRacingSubmissionsAreAnswered(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
@@ -497,11 +509,7 @@ func TestCapacityALate429OfTheLastMeasureStartsNoOther(t *testing.T) {
 	}
 
 	// A sample sent after the measure and accepted is new work: the next 429 measures.
-	c.done(&phases[0])
-	if err := c.submit(context.Background(), &phases[0]); err != nil {
-		t.Fatal(err)
-	}
-	c.send(&phases[0])
+	sendAgain(t, c, &phases[0])
 	c.answered(&phases[0])
 	c.learn()
 	if m := settled(t, c); m.round != round+1 || m.limit != 15 {
@@ -674,11 +682,7 @@ func TestCapacityALeaveMakesTheRoundUnderWayStale(t *testing.T) {
 	}
 
 	// A measure still open when the leave is seen ends with nothing learned or sent.
-	c.done(&phases[0])
-	if err := c.submit(context.Background(), &phases[0]); err != nil {
-		t.Fatal(err)
-	}
-	c.send(&phases[0]) // on the wire: the measure waits for its answer
+	sendAgain(t, c, &phases[0]) // on the wire: the measure waits for its answer
 	c.learn()
 	c.mu.Lock()
 	measuring := c.measuring
@@ -717,13 +721,7 @@ func TestCapacityReportsTheCapacityItsLimitIsAPartOf(t *testing.T) {
 		t.Fatalf("first measure %+v, want peak 4 and no limit before it", m)
 	}
 	c.share(c.round, share.Share{Part: 21, Capacity: 64, Measured: 64})
-	c.done(&sent[0])
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.submit(ctx, &sent[0]); err != nil {
-		t.Fatal(err)
-	}
-	c.send(&sent[0])
+	sendAgain(t, c, &sent[0])
 	c.answered(&sent[0])
 	c.learn()
 	if m := settled(t, c); m.limit != 21 || m.limitOf != 64 {
@@ -734,11 +732,7 @@ func TestCapacityReportsTheCapacityItsLimitIsAPartOf(t *testing.T) {
 	// 66 measured: the limit is reported as a part of 66, so that the next round counts its
 	// slack from 66 and not from 62 (no ratchet).
 	c.share(c.round, share.Share{Part: 20, Capacity: 62, Measured: 66})
-	c.done(&sent[0])
-	if err := c.submit(ctx, &sent[0]); err != nil {
-		t.Fatal(err)
-	}
-	c.send(&sent[0])
+	sendAgain(t, c, &sent[0])
 	c.answered(&sent[0])
 	c.learn()
 	if m := settled(t, c); m.limit != 20 || m.limitOf != 66 {
