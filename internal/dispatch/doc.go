@@ -38,6 +38,11 @@
 // layers and returns the Permit; if no job came, Reservation.Release gives the
 // slot back. Free reports the free count permits for metrics.
 //
+// TryAcquire (of the Limiter, or of a Reservation) takes every layer at once
+// if none would wait, and otherwise nothing (a reservation stays held). A
+// caller that must set something up to wait (a context that also ends on an
+// event of its own) tries first, and pays for that only when it must wait.
+//
 // Permit and Reservation are small values backed by a pooled ticket with a
 // generation counter, so Acquire and Release allocate nothing and Release is
 // idempotent (also on copies). To fit a "release func()" interface, pass

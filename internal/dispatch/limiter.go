@@ -131,6 +131,50 @@ func (l *Limiter) Acquire(ctx context.Context, bytes int64) (Permit, error) {
 	return r.Acquire(ctx, bytes)
 }
 
+// TryAcquire is Acquire without waiting: it takes the count permit, the
+// throttled permit if a backoff is recent, and the byte charge all at once,
+// only if each is free now and nobody is queued for it; ok is false
+// otherwise, and nothing is held. Recent is evaluated once, for both layers.
+func (l *Limiter) TryAcquire(bytes int64) (p Permit, ok bool) {
+	bytes = max(bytes, 0)
+	recent, charge := l.charge(bytes)
+	l.mu.Lock()
+	if !l.count.open(1) || !l.open(recent, charge) {
+		l.mu.Unlock()
+		return Permit{}, false
+	}
+	l.count.avail.Add(-1)
+	l.take(recent, charge)
+	l.mu.Unlock()
+	t := l.getTicket()
+	t.throttled, t.estimated, t.charge = recent, bytes, charge
+	l.estimated.Add(bytes)
+	return Permit{t: t, gen: t.gen.Load()}, true
+}
+
+// charge returns whether a backoff is recent and what bytes charge the bytes
+// budget then.
+func (l *Limiter) charge(bytes int64) (recent bool, charge int64) {
+	if l.Recent() {
+		return true, mulClamp(bytes, l.factor)
+	}
+	return false, bytes
+}
+
+// open reports whether the layers after the count permit can be taken now:
+// the throttled permit if recent, and charge. Caller holds mu.
+func (l *Limiter) open(recent bool, charge int64) bool {
+	return (!recent || l.throttled.open(1)) && l.bytes.open(charge)
+}
+
+// take takes the layers after the count permit (see open). Caller holds mu.
+func (l *Limiter) take(recent bool, charge int64) {
+	if recent {
+		l.throttled.avail.Add(-1)
+	}
+	l.bytes.avail.Add(-charge)
+}
+
 // Reserve blocks (first in, first out) until a count permit is free and takes
 // it, without touching the other layers. A worker calls Reserve before it
 // pulls a job, so it never holds more jobs between pull and dispatch than it
@@ -152,7 +196,7 @@ func (l *Limiter) Reserve(ctx context.Context) (Reservation, error) {
 // nobody is queued for it; ok is false otherwise and nothing is held.
 func (l *Limiter) TryReserve() (r Reservation, ok bool) {
 	l.mu.Lock()
-	if l.count.head != nil || !l.count.fits(1) {
+	if !l.count.open(1) {
 		l.mu.Unlock()
 		return Reservation{}, false
 	}
@@ -298,6 +342,35 @@ func (r Reservation) Acquire(ctx context.Context, bytes int64) (Permit, error) {
 	return Permit{t: t, gen: r.gen + 1}, nil
 }
 
+// TryAcquire is Acquire without waiting: it completes the reservation only
+// if the throttled permit (if a backoff is recent) and the byte charge are
+// free now and nobody is queued for them, and takes both at once. Otherwise
+// ok is false and the reservation is left as it was: still held (Acquire or
+// Release it), or already used or released. Recent is evaluated once, for
+// both layers.
+func (r Reservation) TryAcquire(bytes int64) (p Permit, ok bool) {
+	t := r.t
+	if t == nil || t.gen.Load() != r.gen {
+		return Permit{}, false
+	}
+	l := t.l
+	bytes = max(bytes, 0)
+	recent, charge := l.charge(bytes)
+	l.mu.Lock()
+	// Consumed only once both layers are sure to be taken, under mu: a Release
+	// (or another Acquire) racing this one either wins the reservation first, or
+	// finds it consumed.
+	if !l.open(recent, charge) || !t.gen.CompareAndSwap(r.gen, r.gen+1) {
+		l.mu.Unlock()
+		return Permit{}, false
+	}
+	l.take(recent, charge)
+	l.mu.Unlock()
+	t.throttled, t.estimated, t.charge = recent, bytes, charge
+	l.estimated.Add(bytes)
+	return Permit{t: t, gen: r.gen + 1}, true
+}
+
 func mulClamp(a, b int64) int64 {
 	if a != 0 && b > math.MaxInt64/a {
 		return math.MaxInt64
@@ -365,6 +438,10 @@ func (s *sem) fits(charge int64) bool {
 	return a >= charge
 }
 
+// open reports whether charge can be taken now without waiting: it fits and
+// nobody is queued before it. Caller holds mu.
+func (s *sem) open(charge int64) bool { return s.head == nil && s.fits(charge) }
+
 // release returns charge and admits waiters from the head. Caller holds mu.
 func (s *sem) release(charge int64) {
 	s.avail.Add(charge)
@@ -419,7 +496,7 @@ type waiter struct {
 // leaves s exactly as if it had never queued and returns ctx.Err().
 func (l *Limiter) acquire(ctx context.Context, s *sem, charge int64) error {
 	l.mu.Lock()
-	if s.head == nil && s.fits(charge) {
+	if s.open(charge) {
 		s.avail.Add(-charge)
 		l.mu.Unlock()
 		return nil

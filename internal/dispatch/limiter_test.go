@@ -398,6 +398,142 @@ func TestReservation(t *testing.T) {
 	assertIdle(t, l2)
 }
 
+// TestTryAcquire: TryAcquire, of the limiter or of a reservation, takes every
+// layer a submission needs at once when each is free now, as Acquire would, and
+// otherwise nothing: the limiter holds what it held, and a reservation it did
+// not complete is still held, for Acquire (which then waits) or Release.
+func TestTryAcquire(t *testing.T) {
+	c := newFakeClock()
+	l := New(c.config(Config{Count: 2, Throttled: 1, Bytes: 100}))
+	ctx := context.Background()
+
+	p, ok := l.TryAcquire(40)
+	if s := l.Stats(); !ok || s.CountInUse != 1 || s.BytesCharged != 40 || s.BytesEstimated != 40 || p.Throttled() {
+		t.Fatalf("TryAcquire on a free limiter: ok %v, %+v", ok, s)
+	}
+	p.Release()
+	assertIdle(t, l)
+
+	// The budget below zero: neither the limiter's nor a reservation's try takes anything.
+	big, _ := l.Acquire(ctx, 150)
+	if _, ok := l.TryAcquire(1); ok {
+		t.Fatal("TryAcquire took a permit from a budget below zero")
+	}
+	r, _ := l.Reserve(ctx)
+	if _, ok := r.TryAcquire(1); ok {
+		t.Fatal("Reservation.TryAcquire took a permit from a budget below zero")
+	}
+	if s := l.Stats(); s.CountInUse != 2 || s.BytesCharged != 150 || s.BytesEstimated != 150 {
+		t.Fatalf("after the failed tries: %+v, want the big permit and the reservation only", s)
+	}
+	if _, ok := l.TryAcquire(1); ok { // the count is full as well now
+		t.Fatal("TryAcquire took a permit from a full count")
+	}
+	// The reservation is still held: Acquire waits for the budget, and completes it.
+	done := make(chan Permit)
+	go func() {
+		p, err := r.Acquire(ctx, 10)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- p
+	}()
+	eventually(t, "the reservation waiting for the budget", func() bool { return l.Stats().BytesWaiting == 1 })
+	big.Release()
+	p = <-done
+	if _, ok := r.TryAcquire(1); ok {
+		t.Fatal("TryAcquire of a used reservation took a permit")
+	}
+	p.Release()
+	assertIdle(t, l)
+
+	// A reservation left by a failed try can be released instead.
+	big, _ = l.Acquire(ctx, 150)
+	r, _ = l.Reserve(ctx)
+	if _, ok := r.TryAcquire(1); ok {
+		t.Fatal("Reservation.TryAcquire took a permit from a budget below zero")
+	}
+	r.Release()
+	big.Release()
+	assertIdle(t, l)
+
+	// While a backoff is recent a try takes the throttled permit and the ×20 charge too, or,
+	// with no throttled permit free, nothing.
+	c.backoff(time.Second)
+	r, _ = l.Reserve(ctx)
+	p, ok = r.TryAcquire(2)
+	if s := l.Stats(); !ok || !p.Throttled() || s.ThrottledInUse != 1 || s.BytesCharged != 40 || s.BytesEstimated != 2 {
+		t.Fatalf("Reservation.TryAcquire while recent: ok %v, %+v", ok, s)
+	}
+	if _, ok := l.TryAcquire(2); ok {
+		t.Fatal("TryAcquire while recent took a permit with no throttled permit free")
+	}
+	r2, _ := l.Reserve(ctx)
+	if _, ok := r2.TryAcquire(2); ok {
+		t.Fatal("Reservation.TryAcquire while recent took a permit with no throttled permit free")
+	}
+	if s := l.Stats(); s.CountInUse != 2 || s.ThrottledInUse != 1 || s.BytesCharged != 40 {
+		t.Fatalf("after the failed tries while recent: %+v", s)
+	}
+	p.Release()
+	r2.Release()
+	p, ok = l.TryAcquire(2)
+	if s := l.Stats(); !ok || !p.Throttled() || s.ThrottledInUse != 1 || s.BytesCharged != 40 {
+		t.Fatalf("TryAcquire while recent: ok %v, %+v", ok, s)
+	}
+	p.Release()
+	assertIdle(t, l)
+}
+
+// TestTryAcquireRacingRelease: a reservation's try and a Release of a copy of it, at once:
+// one of them has the reservation, and nothing is held after, nor given back twice.
+func TestTryAcquireRacingRelease(t *testing.T) {
+	l := New(Config{Count: 1})
+	ctx := context.Background()
+	for range 2000 {
+		r, err := l.Reserve(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := make(chan struct{})
+		go func() { r.Release(); close(released) }()
+		p, ok := r.TryAcquire(1)
+		<-released
+		if ok {
+			p.Release()
+		}
+		assertIdle(t, l)
+	}
+}
+
+// TestTryAcquireAllocatesNothing: a try that takes its permits, and one that does not,
+// allocate nothing (the gate tries on every sample before it sets up a wait).
+func TestTryAcquireAllocatesNothing(t *testing.T) {
+	l := New(Config{Count: 2, Bytes: 100})
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		r, _ := l.Reserve(ctx)
+		p, ok := r.TryAcquire(10)
+		if !ok {
+			t.Fatal("Reservation.TryAcquire on a free limiter failed")
+		}
+		p.Release()
+		if p, ok = l.TryAcquire(10); !ok {
+			t.Fatal("TryAcquire on a free limiter failed")
+		}
+		big, _ := l.Acquire(ctx, 200)
+		if _, ok := l.TryAcquire(1); ok {
+			t.Fatal("TryAcquire took a permit from a budget below zero")
+		}
+		big.Release()
+		p.Release()
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per round of tries, want 0", allocs)
+	}
+	assertIdle(t, l)
+}
+
 func TestCancelledContext(t *testing.T) {
 	l := New(Config{})
 	ctx, cancel := context.WithCancel(context.Background())
