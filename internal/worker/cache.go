@@ -128,9 +128,60 @@ func (c *modelCache) maxContext(ctx context.Context, model string) (int, error) 
 type cancelSet struct {
 	mu  sync.RWMutex
 	ids map[string]bool // batch id → deleted (not only cancelled)
+	// waiting holds, for each batch whose jobs wait at the gate, the context that ends their
+	// waits when the batch is found cancelled or deleted (see endedContext).
+	waiting map[string]*endedBatch
 	// ended, if set, is called when a batch is found cancelled or deleted (after set or
 	// replace), outside the lock.
 	ended func()
+}
+
+// endedBatch is the context of one batch that endedContext hands out, and how many hold it.
+type endedBatch struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	holds  int
+}
+
+// endedContext returns a context that is done, with cause errBatchCancelled, once batch is
+// found cancelled or deleted (at once if it is already), and the func that lets go of it. The
+// jobs of one batch waiting at the gate share it.
+func (s *cancelSet) endedContext(batch string) (context.Context, func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.waiting[batch]
+	if e == nil {
+		e = &endedBatch{}
+		e.ctx, e.cancel = context.WithCancelCause(context.Background())
+		if _, ok := s.ids[batch]; ok {
+			e.cancel(errBatchCancelled) // not kept: a later job gets a context of its own
+		} else {
+			if s.waiting == nil {
+				s.waiting = make(map[string]*endedBatch)
+			}
+			s.waiting[batch] = e
+		}
+	}
+	e.holds++
+	return e.ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if e.holds--; e.holds == 0 {
+			if s.waiting[batch] == e {
+				delete(s.waiting, batch)
+			}
+			e.cancel(nil) // held by nobody now
+		}
+	}
+}
+
+// endWaits cancels the context of batch's jobs at the gate, if any, and forgets it. Call with
+// mu held.
+func (s *cancelSet) endWaits(batch string) {
+	if e := s.waiting[batch]; e != nil {
+		e.cancel(errBatchCancelled)
+		delete(s.waiting, batch)
+	}
 }
 
 // has reports whether batch was cancelled or deleted.
@@ -155,6 +206,9 @@ func (s *cancelSet) set(batch string, m *queue.Manifest) {
 		s.ids = make(map[string]bool)
 	}
 	setIn(s.ids, batch, m)
+	if m != nil && m.Ended() {
+		s.endWaits(batch)
+	}
 	s.mu.Unlock()
 	if s.ended != nil && m != nil && m.Ended() {
 		s.ended()
@@ -175,6 +229,11 @@ func setIn(ids map[string]bool, batch string, m *queue.Manifest) {
 func (s *cancelSet) replace(ids map[string]bool) {
 	s.mu.Lock()
 	s.ids = ids
+	for batch := range s.waiting {
+		if _, ok := ids[batch]; ok {
+			s.endWaits(batch)
+		}
+	}
 	s.mu.Unlock()
 	if s.ended != nil && len(ids) > 0 {
 		s.ended()

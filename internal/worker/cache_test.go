@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -61,4 +62,47 @@ func TestACancelInABatchesBucketMadeAgainIsHeard(t *testing.T) {
 	fleettest.Eventually(t, 5*time.Second, "the cancel in the bucket made again to be heard", func() bool {
 		return s.has("new") && !s.has("b03")
 	})
+}
+
+// TestEndedContextsEndOnTheirBatchsCancel: the jobs of a batch at the gate share one context,
+// done (cause errBatchCancelled) when the batch is found cancelled, by its manifest or by a
+// watch that starts again; one handed out for a batch cancelled already is done at once. No
+// context is kept once nobody holds it, nor once its batch is cancelled.
+func TestEndedContextsEndOnTheirBatchsCancel(t *testing.T) {
+	t.Parallel()
+	var s cancelSet
+	a1, forgetA1 := s.endedContext("a")
+	a2, forgetA2 := s.endedContext("a")
+	b, forgetB := s.endedContext("b")
+	if a1 != a2 {
+		t.Fatal("two jobs of one batch got contexts of their own")
+	}
+	s.set("a", &queue.Manifest{BatchID: "a", Status: queue.BatchSubmitted})
+	if a1.Err() != nil || b.Err() != nil {
+		t.Fatal("a context ended without a cancel")
+	}
+	s.set("a", &queue.Manifest{BatchID: "a", Status: queue.BatchCancelled})
+	if !errors.Is(context.Cause(a1), errBatchCancelled) || b.Err() != nil {
+		t.Fatalf("after a's cancel: a %v, b %v; want a cancelled, b not", context.Cause(a1), b.Err())
+	}
+	if late, forget := s.endedContext("a"); !errors.Is(context.Cause(late), errBatchCancelled) {
+		t.Fatalf("a context of a batch cancelled already: %v", context.Cause(late))
+	} else {
+		forget()
+	}
+	s.replace(map[string]bool{"b": true}) // a watch started again finds b deleted
+	if !errors.Is(context.Cause(b), errBatchCancelled) {
+		t.Fatalf("after a watch found b deleted: %v", context.Cause(b))
+	}
+	forgetA1()
+	forgetA2()
+	forgetB()
+	c, forgetC := s.endedContext("c")
+	forgetC()
+	if len(s.waiting) != 0 {
+		t.Fatalf("%d batches' contexts kept after their jobs let go", len(s.waiting))
+	}
+	if c.Err() == nil {
+		t.Fatal("a context held by nobody was not released")
+	}
 }

@@ -188,8 +188,10 @@ func (c *capacity) admitWaiters() {
 // under the limit; so does a sample submitted again (its future expired, §4.2 410), which
 // gives back the room it had (Gate.Acquire does so before it takes permits); a sample
 // admitted before a limit was learned gives its room back if the worker now holds more than
-// the limit, and waits like a new one.
-func (c *capacity) submit(ctx context.Context, s *sample) error {
+// the limit, and waits like a new one. A wait ends with ctx, with the worker's stop
+// (errStopping), and with the end of the job's batch (errBatchCancelled; end may be nil),
+// which is set up only then.
+func (c *capacity) submit(ctx context.Context, s *sample, end *batchEnd) error {
 	c.mu.Lock()
 	select {
 	case <-c.stopping.Done():
@@ -240,6 +242,7 @@ func (c *capacity) submit(ctx context.Context, s *sample) error {
 			}
 		}
 		c.mu.Unlock()
+		ended := end.done() // outside mu: it takes the cancel set's lock
 		var err error
 		select {
 		case <-w.ready:
@@ -249,6 +252,8 @@ func (c *capacity) submit(ctx context.Context, s *sample) error {
 			err = ctx.Err()
 		case <-c.stopping.Done():
 			err = errStopping
+		case <-ended:
+			err = errBatchCancelled
 		case <-expiry:
 		}
 		if err != nil {

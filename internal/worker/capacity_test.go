@@ -24,7 +24,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 	// Three samples accepted, one refused: the service is full at three.
 	phases := make([]sample, 4)
 	for i := range phases {
-		if err := c.submit(ctx, &phases[i]); err != nil {
+		if err := c.submit(ctx, &phases[i], nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -39,7 +39,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 
 	// The refused sample waits for room; a finished sample makes it.
 	admitted := make(chan error, 1)
-	go func() { admitted <- c.submit(ctx, &phases[3]) }()
+	go func() { admitted <- c.submit(ctx, &phases[3], nil) }()
 	select {
 	case err := <-admitted:
 		t.Fatalf("admitted over the limit (err %v)", err)
@@ -51,7 +51,7 @@ func TestCapacityLearnsFromA429AndAdmitsUnderIt(t *testing.T) {
 	}
 
 	// A sample submitted again after its future expired is counted once, as admitted.
-	if err := c.submit(ctx, &phases[1]); err != nil || phases[1].phase != phaseAdmitted || c.held() != 3 {
+	if err := c.submit(ctx, &phases[1], nil); err != nil || phases[1].phase != phaseAdmitted || c.held() != 3 {
 		t.Fatalf("resubmission: %v, phase %v, %d held", err, phases[1], c.held())
 	}
 
@@ -71,7 +71,7 @@ func TestCapacityWithNothingAcceptedLearnsNothing(t *testing.T) {
 	}
 	off := newCapacity(0)
 	var p sample
-	_ = off.submit(context.Background(), &p)
+	_ = off.submit(context.Background(), &p, nil)
 	off.answered(&p)
 	off.learn()
 	if got := off.current(); got != 0 {
@@ -83,12 +83,12 @@ func TestCapacityWaitEndsWithTheContext(t *testing.T) {
 	t.Parallel()
 	c := newCapacity(time.Minute)
 	var a, b sample
-	_ = c.submit(context.Background(), &a)
+	_ = c.submit(context.Background(), &a, nil)
 	c.answered(&a)
 	c.learn()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := c.submit(ctx, &b); err == nil {
+	if err := c.submit(ctx, &b, nil); err == nil {
 		t.Fatal("admitted over the limit")
 	}
 	if b.phase != phaseIdle || c.admitted != 0 || c.accepted != 1 || len(c.waiters) != 0 {
@@ -105,12 +105,12 @@ func TestCapacityAdmitsNoMoreOnceClosed(t *testing.T) {
 	phases := sendN(t, c, initialWindow-1)
 	c.answered(&phases[0]) // accepted: it runs on; the window grows by one
 	var admitted, waiting sample
-	if err := c.submit(context.Background(), &admitted); err != nil {
+	if err := c.submit(context.Background(), &admitted, nil); err != nil {
 		t.Fatal(err)
 	}
 	phases = append(phases, sendN(t, c, 1)...) // the window is full
 	waited := make(chan error, 1)
-	go func() { waited <- c.submit(context.Background(), &waiting) }()
+	go func() { waited <- c.submit(context.Background(), &waiting, nil) }()
 	fleettest.Eventually(t, 5*time.Second, "the sample to wait for room", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -125,11 +125,11 @@ func TestCapacityAdmitsNoMoreOnceClosed(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiting sample still waits after close")
 	}
-	if err := c.submit(context.Background(), &admitted); !errors.Is(err, errStopping) {
+	if err := c.submit(context.Background(), &admitted, nil); !errors.Is(err, errStopping) {
 		t.Fatalf("the admitted sample's next submit: %v, want errStopping", err)
 	}
 	var late sample
-	if err := c.submit(context.Background(), &late); !errors.Is(err, errStopping) {
+	if err := c.submit(context.Background(), &late, nil); !errors.Is(err, errStopping) {
 		t.Fatalf("a sample after close: %v, want errStopping", err)
 	}
 	c.mu.Lock()
@@ -147,7 +147,7 @@ func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	ctx := context.Background()
 	phases := make([]sample, 10)
 	for i := range phases {
-		_ = c.submit(ctx, &phases[i])
+		_ = c.submit(ctx, &phases[i], nil)
 		c.answered(&phases[i])
 	}
 	c.learn()
@@ -166,7 +166,7 @@ func TestCapacityLearnsOnlyFromA429AfterNewWork(t *testing.T) {
 	}
 	// New work accepted, then a 429: a measure.
 	for i := range 3 {
-		_ = c.submit(ctx, &phases[i])
+		_ = c.submit(ctx, &phases[i], nil)
 		c.answered(&phases[i])
 	}
 	c.learn()
@@ -209,7 +209,7 @@ func TestCapacityKeepsItsLimitThroughLowerMeasures(t *testing.T) {
 	}
 
 	accept := func(p *sample) { // a new sample, admitted, sent and accepted
-		if err := c.submit(ctx, p); err != nil {
+		if err := c.submit(ctx, p, nil); err != nil {
 			t.Fatal(err)
 		}
 		c.send(p)
@@ -291,7 +291,7 @@ func TestCapacityHoldsALimitForItsTTLOnceConfirmed(t *testing.T) {
 		}
 		phases = make([]sample, held)
 		for i := range phases {
-			if err := c.submit(ctx, &phases[i]); err != nil {
+			if err := c.submit(ctx, &phases[i], nil); err != nil {
 				t.Fatal(err)
 			}
 			c.send(&phases[i])
@@ -386,7 +386,7 @@ func sendN(t *testing.T, c *capacity, n int) []sample {
 	t.Helper()
 	phases := make([]sample, n)
 	for i := range phases {
-		if err := c.submit(context.Background(), &phases[i]); err != nil {
+		if err := c.submit(context.Background(), &phases[i], nil); err != nil {
 			t.Fatal(err)
 		}
 		c.send(&phases[i])
@@ -400,7 +400,7 @@ func sendAgain(t *testing.T, c *capacity, s *sample) {
 	c.done(s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.submit(ctx, s); err != nil {
+	if err := c.submit(ctx, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.send(s)
@@ -547,7 +547,7 @@ func TestCapacityAdmitsWaitersInOrderOnePerFreedPlace(t *testing.T) {
 	admitted := make(chan int, n)
 	for i := range n {
 		go func() {
-			if err := c.submit(context.Background(), &waiting[i]); err == nil {
+			if err := c.submit(context.Background(), &waiting[i], nil); err == nil {
 				admitted <- i
 			}
 		}()
@@ -614,7 +614,7 @@ func TestCapacityWindowBoundsTheFirstBurst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	var extra sample
-	if err := c.submit(ctx, &extra); err == nil {
+	if err := c.submit(ctx, &extra, nil); err == nil {
 		t.Fatal("admitted past the initial window with nothing accepted")
 	}
 	// Each acceptance adds a place: the window doubles per round trip, like TCP slow start.
@@ -635,7 +635,7 @@ func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
 	c := newCapacity(time.Minute)
 	sent := sendN(t, c, 3)
 	var early sample // admitted in the first burst, still waiting for the backoff
-	if err := c.submit(context.Background(), &early); err != nil {
+	if err := c.submit(context.Background(), &early, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.answered(&sent[0])
@@ -647,7 +647,7 @@ func TestCapacitySampleAdmittedBeforeTheLimitGivesItsPlaceBack(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := c.submit(ctx, &early); err == nil {
+	if err := c.submit(ctx, &early, nil); err == nil {
 		t.Fatal("a sample admitted before the limit went over it")
 	}
 	if early.phase != phaseIdle || c.held() != 2 {

@@ -514,7 +514,8 @@ func TestAWorkerStoppedBeforeItBeganStopsCleanly(t *testing.T) {
 // TestJobsAtTheGateOfACancelledBatchAreNotSampled: jobs a worker holds at the gate when
 // their batch is cancelled (here behind a fleet pause) are not sent when the pause ends: they
 // end as cancelled results, and the service sees no sample. A worker holds up to its
-// concurrency in such jobs, which were sampled, and billed, after the cancel.
+// concurrency in such jobs, which were sampled, and billed, after the cancel. Nor do they wait
+// for the pause to end: they end on the cancel, and a reader waited on the batch until then.
 func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{})
@@ -530,8 +531,108 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 			t.Errorf("%s: %s, want cancelled", id, r.Status)
 		}
 	}
+	if left := time.Until(w.Backoff().Until()); left <= 0 {
+		t.Errorf("the jobs of the cancelled batch waited out the fleet pause (it ended %v before their results were read)", -left)
+	}
 	if got := b.sim.Stats().SamplesAccepted; got != 0 {
 		t.Fatalf("the service accepted %d samples of the cancelled batch", got)
+	}
+}
+
+// TestAJobWaitingForTheBytesBudgetEndsOnItsBatchsCancel: a job waiting at the gate for room
+// in the dispatch bytes budget (a big prompt behind a submission whose reply is slow) when its
+// batch is cancelled ends at once as a cancelled result, acked, and is not sampled. It waited
+// until the budget had room, the slow reply's 30 s here, and only then ended as cancelled: a
+// reader waited on the cancelled batch as long.
+func TestAJobWaitingForTheBytesBudgetEndsOnItsBatchsCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{})
+	const slow = 30 * time.Second
+	if _, err := b.sim.Inject(tinkersim.Fault{Kind: tinkersim.FaultSlowAccept, Delay: slow, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// A budget of one byte: the first sample's charge takes it below zero until its asample
+	// is answered, and every other sample waits for it.
+	w := b.open(t, b.connect(t), Config{Concurrency: 2, Dispatch: dispatch.Config{Bytes: 1}, ShutdownGrace: time.Second})
+	run(t, w)
+	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
+	fleettest.Eventually(t, 30*time.Second, "the first job's asample accepted, its reply held", func() bool {
+		return b.sim.Stats().SamplesAccepted == 1
+	})
+	publishJobs(t, b.results, "stopped", tokenJobs("s", 1))
+	fleettest.Eventually(t, 10*time.Second, "the second job waiting for the bytes budget", func() bool {
+		return w.limiter.Stats().BytesWaiting == 1
+	})
+	ctx := context.Background()
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := time.Now()
+	// Well within the slow reply, which holds the budget until 30 s after it was accepted.
+	if r := waitResults(t, b.results, "stopped", 1, 5*time.Second)["s0000"]; r.Status != jobs.StatusCancelled {
+		t.Fatalf("the job waiting for the bytes budget: %+v, want cancelled", r)
+	}
+	t.Logf("cancelled result %v after the cancel", time.Since(cancelled))
+	fleettest.Eventually(t, 5*time.Second, "the cancelled job acked, the first still held", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+	if st := w.limiter.Stats(); st.BytesWaiting != 0 || st.CountInUse < 1 {
+		t.Fatalf("limiter after the cancel: %+v, want no waiter and the first job's permit still held", st)
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 1 {
+		t.Fatalf("the service accepted %d samples, want 1: the cancelled job was sampled", got)
+	}
+}
+
+// TestAJobWaitingForRoomUnderTheCapacityEndsOnItsBatchsCancel: a job waiting at the gate for
+// room under the capacity learned (here a part of one sample, taken by a long one) when its
+// batch is cancelled ends at once as a cancelled result, acked, and is not sampled. It waited
+// until the long sample ended, or the limit expired, and only then ended as cancelled.
+func TestAJobWaitingForRoomUnderTheCapacityEndsOnItsBatchsCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{BaseLatency: 30 * time.Second})
+	w := b.open(t, b.connect(t), Config{Concurrency: 2, CapacityTTL: time.Minute, ShutdownGrace: time.Second})
+	c := w.gate.capacity
+	c.mu.Lock()
+	round := c.round
+	c.mu.Unlock()
+	// A part of one sample, of a capacity the fleet measured a moment ago: held for the ttl.
+	c.share(round, share.Share{Part: 1, Capacity: 1, Measured: 1, Age: time.Millisecond})
+	if got := c.current(); got != 1 {
+		t.Fatalf("capacity limit %d, want 1", got)
+	}
+	run(t, w)
+	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
+	fleettest.Eventually(t, 30*time.Second, "the first job's sample accepted", func() bool {
+		return b.sim.Stats().SamplesAccepted == 1
+	})
+	publishJobs(t, b.results, "stopped", tokenJobs("s", 1))
+	fleettest.Eventually(t, 10*time.Second, "the second job waiting for room", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.waiters) == 1
+	})
+	ctx := context.Background()
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Well within the first sample, which holds the room for 30 s.
+	if r := waitResults(t, b.results, "stopped", 1, 5*time.Second)["s0000"]; r.Status != jobs.StatusCancelled {
+		t.Fatalf("the job waiting for room: %+v, want cancelled", r)
+	}
+	fleettest.Eventually(t, 5*time.Second, "the cancelled job acked, the first still held", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+	c.mu.Lock()
+	waiting, held := len(c.waiters), c.held()
+	c.mu.Unlock()
+	if waiting != 0 || held != 1 {
+		t.Fatalf("capacity after the cancel: %d waiting, %d held, want none waiting and the first sample held", waiting, held)
+	}
+	if got := b.sim.Stats().SamplesAccepted; got != 1 {
+		t.Fatalf("the service accepted %d samples, want 1: the cancelled job was sampled", got)
 	}
 }
 
