@@ -539,6 +539,34 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	}
 }
 
+// cancelWhileWaitingAtTheGate publishes a job of batch "ahead", waits until the service has
+// accepted its sample (which the test's setup holds), then publishes one of batch "stopped",
+// waits until waiting says that job waits at the gate (what, in messages), cancels "stopped",
+// and checks that the job ends as a cancelled result within 5 s and is acked, the first job
+// still held.
+func cancelWhileWaitingAtTheGate(t *testing.T, b *testBundle, what string, waiting func() bool) {
+	t.Helper()
+	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
+	fleettest.Eventually(t, 30*time.Second, "the first job's sample accepted", func() bool {
+		return b.sim.Stats().SamplesAccepted == 1
+	})
+	publishJobs(t, b.results, "stopped", tokenJobs("s", 1))
+	fleettest.Eventually(t, 10*time.Second, "the second job waiting "+what, waiting)
+	ctx := context.Background()
+	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := time.Now()
+	if r := waitResults(t, b.results, "stopped", 1, 5*time.Second)["s0000"]; r.Status != jobs.StatusCancelled {
+		t.Fatalf("the job waiting %s: %+v, want cancelled", what, r)
+	}
+	t.Logf("cancelled result %v after the cancel", time.Since(cancelled))
+	fleettest.Eventually(t, 5*time.Second, "the cancelled job acked, the first still held", func() bool {
+		info, err := b.results.Jobs.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+}
+
 // TestAJobWaitingForTheBytesBudgetEndsOnItsBatchsCancel: a job waiting at the gate for room
 // in the dispatch bytes budget (a big prompt behind a submission whose reply is slow) when its
 // batch is cancelled ends at once as a cancelled result, acked, and is not sampled. It waited
@@ -555,27 +583,9 @@ func TestAJobWaitingForTheBytesBudgetEndsOnItsBatchsCancel(t *testing.T) {
 	// is answered, and every other sample waits for it.
 	w := b.open(t, b.connect(t), Config{Concurrency: 2, Dispatch: dispatch.Config{Bytes: 1}, ShutdownGrace: time.Second})
 	run(t, w)
-	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
-	fleettest.Eventually(t, 30*time.Second, "the first job's asample accepted, its reply held", func() bool {
-		return b.sim.Stats().SamplesAccepted == 1
-	})
-	publishJobs(t, b.results, "stopped", tokenJobs("s", 1))
-	fleettest.Eventually(t, 10*time.Second, "the second job waiting for the bytes budget", func() bool {
-		return w.limiter.Stats().BytesWaiting == 1
-	})
-	ctx := context.Background()
-	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
-		t.Fatal(err)
-	}
-	cancelled := time.Now()
 	// Well within the slow reply, which holds the budget until 30 s after it was accepted.
-	if r := waitResults(t, b.results, "stopped", 1, 5*time.Second)["s0000"]; r.Status != jobs.StatusCancelled {
-		t.Fatalf("the job waiting for the bytes budget: %+v, want cancelled", r)
-	}
-	t.Logf("cancelled result %v after the cancel", time.Since(cancelled))
-	fleettest.Eventually(t, 5*time.Second, "the cancelled job acked, the first still held", func() bool {
-		info, err := b.results.Jobs.Info(ctx)
-		return err == nil && info.State.Msgs == 1
+	cancelWhileWaitingAtTheGate(t, b, "for the bytes budget", func() bool {
+		return w.limiter.Stats().BytesWaiting == 1
 	})
 	if st := w.limiter.Stats(); st.BytesWaiting != 0 || st.CountInUse < 1 {
 		t.Fatalf("limiter after the cancel: %+v, want no waiter and the first job's permit still held", st)
@@ -603,27 +613,11 @@ func TestAJobWaitingForRoomUnderTheCapacityEndsOnItsBatchsCancel(t *testing.T) {
 		t.Fatalf("capacity limit %d, want 1", got)
 	}
 	run(t, w)
-	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
-	fleettest.Eventually(t, 30*time.Second, "the first job's sample accepted", func() bool {
-		return b.sim.Stats().SamplesAccepted == 1
-	})
-	publishJobs(t, b.results, "stopped", tokenJobs("s", 1))
-	fleettest.Eventually(t, 10*time.Second, "the second job waiting for room", func() bool {
+	// Well within the first sample, which holds the room for 30 s.
+	cancelWhileWaitingAtTheGate(t, b, "for room", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return len(c.waiters) == 1
-	})
-	ctx := context.Background()
-	if _, err := b.results.PutManifest(ctx, queue.Manifest{BatchID: "stopped", Status: queue.BatchCancelled, Jobs: 1}, 0); err != nil {
-		t.Fatal(err)
-	}
-	// Well within the first sample, which holds the room for 30 s.
-	if r := waitResults(t, b.results, "stopped", 1, 5*time.Second)["s0000"]; r.Status != jobs.StatusCancelled {
-		t.Fatalf("the job waiting for room: %+v, want cancelled", r)
-	}
-	fleettest.Eventually(t, 5*time.Second, "the cancelled job acked, the first still held", func() bool {
-		info, err := b.results.Jobs.Info(ctx)
-		return err == nil && info.State.Msgs == 1
 	})
 	c.mu.Lock()
 	waiting, held := len(c.waiters), c.held()
