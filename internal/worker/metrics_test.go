@@ -379,7 +379,12 @@ func runRacedJob(t *testing.T, b *testBundle, batch string) *prometheus.Registry
 		info, err := b.results.Jobs.Info(context.Background())
 		return err == nil && info.State.Msgs == 0 && b.sim.Stats().SamplesAccepted == 1
 	})
-	time.Sleep(100 * time.Millisecond) // settled runs after the ack
+	// settled runs after the ack, and decides on the metrics before it keeps the job's
+	// settlement for a next job: the kept settlement (the worker's only one, from its only
+	// job) says the metrics are final, as a sleep could not.
+	fleettest.Eventually(t, 10*time.Second, "the job's settlement kept, its metrics counted or not", func() bool {
+		return len(w.settlements) == 1
+	})
 	if r := waitResults(t, b.results, batch, 1, 10*time.Second)[js[0].CustomID]; r.Status != jobs.StatusOK || r.Model != js[0].Model {
 		t.Fatalf("stored result %+v, want the other worker's", r)
 	}
