@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tinkerfleet/tinkerfleet/internal/backoff"
 	"github.com/tinkerfleet/tinkerfleet/internal/fleettest"
 	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
@@ -321,7 +323,27 @@ func TestANamedAccountIsOneFleetAcrossKeys(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond) // what reached one worker of the KV has reached all
+	// A barrier on the unnamed worker's own key, after the signal in the bucket's stream: a
+	// delete, which changes no deadline. Its watch delivers entries in the stream's order, so
+	// once it has applied the delete it has applied the signal too, had its watch seen it.
+	ctx := context.Background()
+	kv, err := b.results.JS.KeyValue(ctx, b.results.Names.BackoffBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := accountKey(b.simURL, Config{TinkerAPIKey: newKey})
+	if err := kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := kv.History(ctx, key)
+	if err != nil || len(hist) == 0 || hist[len(hist)-1].Operation() != jetstream.KeyValueDelete {
+		t.Fatalf("the barrier's delete of %s: %v, history %v", key, err, hist)
+	}
+	barrier := hist[len(hist)-1].Revision()
+	fleet := unnamed.Backoff().(*backoff.Fleet)
+	fleettest.Eventually(t, 10*time.Second, "the unnamed worker's watch past the barrier", func() bool {
+		return fleet.State().Revision >= barrier
+	})
 	if until := unnamed.backoff.Until(); time.Now().Before(until) {
 		t.Fatalf("a worker of another key and no account name backs off until %v: its fleet is its key's", until)
 	}
