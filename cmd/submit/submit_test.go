@@ -106,7 +106,13 @@ func (f *fleet) runWorker(q *queue.Queue, concurrency int) (stop, kill func()) {
 // submit runs the command in-process against the fleet's NATS server.
 func (f *fleet) submit(ctx context.Context, args ...string) (stdout, stderr string, err error) {
 	var out, errb bytes.Buffer
-	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errb, tty: 0}
+	err = f.submitTo(ctx, &out, &errb, args...)
+	return out.String(), errb.String(), err
+}
+
+// submitTo is submit writing to stdout and stderr as the command runs.
+func (f *fleet) submitTo(ctx context.Context, stdout, stderr io.Writer, args ...string) error {
+	env := &environment{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: stdout, stderr: stderr, tty: 0}
 	flags := []string{"--nats-url", f.nats}
 	switch args[0] {
 	case "status", "results", "failed", "cancel", "delete", "list":
@@ -114,8 +120,7 @@ func (f *fleet) submit(ctx context.Context, args ...string) (stdout, stderr stri
 	default:
 		args = append(append(flags, "--progress", "none"), args...)
 	}
-	err = run(ctx, args, env)
-	return out.String(), errb.String(), err
+	return run(ctx, args, env)
 }
 
 func writeLines(t *testing.T, lines []string) string {
@@ -1250,9 +1255,7 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 	in := writeLines(t, jobLines(3))
 	for _, name := range []string{"waited.jsonl", "waited.jsonl.zst", "waited.jsonl.gz"} {
 		out := filepath.Join(dir, name)
-		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // past an idle flush
-		_, _, err := f.submit(ctx, in, "-o", out)
-		cancel()
+		err := f.submitInterruptedWhenIdle(t, in, "-o", out)
 		if !errors.Is(err, errInterrupted) {
 			t.Fatalf("a run with no worker, interrupted: %v", err)
 		}
@@ -1266,15 +1269,72 @@ func TestARefusedRunLeavesNoEmptyOutputFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "results-waited.jsonl")
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	_, _, err = f.submit(ctx, "results", strings.TrimSpace(batch), "-o", out, "--wait")
-	cancel()
+	err = f.submitInterruptedWhenIdle(t, "results", strings.TrimSpace(batch), "-o", out, "--wait")
 	if !errors.Is(err, errInterrupted) {
 		t.Fatalf("results with no worker, interrupted: %v", err)
 	}
 	if fi, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the interrupted results left its output file behind (%v, %v)", fi, err)
 	}
+}
+
+// submitInterruptedWhenIdle runs submit with args, a run that waits for results that do not
+// come, and interrupts it once it has waited idleWait without one: at its first progress line,
+// which the wait prints right after it flushed the output file. An interrupt at a set time
+// could land before that flush (a loaded machine took longer to publish), or before the
+// results were waited for at all.
+func (f *fleet) submitInterruptedWhenIdle(t *testing.T, args ...string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a run that never goes idle
+	defer cancel()
+	interrupt, idle := context.WithCancel(ctx)
+	stderr := &idleLine{prefix: "0/", idle: idle}
+	err := f.submitTo(interrupt, io.Discard, stderr, append(args, "--progress", "lines")...)
+	if !stderr.seen() {
+		t.Fatalf("submit %q never waited idle for a result (%v); it said:\n%s", args, err, stderr.text())
+	}
+	return err
+}
+
+// idleLine is a standard error that calls idle at the first line that begins with prefix.
+type idleLine struct {
+	prefix string
+	idle   context.CancelFunc
+
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done bool
+}
+
+func (w *idleLine) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	from := w.buf.Len()
+	w.buf.Write(p)
+	if !w.done {
+		// Whole lines only: the text after the last newline written before p may begin one.
+		start := bytes.LastIndexByte(w.buf.Bytes()[:from], '\n') + 1
+		for line := range bytes.Lines(w.buf.Bytes()[start:]) {
+			if bytes.HasSuffix(line, []byte("\n")) && bytes.HasPrefix(line, []byte(w.prefix)) {
+				w.done = true
+				w.idle()
+				break
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (w *idleLine) seen() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.done
+}
+
+func (w *idleLine) text() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 // TestLocalSimulatedWorkerKeepsConnections: submit's in-process worker samples on the
