@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
@@ -21,7 +22,9 @@ import (
 
 // TestAPublishInterruptedAnywhereIsCompletedOnce: a submit interrupted after k of its jobs
 // reached the server, for many k, then run again, leaves exactly one job per valid line in
-// the stream and a submitted manifest whose counts are the input's.
+// the stream and a submitted manifest whose counts are the input's. Until the interrupt, the
+// jobs stream takes k of the run's jobs and refuses the rest, so that the run cannot publish
+// them all first, however late the interrupt comes.
 func TestAPublishInterruptedAnywhereIsCompletedOnce(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, queue.Config{}, tinkersim.Config{})
@@ -53,6 +56,15 @@ func TestAPublishInterruptedAnywhereIsCompletedOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if k > 0 { // (0 interrupts before the run; a MaxMsgs of 0 is none)
+			// The run's first k jobs fill the stream: it waits for room, for longer than the
+			// test takes (--store-wait), until the interrupt.
+			full := before.Config
+			full.MaxMsgs, full.Discard = int64(before.State.Msgs)+int64(k), jetstream.DiscardNew
+			if _, err := q.JS.UpdateStream(ctx, full); err != nil {
+				t.Fatal(err)
+			}
+		}
 		var seen atomic.Int64
 		cut, interrupt := context.WithCancel(ctx)
 		sub, err := nc.Subscribe(q.Names.JobSubject(batch), func(*nats.Msg) {
@@ -69,16 +81,18 @@ func TestAPublishInterruptedAnywhereIsCompletedOnce(t *testing.T) {
 		if k == 0 {
 			interrupt()
 		}
-		args := []string{"--skip-invalid", "--rejects", filepath.Join(dir, batch+".rejects"), "--batch-id", batch, inA, inB}
+		args := []string{"--skip-invalid", "--rejects", filepath.Join(dir, batch+".rejects"), "--batch-id", batch, "--store-wait", "1h", inA, inB}
 		_, stderr, err := f.submit(cut, args...)
 		sub.Unsubscribe()
 		interrupt()
-		// The interrupt comes from a subscriber that hears of the k-th job after the server
-		// stored it: a run with a few jobs left may publish them, and write its manifest,
-		// before it sees the interrupt (k = valid-1 did, once, on a loaded machine). Either
-		// way the checks below hold.
-		const late = 64
-		if k < valid-late && !errors.Is(err, errInterrupted) {
+		// Room for the rest: the jobs the run had sent when it stopped (they may reach the
+		// server after it returned), and the run again.
+		if _, err := q.JS.UpdateStream(ctx, before.Config); err != nil {
+			t.Fatal(err)
+		}
+		// With every job stored (k = valid), the run may write its manifest before it sees
+		// the interrupt; either way the checks below hold.
+		if k < valid && !errors.Is(err, errInterrupted) {
 			t.Fatalf("k=%d: the interrupted run: %v, want interrupted\n%s", k, err, stderr)
 		}
 		if _, stderr, err := f.submit(ctx, args...); err != nil {
