@@ -22,9 +22,9 @@
 //     check tells which. A key the service refuses stops the worker (Run returns
 //     ErrCredentialRefused) and fails no job: its jobs go back to the stream.
 //   - A cancelled batch's jobs end as cancelled results without sampling, also those already
-//     waiting at the gate (for a dispatch permit, for room, or for a pause to end), which stop
-//     waiting on the cancel, and those this worker sent back to wait in the stream
-//     (sentBack); only a sample already sent runs on.
+//     waiting to be sent (for result memory, a dispatch permit, room, or a pause to end),
+//     which stop waiting on the cancel, and those this worker sent back to wait in the
+//     stream (sentBack); only a sample already sent runs on.
 //   - Results take bounded memory (Config.ResultMemory): no new sample is sent while the
 //     results between their arrival and their storage fill it, so jobs whose results are
 //     large (long samples, prompt logprobs of long prompts) slow down rather than exhaust

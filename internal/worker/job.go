@@ -514,9 +514,14 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		// but on its last delivery, which a nak would make a dead letter.
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
-	mem, err := w.memory.reserve(ctx, w.gate.capacity.stopping, int64(certainCells(job, len(prompt)))*decodedCellBytes)
+	end := batchEnd{set: w.gate.cancelled, batch: batch}
+	mem, err := w.memory.reserve(ctx, w.gate.capacity.stopping, &end, int64(certainCells(job, len(prompt)))*decodedCellBytes)
+	end.release()
 	if err != nil {
-		if errors.Is(err, errStopping) {
+		switch {
+		case errors.Is(err, errBatchCancelled):
+			return cancelled(job, batch)
+		case errors.Is(err, errStopping):
 			return outcome{settle: settleNak} // to another worker, now
 		}
 		return w.failure(ctx, job, batch, keysTaken, err)

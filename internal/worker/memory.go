@@ -71,14 +71,16 @@ type charge struct {
 }
 
 // reserve waits until the charges are under the limit, then charges n. It ends early with
-// ctx's error, or with errStopping once stopping is done (the worker hands the job back).
-func (m *resultMemory) reserve(ctx, stopping context.Context, n int64) (charge, error) {
+// ctx's error, with errStopping once stopping is done (the worker hands the job back), or
+// with errBatchCancelled once the job's batch ends (end, set up only if the job waits; nil:
+// none).
+func (m *resultMemory) reserve(ctx, stopping context.Context, end *batchEnd, n int64) (charge, error) {
 	if m.limit <= 0 {
 		return charge{}, nil
 	}
 	m.mu.Lock()
 	for m.used >= m.limit {
-		if err := m.wait(ctx, stopping); err != nil {
+		if err := m.wait(ctx, stopping, end); err != nil {
 			m.mu.Unlock()
 			return charge{}, err
 		}
@@ -90,12 +92,13 @@ func (m *resultMemory) reserve(ctx, stopping context.Context, n int64) (charge, 
 }
 
 // wait lets go of mu until the charges change, and takes it again. Call with mu held.
-func (m *resultMemory) wait(ctx, stopping context.Context) error {
+func (m *resultMemory) wait(ctx, stopping context.Context, end *batchEnd) error {
 	if m.room == nil {
 		m.room = make(chan struct{})
 	}
 	room := m.room
 	m.mu.Unlock()
+	ended := end.done() // outside mu: it takes the cancel set's lock
 	var err error
 	select {
 	case <-room:
@@ -103,6 +106,8 @@ func (m *resultMemory) wait(ctx, stopping context.Context) error {
 		err = ctx.Err()
 	case <-stopping.Done():
 		err = errStopping
+	case <-ended:
+		err = errBatchCancelled
 	}
 	m.mu.Lock()
 	return err
@@ -133,7 +138,7 @@ func (c *charge) grow(ctx context.Context, n int64) error {
 	}
 	m.mu.Lock()
 	for m.used >= m.limit && m.used > m.pending {
-		if err := m.wait(ctx, context.Background()); err != nil {
+		if err := m.wait(ctx, context.Background(), nil); err != nil {
 			m.mu.Unlock()
 			return err
 		}

@@ -18,7 +18,7 @@ func reserveAsync(t *testing.T, m *resultMemory, stopping context.Context, n int
 	t.Helper()
 	got := make(chan charge, 1)
 	go func() {
-		c, err := m.reserve(context.Background(), stopping, n)
+		c, err := m.reserve(context.Background(), stopping, nil, n)
 		if err != nil {
 			t.Error(err)
 			return
@@ -56,7 +56,7 @@ func TestResultMemoryHoldsSamplesBackWhileResultsFillIt(t *testing.T) {
 	m := &resultMemory{limit: 100}
 	bg := context.Background()
 
-	big, err := m.reserve(bg, bg, 150) // more than the limit: goes while the charges are under it
+	big, err := m.reserve(bg, bg, nil, 150) // more than the limit: goes while the charges are under it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +75,10 @@ func TestResultMemoryHoldsSamplesBackWhileResultsFillIt(t *testing.T) {
 	c.release()
 
 	// A worker that stops ends the wait: the job goes back to the fleet.
-	full, _ := m.reserve(bg, bg, 100)
+	full, _ := m.reserve(bg, bg, nil, 100)
 	stopping, stop := context.WithCancel(bg)
 	errc := make(chan error, 1)
-	go func() { _, err := m.reserve(bg, stopping, 1); errc <- err }()
+	go func() { _, err := m.reserve(bg, stopping, nil, 1); errc <- err }()
 	stillWaiting(t, errc, "a sample sent over the limit")
 	stop()
 	if err := received(t, errc, "a stopping worker's sample"); !errors.Is(err, errStopping) {
@@ -106,9 +106,9 @@ func TestResultMemoryLetsOneReplyGrowWhenOnlyRepliesHoldIt(t *testing.T) {
 	}
 
 	// Three samples sent under the limit; the last one takes the charges past it.
-	a, _ := m.reserve(bg, bg, 10)
-	b, _ := m.reserve(bg, bg, 50)
-	c, _ := m.reserve(bg, bg, 50)
+	a, _ := m.reserve(bg, bg, nil, 10)
+	b, _ := m.reserve(bg, bg, nil, 50)
+	c, _ := m.reserve(bg, bg, nil, 50)
 
 	// a's reply is back while nothing else is made or stored: it grows past the limit, or
 	// no reply would ever grow.
@@ -132,10 +132,10 @@ func TestResultMemoryLetsOneReplyGrowWhenOnlyRepliesHoldIt(t *testing.T) {
 	// A charge released before its reply came (the sample failed) is no longer pending: were
 	// it still, f's reply would take e's result, being made, for a reply, and grow past the
 	// limit beside it.
-	d, _ := m.reserve(bg, bg, 99)
-	e, _ := m.reserve(bg, bg, 1)
+	d, _ := m.reserve(bg, bg, nil, 99)
+	e, _ := m.reserve(bg, bg, nil, 1)
 	d.release()
-	f, _ := m.reserve(bg, bg, 1)
+	f, _ := m.reserve(bg, bg, nil, 1)
 	received(t, grow(&e, 99), "a reply under the limit") // 100 charged, f's 1 pending
 	fGrown := grow(&f, 50)
 	stillWaiting(t, fGrown, "a reply that grows past the limit while another result is made, after a sample failed")
@@ -152,7 +152,7 @@ func TestResultMemoryWithoutALimitChargesNothing(t *testing.T) {
 	m := &resultMemory{}
 	bg := context.Background()
 	for range 3 {
-		c, err := m.reserve(bg, bg, 1<<40)
+		c, err := m.reserve(bg, bg, nil, 1<<40)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,7 +225,7 @@ func TestAReplyWaitingToGrowIsChargedWhatItHolds(t *testing.T) {
 	// Once their samples are sent, a result being stored takes the whole budget.
 	fleettest.Eventually(t, 5*time.Second, "the samples to be sent", func() bool { return b.sim.Stats().SamplesAccepted == slots })
 	bg := context.Background()
-	stored, err := w.memory.reserve(bg, bg, 0)
+	stored, err := w.memory.reserve(bg, bg, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -539,14 +539,14 @@ func TestJobsAtTheGateOfACancelledBatchAreNotSampled(t *testing.T) {
 	}
 }
 
-// cancelWhileWaitingAtTheGate publishes a job of batch "ahead", waits until the service has
-// accepted its sample (which the test's setup holds), then publishes one of batch "stopped",
-// waits until waiting says that job waits at the gate (what, in messages), cancels "stopped",
+// cancelWhileWaitingAtTheGate publishes the job ahead in a batch of its own, waits until the
+// service has accepted its sample (which the test's setup holds), then publishes one of batch
+// "stopped", waits until waiting says that job waits (what, in messages), cancels "stopped",
 // and checks that the job ends as a cancelled result within 5 s and is acked, the first job
 // still held.
-func cancelWhileWaitingAtTheGate(t *testing.T, b *testBundle, what string, waiting func() bool) {
+func cancelWhileWaitingAtTheGate(t *testing.T, b *testBundle, ahead jobs.Job, what string, waiting func() bool) {
 	t.Helper()
-	publishJobs(t, b.results, "ahead", tokenJobs("a", 1))
+	publishJobs(t, b.results, "ahead", []jobs.Job{ahead})
 	fleettest.Eventually(t, 30*time.Second, "the first job's sample accepted", func() bool {
 		return b.sim.Stats().SamplesAccepted == 1
 	})
@@ -584,7 +584,7 @@ func TestAJobWaitingForTheBytesBudgetEndsOnItsBatchsCancel(t *testing.T) {
 	w := b.open(t, b.connect(t), Config{Concurrency: 2, Dispatch: dispatch.Config{Bytes: 1}, ShutdownGrace: time.Second})
 	run(t, w)
 	// Well within the slow reply, which holds the budget until 30 s after it was accepted.
-	cancelWhileWaitingAtTheGate(t, b, "for the bytes budget", func() bool {
+	cancelWhileWaitingAtTheGate(t, b, tokenJobs("a", 1)[0], "for the bytes budget", func() bool {
 		return w.limiter.Stats().BytesWaiting == 1
 	})
 	if st := w.limiter.Stats(); st.BytesWaiting != 0 || st.CountInUse < 1 {
@@ -614,7 +614,7 @@ func TestAJobWaitingForRoomUnderTheCapacityEndsOnItsBatchsCancel(t *testing.T) {
 	}
 	run(t, w)
 	// Well within the first sample, which holds the room for 30 s.
-	cancelWhileWaitingAtTheGate(t, b, "for room", func() bool {
+	cancelWhileWaitingAtTheGate(t, b, tokenJobs("a", 1)[0], "for room", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return len(c.waiters) == 1
@@ -625,6 +625,30 @@ func TestAJobWaitingForRoomUnderTheCapacityEndsOnItsBatchsCancel(t *testing.T) {
 	if waiting != 0 || held != 1 {
 		t.Fatalf("capacity after the cancel: %d waiting, %d held, want none waiting and the first sample held", waiting, held)
 	}
+	if got := b.sim.Stats().SamplesAccepted; got != 1 {
+		t.Fatalf("the service accepted %d samples, want 1: the cancelled job was sampled", got)
+	}
+}
+
+// TestAJobWaitingForResultMemoryEndsOnItsBatchsCancel: a job waiting for room in the result
+// memory (Config.ResultMemory, here taken by one long sample's result) when its batch is
+// cancelled ends at once as a cancelled result, acked, and is not sampled. It waited until the
+// long sample's result was stored, and only then ended as cancelled.
+func TestAJobWaitingForResultMemoryEndsOnItsBatchsCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{BaseLatency: 30 * time.Second})
+	// One byte: the first job's charge (its prompt logprobs, certain to come) fills it until
+	// its result is stored.
+	w := b.open(t, b.connect(t), Config{Concurrency: 2, ResultMemory: 1, ShutdownGrace: time.Second})
+	run(t, w)
+	ahead := tokenJobs("a", 1)[0]
+	ahead.PromptLogprobs = true
+	// Well within the first sample, which holds the memory for 30 s.
+	cancelWhileWaitingAtTheGate(t, b, ahead, "for result memory", func() bool {
+		w.memory.mu.Lock()
+		defer w.memory.mu.Unlock()
+		return w.memory.room != nil // a job waits for room
+	})
 	if got := b.sim.Stats().SamplesAccepted; got != 1 {
 		t.Fatalf("the service accepted %d samples, want 1: the cancelled job was sampled", got)
 	}
