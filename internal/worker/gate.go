@@ -51,8 +51,8 @@ func NewGate(l *dispatch.Limiter, b Backoff, log *slog.Logger) *Gate {
 
 // sampleState is one job's passage through the gate, carried in the context of its Sample
 // call: the count permit reserved before the job was pulled (used by its first Acquire, so
-// the job does not queue for a second one), its place in the capacity count, and its batch, which may be
-// cancelled while the job waits.
+// the job does not queue for a second one), its place in the capacity count, and its batch,
+// which may be cancelled while the job waits.
 type sampleState struct {
 	reservation *dispatch.Reservation
 	sample      sample
