@@ -80,9 +80,9 @@ type batchEnd struct {
 	forget func()
 }
 
-// batchEnd returns the end of the job st's batch, not yet set up.
-func (g *Gate) batchEnd(st *sampleState) batchEnd {
-	return batchEnd{set: g.cancelled, batch: st.batch}
+// batchEnd returns the end of batch, not yet set up.
+func (g *Gate) batchEnd(batch string) batchEnd {
+	return batchEnd{set: g.cancelled, batch: batch}
 }
 
 // done returns a channel closed once the batch ends, set up now if it is not yet (nil, never
@@ -176,7 +176,7 @@ func (g *Gate) Acquire(ctx context.Context, estimatedBytes int64) (func(accepted
 		return func(bool) { p.Release() }, nil
 	}
 	g.capacity.done(&st.sample)
-	end := g.batchEnd(st)
+	end := g.batchEnd(st.batch)
 	defer end.release()
 	p, err := g.permit(ctx, st, estimatedBytes, &end)
 	if err != nil {
@@ -241,7 +241,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 	if st == nil {
 		return g.backoff.Wait(ctx)
 	}
-	end := g.batchEnd(st)
+	end := g.batchEnd(st.batch)
 	defer end.release()
 	for {
 		if err := g.waitBackoff(ctx, &end); err != nil {

@@ -514,7 +514,7 @@ func (w *Worker) sample(ctx context.Context, msg jetstream.Msg, job jobs.Job, ba
 		// but on its last delivery, which a nak would make a dead letter.
 		return outcome{settle: settleRetry, delay: left, err: errBackingOff}
 	}
-	end := batchEnd{set: w.gate.cancelled, batch: batch}
+	end := w.gate.batchEnd(batch)
 	mem, err := w.memory.reserve(ctx, w.gate.capacity.stopping, &end, int64(certainCells(job, len(prompt)))*decodedCellBytes)
 	end.release()
 	if err != nil {
