@@ -111,9 +111,9 @@ type waiter struct {
 	ready  chan struct{}
 }
 
-// sample is one job's sample as the capacity counts it: its phase, and the round (the
-// capacity's measures settled so far) it was last admitted or sent in. An answer to a sample
-// sent in an earlier round answers a submission that raced the last measure.
+// sample is one job's sample as the capacity counts it: its phase, and the round (c.round:
+// the measures settled and leaves seen so far) it was last admitted or sent in. An answer to
+// a sample sent in an earlier round answers a submission that raced the last measure.
 type sample struct {
 	phase samplePhase
 	round int
