@@ -1288,53 +1288,13 @@ func (f *fleet) submitInterruptedWhenIdle(t *testing.T, args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a run that never goes idle
 	defer cancel()
 	interrupt, idle := context.WithCancel(ctx)
-	stderr := &idleLine{prefix: "0/", idle: idle}
+	said := &fleettest.Buffer{}
+	stderr := &interruptOn{w: said, text: "| ok 0 error 0", interrupt: idle} // a progress line: one write
 	err := f.submitTo(interrupt, io.Discard, stderr, append(args, "--progress", "lines")...)
-	if !stderr.seen() {
-		t.Fatalf("submit %q never waited idle for a result (%v); it said:\n%s", args, err, stderr.text())
+	if !stderr.seen.Load() {
+		t.Fatalf("submit %q never waited idle for a result (%v); it said:\n%s", args, err, said)
 	}
 	return err
-}
-
-// idleLine is a standard error that calls idle at the first line that begins with prefix.
-type idleLine struct {
-	prefix string
-	idle   context.CancelFunc
-
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	done bool
-}
-
-func (w *idleLine) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	from := w.buf.Len()
-	w.buf.Write(p)
-	if !w.done {
-		// Whole lines only: the text after the last newline written before p may begin one.
-		start := bytes.LastIndexByte(w.buf.Bytes()[:from], '\n') + 1
-		for line := range bytes.Lines(w.buf.Bytes()[start:]) {
-			if bytes.HasSuffix(line, []byte("\n")) && bytes.HasPrefix(line, []byte(w.prefix)) {
-				w.done = true
-				w.idle()
-				break
-			}
-		}
-	}
-	return len(p), nil
-}
-
-func (w *idleLine) seen() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.done
-}
-
-func (w *idleLine) text() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // TestLocalSimulatedWorkerKeepsConnections: submit's in-process worker samples on the
