@@ -163,6 +163,14 @@ func (c *capacity) room() bool {
 // held is the number of samples that count against the limit. Call with mu held.
 func (c *capacity) held() int { return c.admitted + c.sending + c.accepted }
 
+// atService is the number of this worker's samples the service holds or is being asked to
+// take: on the wire, or accepted with their result not back yet.
+func (c *capacity) atService() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sending + c.accepted
+}
+
 // expire forgets a limit older than ttl and admits the waiters it held back. Call with mu
 // held.
 func (c *capacity) expire() {

@@ -198,6 +198,9 @@ func (m *Metrics) watch(l *dispatch.Limiter, pulling *atomic.Int64, b Backoff, c
 			Name: "tinkerfleet_capacity_limit", Help: "Samples in flight this worker allows itself, its part of the capacity the fleet learned from 429s (0: no limit).",
 		}, func() float64 { return float64(c.current()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tinkerfleet_samples_in_flight", Help: "Samples of this worker at the Tinker service: asample on the wire, or accepted and its result not back yet.",
+		}, func() float64 { return float64(c.atService()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tinkerfleet_results_held",
 			Help: "Results sampled but not stored yet because the results stream could not store anything; their jobs wait, and are not sampled again.",
 		}, func() float64 { return float64(held.Load()) }),

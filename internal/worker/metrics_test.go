@@ -421,9 +421,37 @@ func TestAnIdleWorkerHoldsNoDispatchPermitsInUse(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, k := range []string{"tinkerfleet_dispatch_throttled_in_use{}", "tinkerfleet_dispatch_bytes_charged{}",
-		"tinkerfleet_dispatch_bytes_in_flight{}", "tinkerfleet_dispatch_waiting{}", "tinkerfleet_result_memory_bytes{}", "tinkerfleet_results_held{}"} {
+		"tinkerfleet_dispatch_bytes_in_flight{}", "tinkerfleet_dispatch_waiting{}", "tinkerfleet_result_memory_bytes{}", "tinkerfleet_results_held{}",
+		"tinkerfleet_samples_in_flight{}"} {
 		if got[k] != 0 {
 			t.Errorf("idle worker: %s = %v, want 0", k, got[k])
 		}
 	}
+}
+
+// TestSamplesInFlightAreThoseTheServiceHolds: tinkerfleet_samples_in_flight counts the samples
+// the service holds for the worker (accepted, their results not back), not its job slots nor
+// jobs waiting to be sent; back at 0 once the results are in (see
+// TestAnIdleWorkerHoldsNoDispatchPermitsInUse).
+func TestSamplesInFlightAreThoseTheServiceHolds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, queue.Config{}, tinkersim.Config{BaseLatency: 3 * time.Second})
+	reg := prometheus.NewRegistry()
+	w := b.open(t, b.connect(t), Config{Concurrency: 32, Registerer: reg})
+	run(t, w)
+	const n = 5
+	publishJobs(t, b.results, "inflight", tokenJobs("f", n))
+	fleettest.Eventually(t, 10*time.Second, "the service holding every sample", func() bool {
+		return b.sim.Stats().Concurrent == n
+	})
+	// The service holds them for 3 s: the worker reads each acceptance well before.
+	var got float64
+	fleettest.Eventually(t, 2*time.Second, "the gauge at the samples the service holds", func() bool {
+		got = gathered(t, reg)["tinkerfleet_samples_in_flight{}"]
+		return got == n
+	})
+	if c := b.sim.Stats().Concurrent; c != n {
+		t.Fatalf("the service holds %d samples by the time the gauge read %v, want %d still held", c, got, n)
+	}
+	waitResults(t, b.results, "inflight", n, 30*time.Second)
 }
