@@ -680,7 +680,8 @@ const (
 	settleBytes = 32 << 20
 )
 
-// publish records the manifest and publishes every valid line, streaming the files again.
+// publish records the manifest and publishes every valid line, streaming the files again
+// (read and encoded ahead of the publishing, in startEncoding's goroutine).
 // A batch already fully submitted with the same digest is not published again (again is true,
 // and it says so); a batch whose publishing was interrupted is published again, and the
 // duplicate window (and the workers' result check) drop what was already there.
@@ -733,33 +734,25 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 		pending, pendingBytes = pending[:0], 0
 		return nil
 	}
-	var accepted, rejected int
-	err = eachJob(files, limits, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
-		var le *jobs.LineError
-		switch {
-		case errors.As(err, &le):
-			rejected++ // reported by the validation pass
-			return nil
-		case err != nil: // jobs.ErrEmptyFile
-			return nil
+	enc := startEncoding(ctx, files, limits)
+	defer enc.stop()
+	for chunk := range enc.chunks {
+		for _, job := range chunk {
+			fut, err := waiter.send(ctx, func() (jetstream.PubAckFuture, error) {
+				return q.PublishJobAsync(batch, job.customID, job.data, republished)
+			})
+			if err != nil {
+				return m, false, err
+			}
+			pending, pendingBytes = append(pending, fut), pendingBytes+len(job.data)
+			if len(pending) >= settleJobs || pendingBytes >= settleBytes {
+				if err := settle(); err != nil {
+					return m, false, err
+				}
+			}
 		}
-		accepted++
-		data, err := j.Encode()
-		if err != nil {
-			return err
-		}
-		fut, err := waiter.send(ctx, func() (jetstream.PubAckFuture, error) {
-			return q.PublishJobAsync(batch, j.CustomID, data, republished)
-		})
-		if err != nil {
-			return err
-		}
-		pending, pendingBytes = append(pending, fut), pendingBytes+len(data)
-		if len(pending) >= settleJobs || pendingBytes >= settleBytes {
-			return settle()
-		}
-		return nil
-	})
+	}
+	accepted, rejected, err := enc.result()
 	if err != nil {
 		return m, false, err
 	}
