@@ -30,7 +30,7 @@ func TestEncodingSendsEveryValidJobInOrder(t *testing.T) {
 		first += n
 		if k == 0 {
 			lines[10] = `{"custom_id":"bad","model":"Qwen/Qwen3-8B"}` // no prompt
-			lines[500] = jobLine(3)                                      // a custom_id seen before
+			lines[500] = jobLine(3)                                   // a custom_id seen before
 		}
 		name := filepath.Join(dir, "in"+string(rune('a'+k))+".jsonl")
 		if err := os.WriteFile(name, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {

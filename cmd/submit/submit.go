@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -455,7 +456,8 @@ func (at lineAt) String() string { return fmt.Sprintf("%s:%d", at.file, at.line)
 // calls fn with each line's job, the line as read (valid until fn returns) and where it is, or
 // its error (*jobs.LineError, or jobs.ErrEmptyFile for a file without job lines); fn's error
 // stops the reading. hash, when not nil, sees every byte read and a zero byte after each
-// file, so that moving a line to another file changes the digest.
+// file, so that moving a line to another file changes the digest. The lines are parsed on
+// every core (jobs.Reader.SetParallel), a group at a time, and fn is called in order.
 func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, at lineAt, err error) error) error {
 	var r *jobs.Reader
 	for _, name := range files {
@@ -470,6 +472,7 @@ func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.
 		if r == nil {
 			r = jobs.NewReader(in, name, limits)
 			r.SetCheck(renderable)
+			r.SetParallel(runtime.GOMAXPROCS(0))
 		} else {
 			r.NextFile(in, name)
 		}

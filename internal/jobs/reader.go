@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 )
 
 // Reader reads jobs from a JSONL input, one line at a time, through a buffer of readBuffer
 // bytes; a longer line is gathered in a second buffer, which grows to the longest line read
 // (at most Limits.MaxLineBytes). Memory does not grow with the file, except for the set of
-// custom_ids seen (about 40 bytes plus the id's length per job, see idSet).
+// custom_ids seen (about 40 bytes plus the id's length per job, see idSet). With SetParallel
+// it parses groups of lines on several goroutines, read ahead into about a MiB more.
 //
 // A line may be a native tinkerfleet job or an OpenAI Batch API request (detected per line by the
 // presence of body, url or method). Blank lines are skipped, CRLF line ends and a UTF-8 byte order
@@ -29,7 +31,34 @@ type Reader struct {
 	raw      []byte // the last valid line, as read
 	long     []byte // a line longer than br's buffer, gathered
 	check    func(Job) *FieldError
+
+	// With SetParallel, lines are read and parsed ahead, a group at a time (see readAhead).
+	parallel  int
+	ahead     []parsedLine // the group read ahead; next is the first not yet returned
+	next      int
+	arena     []byte // the group's lines, as read
+	readLines int    // lines read so far from the current input, ahead or not
+	readErr   error  // what ended the reading ahead, once the group is returned
 }
+
+// parsedLine is a line read ahead (Reader.SetParallel): its number, where it is in the
+// reader's arena, and its job or what is wrong with it.
+type parsedLine struct {
+	line       int
+	start, end int
+	tooLong    bool
+	job        Job
+	fe         *FieldError
+}
+
+// A group read ahead ends after aheadLines non-blank lines, or once it holds aheadBytes (and
+// one line more, up to MaxLineBytes). Parsing is most of a Reader's work (2 µs a line of
+// about 240 bytes, against 0.2 µs to read it): submit's validation pass over 100,000 lines
+// took 160 ms, which two goroutines nearly halve.
+const (
+	aheadLines = 512
+	aheadBytes = 1 << 20
+)
 
 // readBuffer is the size of a Reader's buffer: lines up to it are parsed where they were
 // read.
@@ -53,6 +82,14 @@ func NewReader(r io.Reader, file string, l Limits) *Reader {
 // with that id is no duplicate of it).
 func (r *Reader) SetCheck(check func(Job) *FieldError) { r.check = check }
 
+// SetParallel makes the Reader parse its lines on up to n goroutines at once (n <= 1: one at
+// a time, the default): it reads a group of lines ahead, parses them all, then returns them
+// one by one. What Next, Line and Raw return is the same either way, custom_id duplicates
+// included; the lines read ahead take up to about aheadBytes, plus one line. A check given to
+// SetCheck is then called from several goroutines at once. The goroutines are those of Next
+// calls, which wait for them: none outlives a call.
+func (r *Reader) SetParallel(n int) { r.parallel = n }
+
 // fileShift splits the first-use position kept per custom_id into an input index and a line.
 const fileShift = 40
 
@@ -66,6 +103,7 @@ func (r *Reader) NextFile(in io.Reader, file string) {
 	r.files = append(r.files, file)
 	r.line = 0
 	r.nonBlank = 0
+	r.ahead, r.next, r.readLines, r.readErr = r.ahead[:0], 0, 0, nil
 }
 
 // Line returns the 1-based number of the line the last Next call returned a job or a *LineError
@@ -83,57 +121,159 @@ func (r *Reader) Line() int { return r.line }
 // kinds, and a custom_id already used by an earlier valid line of this Reader (the error names the
 // line of its first use).
 func (r *Reader) Next() (Job, error) {
+	if r.parallel > 1 {
+		return r.nextAhead()
+	}
 	for {
 		if r.err != nil {
 			return Job{}, r.err
 		}
 		raw, tooLong, err := r.readLine()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				r.err = io.EOF
-				if r.nonBlank == 0 {
-					return Job{}, fmt.Errorf("%s: %w", r.name(), ErrEmptyFile)
-				}
-				return Job{}, io.EOF
-			}
-			r.err = fmt.Errorf("read %s after line %d: %w", r.name(), r.line, err)
-			return Job{}, r.err
+			return Job{}, r.end(err)
 		}
 		r.line++
 		if tooLong {
 			r.nonBlank++
-			return Job{}, r.lineErr(fieldErr("", fmt.Sprintf("line is longer than the limit of %d bytes", r.limits.MaxLineBytes)))
+			return Job{}, r.tooLong()
 		}
-		// A byte order mark begins a file written on Windows, and a line of files joined
-		// with cat: nothing JSON-wise, it is no part of the line.
-		raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))
-		b := trimASCIISpace(raw)
+		b := lineText(raw)
 		if len(b) == 0 {
 			continue
 		}
 		r.nonBlank++
-		j, names, fe := parseLine(b)
-		if fe == nil {
-			fe = j.validate(r.limits, &names)
-		}
-		if fe == nil && r.check != nil {
-			fe = r.check(j)
-		}
-		if fe != nil {
-			return Job{}, r.lineErr(fe)
-		}
-		fileIdx := len(r.files) - 1
-		if first, dup := r.ids.add(j.CustomID, fileIdx<<fileShift|r.line); dup {
-			where := fmt.Sprintf("line %d", first&(1<<fileShift-1))
-			if f := first >> fileShift; f != fileIdx {
-				where = fmt.Sprintf("%s line %d", r.files[f], first&(1<<fileShift-1))
-			}
-			return Job{}, r.lineErr(fieldErr("custom_id",
-				fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(j.CustomID), where)))
-		}
-		r.raw = b
-		return j, nil
+		j, fe := r.parse(b)
+		return r.admit(b, j, fe)
 	}
+}
+
+// nextAhead is Next with SetParallel: the next line of the group read ahead, or of a new one.
+func (r *Reader) nextAhead() (Job, error) {
+	for r.next == len(r.ahead) {
+		switch {
+		case r.err != nil:
+			return Job{}, r.err
+		case r.readErr != nil:
+			r.line = r.readLines // the blank lines after the last one count, as in Next
+			return Job{}, r.end(r.readErr)
+		}
+		r.readAhead()
+	}
+	p := &r.ahead[r.next]
+	r.next++
+	r.line = p.line
+	if p.tooLong {
+		return Job{}, r.tooLong()
+	}
+	if p.fe != nil {
+		return Job{}, r.lineErr(p.fe)
+	}
+	return r.admit(r.arena[p.start:p.end], p.job, nil)
+}
+
+// readAhead reads the next group of lines (see aheadLines) into the arena, with readErr set
+// if the input ends or fails after them, and parses them on up to r.parallel goroutines.
+func (r *Reader) readAhead() {
+	r.ahead, r.next, r.arena = r.ahead[:0], 0, r.arena[:0]
+	for len(r.ahead) < aheadLines && len(r.arena) < aheadBytes {
+		raw, tooLong, err := r.readLine()
+		if err != nil {
+			r.readErr = err
+			break
+		}
+		r.readLines++
+		if tooLong {
+			r.nonBlank++
+			r.ahead = append(r.ahead, parsedLine{line: r.readLines, tooLong: true})
+			continue
+		}
+		b := lineText(raw)
+		if len(b) == 0 {
+			continue
+		}
+		r.nonBlank++
+		start := len(r.arena)
+		r.arena = append(r.arena, b...)
+		r.ahead = append(r.ahead, parsedLine{line: r.readLines, start: start, end: len(r.arena)})
+	}
+	parts := min(r.parallel, (len(r.ahead)+63)/64) // a goroutine for fewer lines costs more than it saves
+	var wg sync.WaitGroup
+	for k := range parts {
+		lo, hi := k*len(r.ahead)/parts, (k+1)*len(r.ahead)/parts
+		parse := func() {
+			for i := lo; i < hi; i++ {
+				if p := &r.ahead[i]; !p.tooLong {
+					p.job, p.fe = r.parse(r.arena[p.start:p.end])
+				}
+			}
+		}
+		if k == parts-1 {
+			parse() // on this goroutine, which waits for the others after it
+		} else {
+			wg.Go(parse)
+		}
+	}
+	wg.Wait()
+}
+
+// lineText is a line as read without a byte order mark, which begins a file written on
+// Windows (and a line of files joined with cat: nothing JSON-wise, it is no part of the
+// line), and the spaces around it.
+func lineText(raw []byte) []byte {
+	return trimASCIISpace(bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf")))
+}
+
+// parse parses and validates one non-blank line: its job, or what is wrong with it. It uses
+// nothing of the Reader's state but its limits and check, so lines read ahead are parsed at
+// once.
+func (r *Reader) parse(b []byte) (Job, *FieldError) {
+	j, names, fe := parseLine(b)
+	if fe == nil {
+		fe = j.validate(r.limits, &names)
+	}
+	if fe == nil && r.check != nil {
+		fe = r.check(j)
+	}
+	return j, fe
+}
+
+// admit returns the job of line b, parsed with fe nil, unless fe says what is wrong with it or
+// its custom_id was used before.
+func (r *Reader) admit(b []byte, j Job, fe *FieldError) (Job, error) {
+	if fe != nil {
+		return Job{}, r.lineErr(fe)
+	}
+	fileIdx := len(r.files) - 1
+	if first, dup := r.ids.add(j.CustomID, fileIdx<<fileShift|r.line); dup {
+		where := fmt.Sprintf("line %d", first&(1<<fileShift-1))
+		if f := first >> fileShift; f != fileIdx {
+			where = fmt.Sprintf("%s line %d", r.files[f], first&(1<<fileShift-1))
+		}
+		return Job{}, r.lineErr(fieldErr("custom_id",
+			fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(j.CustomID), where)))
+	}
+	r.raw = b
+	return j, nil
+}
+
+// tooLong is the error of a line over MaxLineBytes, at the current line.
+func (r *Reader) tooLong() error {
+	return r.lineErr(fieldErr("", fmt.Sprintf("line is longer than the limit of %d bytes", r.limits.MaxLineBytes)))
+}
+
+// end ends the input with err, the reading's error: io.EOF (or ErrEmptyFile, the first time,
+// for an input without a single non-blank line), or a failure of the underlying reader,
+// returned again on every later call.
+func (r *Reader) end(err error) error {
+	if errors.Is(err, io.EOF) {
+		r.err = io.EOF
+		if r.nonBlank == 0 {
+			return fmt.Errorf("%s: %w", r.name(), ErrEmptyFile)
+		}
+		return io.EOF
+	}
+	r.err = fmt.Errorf("read %s after line %d: %w", r.name(), r.line, err)
+	return r.err
 }
 
 // Raw returns the line the last Next call returned a job for, as it was read (without its
