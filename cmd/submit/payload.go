@@ -13,13 +13,12 @@ import (
 // checkJobSizes returns an error, naming each line, when jobs of files are larger than a NATS
 // server whose max_payload is maxPayload accepts. Such a job cannot be published at all: found
 // while publishing, it would stop the batch halfway. The embedded server and deploy/'s take
-// 8 MiB and need the pass only for lines over 4 MiB; a stock nats-server takes 1 MiB, as long
-// as a line of a long prompt. longest is the longest valid
-// line: a job's encoding is at most about twice its line (only characters that JSON may hold
-// raw but that the encoding escapes, U+2028 and U+2029, grow it), so unless that could be too
-// large the files are not read again. An interrupt (ctx ending) stops it at the next line.
+// 8 MiB and need the pass only for lines over about 2.7 MiB; a stock nats-server takes 1 MiB,
+// as long as a line of a long prompt. longest is the longest valid line: a job's encoding is
+// at most encodedGrowth times its line plus encodedSlack, so unless that could be too large
+// the files are not read again. An interrupt (ctx ending) stops it at the next line.
 func checkJobSizes(ctx context.Context, files []string, limits jobs.Limits, longest int, maxPayload int64, stderr io.Writer) error {
-	if maxPayload <= 0 || int64(2*longest+queue.JobHeaderRoom) <= maxPayload {
+	if maxPayload <= 0 || int64(encodedGrowth*longest+encodedSlack+queue.JobHeaderRoom) <= maxPayload {
 		return nil
 	}
 	over := 0
@@ -54,6 +53,18 @@ func checkJobSizes(ctx context.Context, files []string, limits jobs.Limits, long
 	}
 	return nil
 }
+
+// A job's encoding is at most encodedGrowth times its line, plus encodedSlack. Token ids grow
+// the most: one written with an exponent, as JSON allows, is written out whole, "2e9," (4
+// bytes) as "2000000000," (11), so a line of them grows 2.75 times; characters that JSON may
+// hold raw but the encoding escapes, U+2028 and U+2029, twice. The slack is for what grows by
+// a constant: the fields a line may leave out, and a lone number such as a seed of 9e18.
+// (With a bound of twice the line, a line of such ids passed the check, and its job then
+// stopped the publishing halfway.)
+const (
+	encodedGrowth = 3
+	encodedSlack  = 4 << 10
+)
 
 // errJobsTooLarge says that jobs are larger than the NATS server accepts in a message.
 var errJobsTooLarge = errors.New("jobs too large for the NATS server")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 )
 
@@ -41,5 +42,25 @@ func TestJobsTooLargeForTheServerPublishNothing(t *testing.T) {
 	}
 	if _, _, err := q.GetManifest(context.Background(), "big"); !errors.Is(err, queue.ErrNoBatch) {
 		t.Errorf("a manifest was written (%v)", err)
+	}
+}
+
+// TestJobsThatGrowWhenEncodedAreChecked: a job's encoding may be larger than its line, most
+// of all for token ids written with an exponent ("2e9" is written out as 2000000000), so a
+// line under half the server's max payload may still make a job over it. The check reads the
+// files again for it, rather than leave the job to stop the publishing halfway.
+func TestJobsThatGrowWhenEncodedAreChecked(t *testing.T) {
+	t.Parallel()
+	ids := strings.TrimSuffix(strings.Repeat("2e9,", 100_000), ",")
+	line := `{"custom_id":"grows","model":"Qwen/Qwen3-8B","prompt_tokens":[` + ids + `]}`
+	const maxPayload = 1 << 20
+	if 2*len(line)+queue.JobHeaderRoom > maxPayload {
+		t.Fatalf("the line (%d bytes) is not under half the max payload: it tests nothing", len(line))
+	}
+	in := writeLines(t, []string{jobLine(0), line})
+	var stderr strings.Builder
+	err := checkJobSizes(context.Background(), []string{in}, jobs.Limits{}, len(line), maxPayload, &stderr)
+	if !errors.Is(err, errJobsTooLarge) || !strings.Contains(stderr.String(), in+":2: the job is ") {
+		t.Fatalf("err = %v, said %q; want line 2 named, too large for the server", err, stderr.String())
 	}
 }
