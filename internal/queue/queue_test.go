@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -262,6 +263,39 @@ func TestTheConsumerIsNotChangedUnderRunningWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	accepted(Config{AckWait: time.Second, MaxDeliver: 9})
+}
+
+// TestAMaxDeliverOfMaxIntIsNoLimit: the largest int as --max-deliver is no limit, as -1 is,
+// and a worker started again with it joins workers that run with it. The consumer's delivery
+// more wrapped around to a negative MaxDeliver, which the server stores as -1, so every later
+// setup found the consumer set up otherwise and was refused while workers ran.
+func TestAMaxDeliverOfMaxIntIsNoLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxDeliver: math.MaxInt})
+	ctx := context.Background()
+	c, err := b.q.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.MaxDeliver; got != -1 || b.q.Config.MaxDeliver != -1 {
+		t.Fatalf("the server's MaxDeliver %d, read back %d; want -1 both", got, b.q.Config.MaxDeliver)
+	}
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.NotePresence("w1", Presence{Host: "host-w1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "test-sync", nil); err != nil { // stored after the note
+		t.Fatal(err)
+	}
+	if _, err := Setup(ctx, b.q.JS, Config{MaxDeliver: 4}); err == nil || !strings.Contains(err.Error(), "another max deliver (4)") {
+		t.Fatalf("a setup with another max deliver under the running worker: %v, want refused", err)
+	}
+	if _, err := Setup(ctx, b.q.JS, Config{MaxDeliver: math.MaxInt}); err != nil {
+		t.Fatalf("a worker started again with the same --max-deliver: %v", err)
+	}
 }
 
 func TestPublishJobTwiceStoresItOnce(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -22,10 +23,10 @@ type Config struct {
 	// Setup does not shorten it while workers run (refuseUnderWorkers).
 	AckWait time.Duration
 	// MaxDeliver is how many times a job is delivered to be worked on before it is
-	// dead-lettered; default 10, negative for no limit. The consumer allows one delivery
-	// more, on which a worker dead-letters the job without working it: that delivery of a
-	// job whose last one died with its worker comes once the ack wait has passed, to
-	// whichever worker pulls next, even one that starts later. (The server's
+	// dead-lettered; default 10, negative (or math.MaxInt) for no limit. The consumer allows
+	// one delivery more, on which a worker dead-letters the job without working it: that
+	// delivery of a job whose last one died with its worker comes once the ack wait has
+	// passed, to whichever worker pulls next, even one that starts later. (The server's
 	// MAX_DELIVERIES advisory, the other way to learn of such a job, goes once to whoever
 	// listens at that moment.) Setup does not change it while workers run.
 	MaxDeliver int
@@ -49,8 +50,14 @@ func (c Config) withDefaults() Config {
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second
 	}
-	if c.MaxDeliver == 0 {
+	switch c.MaxDeliver {
+	case 0:
 		c.MaxDeliver = 10
+	case math.MaxInt:
+		// No limit, as it says: the consumer's one delivery more would wrap around to a
+		// negative MaxDeliver, which the server stores as -1, and a worker started again with
+		// the same flag found the consumer set up otherwise, and refused to start.
+		c.MaxDeliver = -1
 	}
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = 1000
