@@ -37,7 +37,7 @@ type Reader struct {
 	ahead     []parsedLine // the group read ahead; next is the first not yet returned
 	next      int
 	arena     []byte // the group's lines, as read
-	readLines int    // lines read so far from the current input, ahead or not
+	readLines int    // lines read so far from the current input (ahead of line with SetParallel)
 	readErr   error  // what ended the reading ahead, once the group is returned
 }
 
@@ -124,26 +124,39 @@ func (r *Reader) Next() (Job, error) {
 	if r.parallel > 1 {
 		return r.nextAhead()
 	}
+	if r.err != nil {
+		return Job{}, r.err
+	}
+	b, tooLong, err := r.nextText()
+	r.line = r.readLines
+	switch {
+	case err != nil:
+		return Job{}, r.end(err)
+	case tooLong:
+		return Job{}, r.tooLong()
+	}
+	j, fe := r.parse(b)
+	return r.admit(b, j, fe)
+}
+
+// nextText reads up to the next line that is not blank and returns its text (lineText), or
+// tooLong for a line over MaxLineBytes; err ends the input (readLine). It counts every line
+// read, and those not blank.
+func (r *Reader) nextText() (b []byte, tooLong bool, err error) {
 	for {
-		if r.err != nil {
-			return Job{}, r.err
-		}
 		raw, tooLong, err := r.readLine()
 		if err != nil {
-			return Job{}, r.end(err)
+			return nil, false, err
 		}
-		r.line++
+		r.readLines++
 		if tooLong {
 			r.nonBlank++
-			return Job{}, r.tooLong()
+			return nil, true, nil
 		}
-		b := lineText(raw)
-		if len(b) == 0 {
-			continue
+		if b := lineText(raw); len(b) > 0 {
+			r.nonBlank++
+			return b, false, nil
 		}
-		r.nonBlank++
-		j, fe := r.parse(b)
-		return r.admit(b, j, fe)
 	}
 }
 
@@ -176,25 +189,15 @@ func (r *Reader) nextAhead() (Job, error) {
 func (r *Reader) readAhead() {
 	r.ahead, r.next, r.arena = r.ahead[:0], 0, r.arena[:0]
 	for len(r.ahead) < aheadLines && len(r.arena) < aheadBytes {
-		raw, tooLong, err := r.readLine()
+		b, tooLong, err := r.nextText()
 		if err != nil {
 			r.readErr = err
 			break
 		}
-		r.readLines++
-		if tooLong {
-			r.nonBlank++
-			r.ahead = append(r.ahead, parsedLine{line: r.readLines, tooLong: true})
-			continue
-		}
-		b := lineText(raw)
-		if len(b) == 0 {
-			continue
-		}
-		r.nonBlank++
-		start := len(r.arena)
+		p := parsedLine{line: r.readLines, tooLong: tooLong, start: len(r.arena)}
 		r.arena = append(r.arena, b...)
-		r.ahead = append(r.ahead, parsedLine{line: r.readLines, start: start, end: len(r.arena)})
+		p.end = len(r.arena)
+		r.ahead = append(r.ahead, p)
 	}
 	parts := min(r.parallel, (len(r.ahead)+63)/64) // a goroutine for fewer lines costs more than it saves
 	var wg sync.WaitGroup
