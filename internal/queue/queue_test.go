@@ -242,16 +242,7 @@ func TestTheConsumerIsNotChangedUnderRunningWorkers(t *testing.T) {
 	_ = req.Unsubscribe()
 
 	// A worker notes its presence.
-	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.q.NotePresence("w1", Presence{Host: "host-w1"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "test-sync", nil); err != nil { // stored after the note
-		t.Fatal(err)
-	}
+	noteRunningWorker(t, b, "w1")
 	refused(Config{AckWait: time.Second, MaxDeliver: 4}, "a shorter ack wait (1s) than the consumer's (30s)")
 	refused(Config{AckWait: 30 * time.Second, MaxDeliver: 9}, "another max deliver (9) than the consumer's (4)")
 	refused(Config{AckWait: 30 * time.Second, MaxDeliver: -1}, "another max deliver (-1) than the consumer's (4)")
@@ -263,6 +254,24 @@ func TestTheConsumerIsNotChangedUnderRunningWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	accepted(Config{AckWait: time.Second, MaxDeliver: 9})
+}
+
+// noteRunningWorker notes the presence of a running worker named id, as a worker does in the
+// backoff bucket (made here if need be), and returns once a setup will find it: a write to the
+// bucket after the note is stored.
+func noteRunningWorker(t *testing.T, b *testBundle, id string) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.q.NotePresence(id, Presence{Host: "host-" + id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "test-sync", nil); err != nil { // stored after the note
+		t.Fatal(err)
+	}
 }
 
 // TestAMaxDeliverOfMaxIntIsNoLimit: the largest int as --max-deliver is no limit, as -1 is,
@@ -280,16 +289,7 @@ func TestAMaxDeliverOfMaxIntIsNoLimit(t *testing.T) {
 	if got := c.CachedInfo().Config.MaxDeliver; got != -1 || b.q.Config.MaxDeliver != -1 {
 		t.Fatalf("the server's MaxDeliver %d, read back %d; want -1 both", got, b.q.Config.MaxDeliver)
 	}
-	kv, err := b.q.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.q.Names.BackoffBucket()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.q.NotePresence("w1", Presence{Host: "host-w1"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "test-sync", nil); err != nil { // stored after the note
-		t.Fatal(err)
-	}
+	noteRunningWorker(t, b, "w1")
 	if _, err := Setup(ctx, b.q.JS, Config{MaxDeliver: 4}); err == nil || !strings.Contains(err.Error(), "another max deliver (4)") {
 		t.Fatalf("a setup with another max deliver under the running worker: %v, want refused", err)
 	}
