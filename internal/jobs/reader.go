@@ -52,9 +52,10 @@ type parsedLine struct {
 }
 
 // A group read ahead ends after aheadLines non-blank lines, or once it holds aheadBytes (and
-// one line more, up to MaxLineBytes). Parsing is most of a Reader's work (2 µs a line of
-// about 240 bytes, against 0.2 µs to read it): submit's validation pass over 100,000 lines
-// took 160 ms, which two goroutines nearly halve.
+// one line more, up to MaxLineBytes). Parsing is most of a Reader's work: of submit's
+// validation pass over 100,000 lines of about 240 bytes, 125 ms of CPU against 47 ms for
+// the rest (reading, the custom_id set, the digest), which stays on one goroutine between
+// groups. On 2 cores the pass took 139-154 ms, against 148-177 ms on one.
 const (
 	aheadLines = 512
 	aheadBytes = 1 << 20
