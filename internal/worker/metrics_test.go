@@ -429,10 +429,9 @@ func TestAnIdleWorkerHoldsNoDispatchPermitsInUse(t *testing.T) {
 	}
 }
 
-// TestSamplesInFlightAreThoseTheServiceHolds: tinkerfleet_samples_in_flight counts the samples
-// the service holds for the worker (accepted, their results not back), not its job slots nor
-// jobs waiting to be sent; back at 0 once the results are in (see
-// TestAnIdleWorkerHoldsNoDispatchPermitsInUse).
+// TestSamplesInFlightAreThoseTheServiceHolds: tinkerfleet_samples_in_flight reads the samples
+// the service holds for the worker (accepted, their results not back) while it holds them,
+// and 0 once the results are in (TestAnIdleWorkerHoldsNoDispatchPermitsInUse).
 func TestSamplesInFlightAreThoseTheServiceHolds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, queue.Config{}, tinkersim.Config{BaseLatency: 3 * time.Second})
