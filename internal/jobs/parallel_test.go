@@ -12,8 +12,9 @@ import (
 
 // mixedInput is an input of n lines of every kind a Reader meets: good lines of each format,
 // bad ones (malformed, invalid, over the limit of 2 KiB), blank and space-padded lines, CRLF
-// ends, byte order marks, duplicate custom_ids (of lines before and after a bad one that
-// used the id), ids the check below refuses, and trailing blank lines.
+// ends, byte order marks, duplicate custom_ids (of the line before), ids the check below
+// refuses (a second line with a refused id is refused again, not a duplicate), and trailing
+// blank lines.
 func mixedInput(n int, prefix string) string {
 	var b strings.Builder
 	for i := range n {
@@ -27,7 +28,7 @@ func mixedInput(n int, prefix string) string {
 		case 11:
 			b.WriteString("   \n\n")
 		case 13:
-			fmt.Fprintf(&b, "\xef\xbb\xbf  %s  \n", genLine(i-1)) // the id of the line before: a duplicate
+			fmt.Fprintf(&b, "\xef\xbb\xbf  %s  \n", strings.Replace(genLine(i-1), "job-", prefix+"-", 1)) // the id of the line before: a duplicate
 		case 17:
 			fmt.Fprintf(&b, `{"custom_id":"%s-refused-%d","model":"m","prompt":"p"}`+"\n", prefix, i)
 		case 19:
@@ -110,7 +111,7 @@ func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 			func() io.Reader { return strings.NewReader(big) },
 			func() io.Reader { return strings.NewReader("") },
 			func() io.Reader { return strings.NewReader(second) },
-		}, Limits{MaxLineBytes: 2048}, []string{"duplicate", "two.jsonl: file has no job lines", "longer than the limit", "refused by the check",
+		}, Limits{MaxLineBytes: 2048}, []string{`duplicate "a-00000012" (first used on line 14)`, "two.jsonl: file has no job lines", "longer than the limit", "refused by the check",
 			"malformed JSON", "custom_id: is required", `duplicate "a-00000004" (first used on one.jsonl line`}},
 		{"empty", []func() io.Reader{func() io.Reader { return strings.NewReader("\r\n  \n\t\n") }}, Limits{}, []string{"one.jsonl: file has no job lines"}},
 		{"only a line over the limit", []func() io.Reader{func() io.Reader { return strings.NewReader(strings.Repeat("z", 3000)) }},
