@@ -14,9 +14,9 @@ import (
 )
 
 // TestEncodingSendsEveryValidJobInOrder: the publishing pass's reading, ahead of the
-// publishing, gives the jobs of the valid lines of every file, in order and encoded as the
-// sequential pass encodes them, in chunks of at most encodeChunkJobs, and counts the
-// invalid lines as the validation pass did.
+// publishing, gives the jobs of the valid lines of every file, in order and encoded as a
+// plain eachJob pass (the publishing loop's before) gives and encodes them, in chunks of at
+// most encodeChunkJobs, and counts the invalid lines as the validation pass did.
 func TestEncodingSendsEveryValidJobInOrder(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -50,7 +50,7 @@ func TestEncodingSendsEveryValidJobInOrder(t *testing.T) {
 		return err
 	})
 	if err != nil || wantRejected != 2 {
-		t.Fatalf("the sequential pass: %v, %d rejected (want 2)", err, wantRejected)
+		t.Fatalf("the plain pass: %v, %d rejected (want 2)", err, wantRejected)
 	}
 
 	enc := startEncoding(context.Background(), files, jobs.Limits{})
@@ -67,7 +67,7 @@ func TestEncodingSendsEveryValidJobInOrder(t *testing.T) {
 		t.Fatalf("result: %d accepted, %d rejected, %v; want %d, %d, nil", accepted, rejected, err, len(want), wantRejected)
 	}
 	if !slices.EqualFunc(got, want, func(a, b encodedJob) bool { return a.customID == b.customID && string(a.data) == string(b.data) }) {
-		t.Fatalf("%d jobs read ahead differ from the %d of the sequential pass", len(got), len(want))
+		t.Fatalf("%d jobs read ahead differ from the %d of the plain pass", len(got), len(want))
 	}
 }
 
