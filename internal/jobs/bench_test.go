@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"hash/maphash"
 	"runtime"
 	"testing"
 )
-
-// maphashOf is the hash idSet uses for id.
-func maphashOf(s *idSet, id string) uint64 { return maphash.String(s.seed, id) }
 
 // genLine returns a realistic job line; the kind rotates with i.
 func genLine(i int) string {

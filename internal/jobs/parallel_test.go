@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -12,9 +13,9 @@ import (
 
 // mixedInput is an input of n lines of every kind a Reader meets: good lines of each format,
 // bad ones (malformed, invalid, over the limit of 2 KiB), blank and space-padded lines, CRLF
-// ends, byte order marks, duplicate custom_ids (of the line before), ids the check below
-// refuses (a second line with a refused id is refused again, not a duplicate), and trailing
-// blank lines.
+// ends, byte order marks, duplicate custom_ids (of the line before), lines the check below
+// refuses and invalid lines, each with an id that a valid line takes after it (no duplicate:
+// a line refused takes no id), and trailing blank lines.
 func mixedInput(n int, prefix string) string {
 	var b strings.Builder
 	for i := range n {
@@ -30,9 +31,13 @@ func mixedInput(n int, prefix string) string {
 		case 13:
 			fmt.Fprintf(&b, "\xef\xbb\xbf  %s  \n", strings.Replace(genLine(i-1), "job-", prefix+"-", 1)) // the id of the line before: a duplicate
 		case 17:
-			fmt.Fprintf(&b, `{"custom_id":"%s-refused-%d","model":"m","prompt":"p"}`+"\n", prefix, i)
+			fmt.Fprintf(&b, `{"custom_id":"%s-refused-%d","model":"refused","prompt":"p"}`+"\n", prefix, i)
 		case 19:
-			fmt.Fprintf(&b, `{"custom_id":"%s-refused-%d","model":"m","prompt":"p"}`+"\n", prefix, i-2) // refused too: not a duplicate
+			fmt.Fprintf(&b, `{"custom_id":"%s-refused-%d","model":"m","prompt":"p"}`+"\n", prefix, i-2) // valid: the refused line took no id
+		case 21:
+			fmt.Fprintf(&b, `{"custom_id":"%s-bad-%d","model":"m","prompt":"p","num_samples":0}`+"\n", prefix, i)
+		case 22:
+			fmt.Fprintf(&b, `{"custom_id":"%s-bad-%d","model":"m","prompt":"p"}`+"\n", prefix, i-1) // valid: the invalid line took no id
 		default:
 			b.WriteString(strings.Replace(genLine(i), "job-", prefix+"-", 1) + "\n")
 		}
@@ -51,8 +56,8 @@ type outcome struct {
 }
 
 // readOutcomes reads every input in turn with r (NextFile for the second and later) until
-// each ends, or fails twice.
-func readOutcomes(t *testing.T, r *Reader, inputs []func() io.Reader, names []string) []outcome {
+// each ends, or fails twice, or (for the first, if cut > 0) for cut calls.
+func readOutcomes(t *testing.T, r *Reader, inputs []func() io.Reader, names []string, cut int) []outcome {
 	t.Helper()
 	var out []outcome
 	for k, in := range inputs {
@@ -72,7 +77,7 @@ func readOutcomes(t *testing.T, r *Reader, inputs []func() io.Reader, names []st
 				o.raw = string(r.Raw())
 			}
 			out = append(out, o)
-			if o.eof {
+			if o.eof || k == 0 && n+1 == cut {
 				break
 			}
 			var le *LineError
@@ -89,14 +94,15 @@ func readOutcomes(t *testing.T, r *Reader, inputs []func() io.Reader, names []st
 // TestAParallelReaderReadsAsTheSequentialOne: a Reader that parses its lines ahead on several
 // goroutines (SetParallel) returns, call by call, the same jobs, errors, line numbers and raw
 // lines as one that parses them one at a time: over groups of lines and their edges, across
-// inputs (NextFile, duplicates of an earlier input's ids), with a check, for empty inputs, one
-// of a line over the limit alone (not empty), and one whose reading fails after blank lines.
+// inputs (NextFile, duplicates of an earlier input's ids, an input left before its end), with
+// a check, for empty inputs, one of a line over the limit alone (not empty), and one whose
+// reading fails after blank lines.
 func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 	t.Parallel()
 	big := mixedInput(3*aheadLines+37, "a")
 	second := mixedInput(aheadLines-1, "b") + strings.Replace(genLine(4), "job-", "a-", 1) // no final line end
 	check := func(j Job) *FieldError {
-		if strings.Contains(j.CustomID, "-refused-") {
+		if j.Model == "refused" {
 			return &FieldError{Field: "model", Msg: "refused by the check"}
 		}
 		return nil
@@ -106,19 +112,25 @@ func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 		inputs []func() io.Reader
 		limits Limits
 		meets  []string // errors the input must meet
+		takes  []string // custom_ids that valid lines must take
+		cut    int      // if > 0, the first input is left after this many calls
 	}{
 		{"groups and inputs", []func() io.Reader{
 			func() io.Reader { return strings.NewReader(big) },
 			func() io.Reader { return strings.NewReader("") },
 			func() io.Reader { return strings.NewReader(second) },
 		}, Limits{MaxLineBytes: 2048}, []string{`duplicate "a-00000012" (first used on line 14)`, "two.jsonl: file has no job lines", "longer than the limit", "refused by the check",
-			"malformed JSON", "custom_id: is required", `duplicate "a-00000004" (first used on one.jsonl line`}},
-		{"empty", []func() io.Reader{func() io.Reader { return strings.NewReader("\r\n  \n\t\n") }}, Limits{}, []string{"one.jsonl: file has no job lines"}},
+			"malformed JSON", "custom_id: is required", `duplicate "a-00000004" (first used on one.jsonl line`, "num_samples: ", "from 1 to 16"}, []string{"a-bad-21", "a-refused-17"}, 0},
+		{"an input left before its end", []func() io.Reader{
+			func() io.Reader { return strings.NewReader(big) },
+			func() io.Reader { return strings.NewReader(second) },
+		}, Limits{MaxLineBytes: 2048}, []string{"refused by the check"}, []string{"b-00000000"}, 30},
+		{"empty", []func() io.Reader{func() io.Reader { return strings.NewReader("\r\n  \n\t\n") }}, Limits{}, []string{"one.jsonl: file has no job lines"}, nil, 0},
 		{"only a line over the limit", []func() io.Reader{func() io.Reader { return strings.NewReader(strings.Repeat("z", 3000)) }},
-			Limits{MaxLineBytes: 2048}, []string{"longer than the limit"}},
+			Limits{MaxLineBytes: 2048}, []string{"longer than the limit"}, nil, 0},
 		{"a read error", []func() io.Reader{func() io.Reader {
 			return io.MultiReader(strings.NewReader(mixedInput(aheadLines+5, "c")+"\n\n"), iotest.ErrReader(errors.New("disk on fire")))
-		}}, Limits{}, []string{"read one.jsonl after line ", ": disk on fire"}},
+		}}, Limits{}, []string{"read one.jsonl after line ", ": disk on fire"}, nil, 0},
 	}
 	for _, c := range cases {
 		names := []string{"one.jsonl", "two.jsonl", "three.jsonl"}[:len(c.inputs)]
@@ -127,7 +139,7 @@ func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 			r := NewReader(c.inputs[0](), names[0], c.limits)
 			r.SetCheck(check)
 			r.SetParallel(parallel)
-			got[k] = readOutcomes(t, r, c.inputs, names)
+			got[k] = readOutcomes(t, r, c.inputs, names, c.cut)
 		}
 		seq, par := got[0], got[1]
 		var errs strings.Builder
@@ -137,6 +149,11 @@ func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 		for _, want := range c.meets {
 			if !strings.Contains(errs.String(), want) {
 				t.Fatalf("%s: no call said %q: the input does not test what it should", c.name, want)
+			}
+		}
+		for _, id := range c.takes {
+			if !slices.ContainsFunc(seq, func(o outcome) bool { return o.err == "" && o.job.CustomID == id }) {
+				t.Fatalf("%s: no valid line took %q: the input does not test what it should", c.name, id)
 			}
 		}
 		for i := range min(len(seq), len(par)) {

@@ -14,7 +14,7 @@ import (
 // bytes; a longer line is gathered in a second buffer, which grows to the longest line read
 // (at most Limits.MaxLineBytes). Memory does not grow with the file, except for the set of
 // custom_ids seen (about 40 bytes plus the id's length per job, see idSet). With SetParallel
-// it parses groups of lines on several goroutines, read ahead into about a MiB more.
+// it parses groups of lines on several goroutines, and reads ahead two groups of about a MiB.
 //
 // A line may be a native tinkerfleet job or an OpenAI Batch API request (detected per line by the
 // presence of body, url or method). Blank lines are skipped, CRLF line ends and a UTF-8 byte order
@@ -34,28 +34,47 @@ type Reader struct {
 
 	// With SetParallel, lines are read and parsed ahead, a group at a time (see readAhead).
 	parallel  int
-	ahead     []parsedLine // the group read ahead; next is the first not yet returned
-	next      int
-	arena     []byte // the group's lines, as read
-	readLines int    // lines read so far from the current input (ahead of line with SetParallel)
-	readErr   error  // what ended the reading ahead, once the group is returned
+	group     lineGroup // the group being returned; pos is the first line not yet returned
+	pos       int
+	queued    lineGroup // the group after it, read but not parsed yet
+	readLines int       // lines read so far from the current input (ahead of line with SetParallel)
 }
 
-// parsedLine is a line read ahead (Reader.SetParallel): its number, where it is in the
-// reader's arena, and its job or what is wrong with it.
+// lineGroup is a group of lines read ahead (Reader.SetParallel): the lines as read, in one
+// arena, and what ended the reading after them, if anything did.
+type lineGroup struct {
+	lines []parsedLine
+	arena []byte
+	end   error // io.EOF or a read error, once the group's lines are returned
+}
+
+// read reports whether the group has been read: a group read holds a line or an end.
+func (g *lineGroup) read() bool { return len(g.lines) > 0 || g.end != nil }
+
+// reset empties the group, keeping its memory.
+func (g *lineGroup) reset() { g.lines, g.arena, g.end = g.lines[:0], g.arena[:0], nil }
+
+// parsedLine is a line read ahead: its number, where it is in its group's arena, and its job
+// or what is wrong with it; for a valid job, its custom_id's hash and, once added to the set
+// of ids, the line of that id's first use if it was used before.
 type parsedLine struct {
 	line       int
 	start, end int
 	tooLong    bool
 	job        Job
 	fe         *FieldError
+	idHash     uint64
+	dup        bool
+	first      int
 }
 
 // A group read ahead ends after aheadLines non-blank lines, or once it holds aheadBytes (and
-// one line more, up to MaxLineBytes). Parsing is most of a Reader's work: of submit's
-// validation pass over 100,000 lines of about 240 bytes, 125 ms of CPU against 47 ms for
-// the rest (reading, the custom_id set, the digest), which stays on one goroutine between
-// groups. On 2 cores the pass took 139-154 ms, against 148-177 ms on one.
+// one line more, up to MaxLineBytes). While one group is parsed on up to SetParallel
+// goroutines, the Next call reads the following one, then the parsed group's custom_ids are
+// added to the set on up to as many goroutines (idSet's shards). Of submit's validation pass
+// over 1M lines of about 240 bytes, parsing is 1.13 s of CPU, the set 0.30 s and reading (with
+// the digest) 0.22 s; on 2 cores the pass took 1.20-1.24 s, against 1.53-1.60 s when the
+// reading and the set waited for the parsing.
 const (
 	aheadLines = 512
 	aheadBytes = 1 << 20
@@ -84,11 +103,11 @@ func NewReader(r io.Reader, file string, l Limits) *Reader {
 func (r *Reader) SetCheck(check func(Job) *FieldError) { r.check = check }
 
 // SetParallel makes the Reader parse its lines on up to n goroutines at once (n <= 1: one at
-// a time, the default): it reads a group of lines ahead, parses them all, then returns them
-// one by one. What Next, Line and Raw return is the same either way, custom_id duplicates
-// included; the lines read ahead take up to about aheadBytes, plus one line. A check given to
-// SetCheck is then called from several goroutines at once. The goroutines are those of Next
-// calls, which wait for them: none outlives a call.
+// a time, the default): it reads a group of lines ahead, parses them all while it reads the
+// next group, then returns them one by one. What Next, Line and Raw return is the same either
+// way, custom_id duplicates included; the two groups read ahead take up to about aheadBytes
+// each, plus one line. A check given to SetCheck is then called from several goroutines at
+// once. The goroutines are started by Next calls, which wait for them: none outlives a call.
 func (r *Reader) SetParallel(n int) { r.parallel = n }
 
 // fileShift splits the first-use position kept per custom_id into an input index and a line.
@@ -104,7 +123,9 @@ func (r *Reader) NextFile(in io.Reader, file string) {
 	r.files = append(r.files, file)
 	r.line = 0
 	r.nonBlank = 0
-	r.ahead, r.next, r.readLines, r.readErr = r.ahead[:0], 0, 0, nil
+	r.group.reset()
+	r.queued.reset()
+	r.pos, r.readLines = 0, 0
 }
 
 // Line returns the 1-based number of the line the last Next call returned a job or a *LineError
@@ -163,61 +184,92 @@ func (r *Reader) nextText() (b []byte, tooLong bool, err error) {
 
 // nextAhead is Next with SetParallel: the next line of the group read ahead, or of a new one.
 func (r *Reader) nextAhead() (Job, error) {
-	for r.next == len(r.ahead) {
+	for r.pos == len(r.group.lines) {
 		switch {
 		case r.err != nil:
 			return Job{}, r.err
-		case r.readErr != nil:
+		case r.group.end != nil:
 			r.line = r.readLines // the blank lines after the last one count, as in Next
-			return Job{}, r.end(r.readErr)
+			return Job{}, r.end(r.group.end)
 		}
 		r.readAhead()
 	}
-	p := &r.ahead[r.next]
-	r.next++
+	p := &r.group.lines[r.pos]
+	r.pos++
 	r.line = p.line
-	if p.tooLong {
+	switch {
+	case p.tooLong:
 		return Job{}, r.tooLong()
-	}
-	if p.fe != nil {
+	case p.fe != nil:
 		return Job{}, r.lineErr(p.fe)
+	case p.dup:
+		return Job{}, r.duplicate(p.job.CustomID, p.first)
 	}
-	return r.admit(r.arena[p.start:p.end], p.job, nil)
+	r.raw = r.group.arena[p.start:p.end]
+	return p.job, nil
 }
 
-// readAhead reads the next group of lines (see aheadLines) into the arena, with readErr set
-// if the input ends or fails after them, and parses them on up to r.parallel goroutines.
+// readAhead makes the group queued (read at once if it was not) the group returned, and
+// parses its lines on up to r.parallel goroutines while it reads the next group into queued
+// (unless the input ended). Then it adds the group's custom_ids to the set, as many shards at
+// once.
 func (r *Reader) readAhead() {
-	r.ahead, r.next, r.arena = r.ahead[:0], 0, r.arena[:0]
-	for len(r.ahead) < aheadLines && len(r.arena) < aheadBytes {
-		b, tooLong, err := r.nextText()
-		if err != nil {
-			r.readErr = err
-			break
-		}
-		p := parsedLine{line: r.readLines, tooLong: tooLong, start: len(r.arena)}
-		r.arena = append(r.arena, b...)
-		p.end = len(r.arena)
-		r.ahead = append(r.ahead, p)
+	if !r.queued.read() {
+		r.readGroup(&r.queued)
 	}
-	parts := min(r.parallel, (len(r.ahead)+63)/64) // a goroutine for fewer lines costs more than it saves
+	r.group, r.queued = r.queued, r.group
+	r.queued.reset()
+	r.pos = 0
+	g := &r.group
+	parts := min(r.parallel, (len(g.lines)+63)/64) // a goroutine for fewer lines costs more than it saves
 	var wg sync.WaitGroup
 	for k := range parts {
-		lo, hi := k*len(r.ahead)/parts, (k+1)*len(r.ahead)/parts
-		parse := func() {
+		lo, hi := k*len(g.lines)/parts, (k+1)*len(g.lines)/parts
+		wg.Go(func() {
 			for i := lo; i < hi; i++ {
-				if p := &r.ahead[i]; !p.tooLong {
-					p.job, p.fe = r.parse(r.arena[p.start:p.end])
+				if p := &g.lines[i]; !p.tooLong {
+					p.job, p.fe = r.parse(g.arena[p.start:p.end])
+					if p.fe == nil {
+						p.idHash = r.ids.hash(p.job.CustomID)
+					}
 				}
 			}
-		}
-		if k == parts-1 {
-			parse() // on this goroutine, which waits for the others after it
-		} else {
-			wg.Go(parse)
-		}
+		})
+	}
+	if g.end == nil {
+		r.readGroup(&r.queued)
 	}
 	wg.Wait()
+
+	parts = min(parts, idShards)
+	at := (len(r.files) - 1) << fileShift
+	for k := range parts {
+		wg.Go(func() {
+			for i := range g.lines {
+				p := &g.lines[i]
+				if s := shardOf(p.idHash); !p.tooLong && p.fe == nil && s%parts == k {
+					p.first, p.dup = r.ids.shards[s].add(p.idHash, p.job.CustomID, at|p.line)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// readGroup reads the next group of lines (see aheadLines) into g, with g.end set if the
+// input ends or fails after them.
+func (r *Reader) readGroup(g *lineGroup) {
+	for len(g.lines) < aheadLines && len(g.arena) < aheadBytes {
+		b, tooLong, err := r.nextText()
+		if err != nil {
+			g.end = err
+			return
+		}
+		p := parsedLine{line: r.readLines, tooLong: tooLong, start: len(g.arena)}
+		g.arena = append(g.arena, b...)
+		p.end = len(g.arena)
+		g.lines = append(g.lines, p)
+	}
 }
 
 // lineText is a line as read without a byte order mark, which begins a file written on
@@ -247,17 +299,21 @@ func (r *Reader) admit(b []byte, j Job, fe *FieldError) (Job, error) {
 	if fe != nil {
 		return Job{}, r.lineErr(fe)
 	}
-	fileIdx := len(r.files) - 1
-	if first, dup := r.ids.add(j.CustomID, fileIdx<<fileShift|r.line); dup {
-		where := fmt.Sprintf("line %d", first&(1<<fileShift-1))
-		if f := first >> fileShift; f != fileIdx {
-			where = fmt.Sprintf("%s line %d", r.files[f], first&(1<<fileShift-1))
-		}
-		return Job{}, r.lineErr(fieldErr("custom_id",
-			fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(j.CustomID), where)))
+	if first, dup := r.ids.add(j.CustomID, (len(r.files)-1)<<fileShift|r.line); dup {
+		return Job{}, r.duplicate(j.CustomID, first)
 	}
 	r.raw = b
 	return j, nil
+}
+
+// duplicate is the error of a custom_id used before, at first (an input's index and a line:
+// see fileShift).
+func (r *Reader) duplicate(id string, first int) error {
+	where := fmt.Sprintf("line %d", first&(1<<fileShift-1))
+	if f := first >> fileShift; f != len(r.files)-1 {
+		where = fmt.Sprintf("%s line %d", r.files[f], first&(1<<fileShift-1))
+	}
+	return r.lineErr(fieldErr("custom_id", fmt.Sprintf("duplicate %s (first used on %s)", strconv.Quote(id), where)))
 }
 
 // tooLong is the error of a line over MaxLineBytes, at the current line.

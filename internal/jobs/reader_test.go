@@ -289,21 +289,21 @@ func TestReaderKeepsEscapedCharacters(t *testing.T) {
 
 func TestIDSetCollision(t *testing.T) {
 	t.Parallel()
-	s := newIDSet()
-	if _, dup := s.add("alpha", 1); dup {
+	var shard idShard
+	if _, dup := shard.add(42, "alpha", 1); dup {
 		t.Fatal("first add reported a duplicate")
 	}
-	// Force a hash collision: make "beta"'s hash point at alpha's record.
-	s.index[maphashOf(&s, "beta")] = s.index[maphashOf(&s, "alpha")]
-	if _, dup := s.add("beta", 2); dup {
+	// Another id of the same hash.
+	if _, dup := shard.add(42, "beta", 2); dup {
 		t.Fatal("a different id with the same hash was reported as a duplicate")
 	}
-	if first, dup := s.add("beta", 3); !dup || first != 2 {
+	if first, dup := shard.add(42, "beta", 3); !dup || first != 2 {
 		t.Fatalf("second beta: first=%d dup=%v, want 2 true", first, dup)
 	}
-	if first, dup := s.add("alpha", 4); !dup || first != 1 {
+	if first, dup := shard.add(42, "alpha", 4); !dup || first != 1 {
 		t.Fatalf("second alpha: first=%d dup=%v, want 1 true", first, dup)
 	}
+	s := newIDSet()
 	// Many ids across several arena chunks, including one larger than a chunk.
 	big := strings.Repeat("z", idChunkSize+10)
 	for i := range 20000 {
@@ -320,6 +320,11 @@ func TestIDSetCollision(t *testing.T) {
 	}
 	if first, dup := s.add("id-019999-"+strings.Repeat("p", 19999%50), 1); !dup || first != 100+19999 {
 		t.Fatalf("last id: first=%d dup=%v", first, dup)
+	}
+	for k, shard := range s.shards {
+		if len(shard.chunks) < 2 {
+			t.Errorf("shard %d has %d arena chunks: the ids should spread over every shard, and fill more than a chunk of each", k, len(shard.chunks))
+		}
 	}
 }
 
