@@ -44,14 +44,15 @@ func parseLine(b []byte) (Job, fieldNames, *FieldError) {
 	if fe := checkSyntax(b); fe != nil {
 		return Job{}, fieldNames{}, fe
 	}
-	it := newObjIter(b)
-	for k, _, ok := it.next(); ok; k, _, ok = it.next() {
-		switch string(k) {
-		case "body", "url", "method":
-			return parseOpenAI(b)
-		}
+	var m nativeMembers
+	openai, fe := m.read(b, false)
+	switch {
+	case openai:
+		return parseOpenAI(b)
+	case fe != nil:
+		return Job{}, nativeNames(), fe
 	}
-	j, fe := parseNativeJob(b, false)
+	j, fe := m.job()
 	return j, nativeNames(), fe
 }
 
@@ -183,10 +184,24 @@ func nativeTopLevelHint(key string) string {
 // parseNativeJob parses a native tinkerfleet line (or, with allowFormat, an encoded Job, which
 // may also have format and openai_logprobs).
 func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
-	var r struct {
-		customID, format, model, modelPath, prompt, promptTokens, messages, thinking, effort,
-		params, numSamples, promptLogprobs, topk, openaiLogprobs, metadata []byte
+	var m nativeMembers
+	if _, fe := m.read(b, allowFormat); fe != nil {
+		return Job{}, fe
 	}
+	return m.job()
+}
+
+// nativeMembers are the values of the members of a native line (or an encoded Job), as read.
+type nativeMembers struct {
+	customID, format, model, modelPath, prompt, promptTokens, messages, thinking, effort,
+	params, numSamples, promptLogprobs, topk, openaiLogprobs, metadata []byte
+}
+
+// read gathers the members of object b (with allowFormat, those of an encoded Job). Without
+// allowFormat, it reports openai for a line with any of body, url or method, which is an
+// OpenAI Batch API request, not a native line (parseLine): it meets them in the same pass
+// over the members, so an unknown or repeated key is an error only once none follows.
+func (r *nativeMembers) read(b []byte, allowFormat bool) (openai bool, fe *FieldError) {
 	it := newObjIter(b)
 	for k, v, ok := it.next(); ok; k, v, ok = it.next() {
 		var dst *[]byte
@@ -225,16 +240,26 @@ func parseNativeJob(b []byte, allowFormat bool) (Job, *FieldError) {
 			if allowFormat {
 				dst = &r.openaiLogprobs
 			}
+		case "body", "url", "method":
+			if !allowFormat {
+				return true, nil
+			}
 		}
-		if dst == nil {
-			return Job{}, fieldErr(keyPath("", k), nativeTopLevelHint(string(k)))
+		switch {
+		case fe != nil: // the first is the one reported
+		case dst == nil:
+			fe = fieldErr(keyPath("", k), nativeTopLevelHint(string(k)))
+		case *dst != nil:
+			fe = dupKey(string(k))
+		default:
+			*dst = v
 		}
-		if *dst != nil {
-			return Job{}, dupKey(string(k))
-		}
-		*dst = v
 	}
+	return false, fe
+}
 
+// job decodes and checks the members' values (Job.validate checks the job as a whole).
+func (r *nativeMembers) job() (Job, *FieldError) {
 	j := Job{Format: FormatNative, NumSamples: 1}
 	var fe *FieldError
 	if !present(r.customID) {
