@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/metrics"
@@ -169,13 +171,72 @@ func TestInputCompressedAnotherWayIsNamed(t *testing.T) {
 	}
 }
 
+// natsChild names the environment variable that makes this test binary a NATS server (an
+// embedded one storing in the directory it names, its client URL on a line of standard
+// output after natsChildSays) until its standard input closes: a test that reads its own
+// heap then counts submit's alone, not the server's as well, which holds the messages it
+// has read and not yet stored for as long as its cores let it fall behind.
+const natsChild = "TINKERFLEET_TEST_NATS_DIR"
+
+const natsChildSays = "nats-url: "
+
+// serveNATSChild is the child process of natsInChild.
+func serveNATSChild(t *testing.T, dir string) {
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer emb.Shutdown()
+	fmt.Println(natsChildSays + emb.ClientURL())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// natsInChild runs this test binary's test named run as a NATS server in a child process
+// (natsChild), and returns its client URL. The server ends with the test.
+func natsInChild(t *testing.T, run string) string {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+	child.Env = append(os.Environ(), natsChild+"="+t.TempDir())
+	child.Stderr = os.Stderr
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		if err := child.Wait(); err != nil {
+			t.Errorf("the NATS server's process: %v", err)
+		}
+	})
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if url, ok := strings.CutPrefix(sc.Text(), natsChildSays); ok {
+			go func() { _, _ = io.Copy(io.Discard, stdout) }() // the rest, until the child ends
+			return url
+		}
+	}
+	t.Fatalf("the NATS server's process said no URL: %v", sc.Err())
+	return ""
+}
+
 // TestLongLinesArePublishedWithoutHoldingTheFileInMemory: the jobs published and not yet
 // known stored are bounded in bytes as well as in number. Each one's future holds its job
 // until it is settled, and 2048 of them at a time held a file of long prompts whole (2048
 // lines of 1 MiB: 2 GiB, and up to 16 GiB at the line limit).
 func TestLongLinesArePublishedWithoutHoldingTheFileInMemory(t *testing.T) {
+	if dir := os.Getenv(natsChild); dir != "" {
+		serveNATSChild(t, dir)
+		return
+	}
 	// Not parallel: it reads the heap of the whole process.
-	f := newFleet(t, queue.Config{}, tinkersim.Config{})
+	f := &fleet{t: t, nats: natsInChild(t, "TestLongLinesArePublishedWithoutHoldingTheFileInMemory")}
 	in := filepath.Join(t.TempDir(), "long.jsonl")
 	const lines, lineBytes = 240, 512 << 10 // a 120 MiB file
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", lineBytes/45)
