@@ -168,7 +168,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 		est = newEstimate(tokenizer.NewRegistry(o.local.tokenizerOptions(env)))
 		onJob = func(j jobs.Job) { est.add(ctx, j) }
 	}
-	scan, err := validate(ctx, files, o.limits, env.stderr, rejectsOut, onJob)
+	scan, err := validate(ctx, files, o.limits, newPassProgress(o.progress, env, "validating", "lines", 0), rejectsOut, onJob)
 	if err != nil {
 		return err
 	}
@@ -267,7 +267,7 @@ func runSubmit(ctx context.Context, args []string, env *environment) (runErr err
 
 	// 2. Publish, unless this batch was fully submitted before. A local worker that stops
 	// meanwhile (a refused key) stops it too: no job would be sampled.
-	m, again, err := publish(followCtx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, env)
+	m, again, err := publish(followCtx, sess.q, o.batchID, files, scan, o.limits, o.storeWait, o.progress, env)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("%w while publishing batch %s: run the same command again to publish the rest (no job is published twice)",
@@ -391,10 +391,12 @@ func throughLinks(path string) string {
 
 // validate reads every file once, reports bad lines (the first maxReported of them on stderr,
 // all of them to rejects when it is not nil), computes the input digest and, when onJob is not
-// nil, calls it with every valid job. Memory: the custom_id set. An interrupt (ctx ending)
-// stops it at the next line, with errInterrupted.
-func validate(ctx context.Context, files []string, limits jobs.Limits, stderr io.Writer, rejects io.Writer, onJob func(jobs.Job)) (*scanResult, error) {
+// nil, calls it with every valid job. It shows how far it is on prog. Memory: the custom_id
+// set. An interrupt (ctx ending) stops it at the next line, with errInterrupted.
+func validate(ctx context.Context, files []string, limits jobs.Limits, prog *passProgress, rejects io.Writer, onJob func(jobs.Job)) (*scanResult, error) {
 	res := &scanResult{}
+	stderr := prog.lines()
+	lines := 0
 	var rejectsOut *bufio.Writer
 	var enc *json.Encoder
 	if rejects != nil {
@@ -405,6 +407,11 @@ func validate(ctx context.Context, files []string, limits jobs.Limits, stderr io
 	err := eachJob(files, limits, h, func(j jobs.Job, line []byte, at lineAt, err error) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w while reading the input, at %s: nothing was published", errInterrupted, at)
+		}
+		if !errors.Is(err, jobs.ErrEmptyFile) { // a line (an empty file is none)
+			if lines++; lines%256 == 0 {
+				prog.update(lines)
+			}
 		}
 		var le *jobs.LineError
 		switch {
@@ -429,6 +436,7 @@ func validate(ctx context.Context, files []string, limits jobs.Limits, stderr io
 		}
 		return nil
 	})
+	prog.end(lines)
 	if err != nil {
 		return nil, err
 	}
@@ -688,8 +696,11 @@ const (
 // A batch already fully submitted with the same digest is not published again (again is true,
 // and it says so); a batch whose publishing was interrupted is published again, and the
 // duplicate window (and the workers' result check) drop what was already there.
-func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, env *environment) (m queue.Manifest, again bool, err error) {
-	waiter := &storeWaiter{q: q, wait: storeWait, stderr: env.stderr}
+func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, po progressOptions, env *environment) (m queue.Manifest, again bool, err error) {
+	prog := newPassProgress(po, env, "publishing", "jobs stored", scan.accepted)
+	stored := 0
+	defer func() { prog.end(stored) }()
+	waiter := &storeWaiter{q: q, wait: storeWait, stderr: prog.lines()}
 	m, rev, err := q.GetManifest(ctx, batch)
 	republished := err == nil // an earlier publish of this batch was interrupted
 	switch {
@@ -733,6 +744,8 @@ func publish(ctx context.Context, q *queue.Queue, batch string, files []string, 
 				return err
 			}
 		}
+		stored += len(pending)
+		prog.update(stored)
 		clear(pending) // each future holds its job
 		pending, pendingBytes = pending[:0], 0
 		return nil

@@ -659,7 +659,7 @@ func TestARejectsFileOfItsOwnIsRequired(t *testing.T) {
 func halfPublish(t *testing.T, q *queue.Queue, batch, in string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	scan, err := validate(ctx, []string{in}, jobs.Limits{}, io.Discard, nil, nil)
+	scan, err := validate(ctx, []string{in}, jobs.Limits{}, newPassProgress(progressOptions{mode: "none"}, &environment{stderr: io.Discard}, "validating", "lines", 0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// passProgress shows how far a pass over the input has gone: the validation pass, or the
+// publishing. Both take seconds for a file of a million lines, and minutes against a distant
+// NATS cluster, before the first result comes for progress to show; a run said nothing
+// meanwhile. A pass shorter than a second shows nothing, nor does one shorter than the
+// interval in lines mode, so a small batch's output is what it was.
+//
+// On a terminal the line is redrawn in place, at most every passRedraw, and cleared when the
+// pass ends; otherwise a line is printed every interval, and one more at the end if any was.
+type passProgress struct {
+	w        io.Writer
+	redraw   bool
+	none     bool
+	interval time.Duration
+	now      func() time.Time
+	what     string // the pass: "validating", "publishing"
+	counted  string // what it counts: "lines", "jobs stored"
+	total    int    // what the count comes to; 0: not known
+
+	start time.Time
+	last  time.Time // when a line was last shown; zero: none was
+	done  int       // as of the last line shown
+}
+
+const (
+	passQuiet  = time.Second            // on a terminal, a pass shows nothing before this
+	passRedraw = 100 * time.Millisecond // and is redrawn at most this often
+)
+
+// newPassProgress starts the progress of the pass what, which counts what counted says up
+// to total (0 if that is not known), in the mode of o.
+func newPassProgress(o progressOptions, env *environment, what, counted string, total int) *passProgress {
+	p := &passProgress{w: env.stderr, interval: o.interval, now: time.Now, what: what, counted: counted, total: total}
+	switch o.mode {
+	case "none":
+		p.none = true
+	case "bar":
+		p.redraw = true
+	case "lines":
+	default:
+		p.redraw = isTerminal(env)
+	}
+	p.start = p.now()
+	return p
+}
+
+// update shows done, if it is time to. It may be called often: it reads the clock only.
+func (p *passProgress) update(done int) {
+	if p.none {
+		return
+	}
+	now := p.now()
+	if p.redraw {
+		if now.Sub(p.start) < passQuiet || now.Sub(p.last) < passRedraw {
+			return
+		}
+		fmt.Fprintf(p.w, "\r\033[K%s", p.line(done, now))
+	} else {
+		since := p.last
+		if since.IsZero() {
+			since = p.start
+		}
+		if now.Sub(since) < p.interval {
+			return
+		}
+		fmt.Fprintln(p.w, p.line(done, now))
+	}
+	p.last, p.done = now, done
+}
+
+// lines returns where to print other lines during the pass: on a terminal, each begins on
+// a cleared line, so that it does not run on from the line drawn there (drawn again below it
+// at the next update).
+func (p *passProgress) lines() io.Writer {
+	if p.none || !p.redraw {
+		return p.w
+	}
+	return clearLine{p.w}
+}
+
+// end ends the pass at done: it clears the line drawn on a terminal, or prints the last state
+// if a line was printed and did not say it.
+func (p *passProgress) end(done int) {
+	if p.none || p.last.IsZero() {
+		return
+	}
+	switch {
+	case p.redraw:
+		fmt.Fprint(p.w, "\r\033[K")
+	case done != p.done:
+		fmt.Fprintln(p.w, p.line(done, p.now()))
+	}
+	p.last = time.Time{}
+}
+
+// line renders e.g. "publishing: 430000/1000000 jobs stored 43% | 85000.0/s | ETA 7s", or
+// "validating: 2310000 lines | 812000.0/s" where the total is not known.
+func (p *passProgress) line(done int, now time.Time) string {
+	var b strings.Builder
+	if p.total > 0 {
+		fmt.Fprintf(&b, "%s: %d/%d %s %d%%", p.what, done, p.total, p.counted, done*100/p.total)
+	} else {
+		fmt.Fprintf(&b, "%s: %d %s", p.what, done, p.counted)
+	}
+	elapsed := now.Sub(p.start)
+	if elapsed < time.Second || done == 0 {
+		return b.String()
+	}
+	rate := float64(done) / elapsed.Seconds()
+	fmt.Fprintf(&b, " | %.1f/s", rate)
+	if left := p.total - done; p.total > 0 && left > 0 {
+		fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
+	}
+	return b.String()
+}
