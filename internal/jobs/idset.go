@@ -36,7 +36,7 @@ const idChunkSize = 64 << 10
 // newIDSet returns an empty set with a random hash seed.
 func newIDSet() idSet { return idSet{seed: maphash.MakeSeed()} }
 
-// hash is the hash of id that addHashed takes. It may be called from any goroutine.
+// hash is the hash of id that idShard.add takes. It may be called from any goroutine.
 func (s *idSet) hash(id string) uint64 { return maphash.String(s.seed, id) }
 
 // shardOf is the shard of an id of hash h.
@@ -69,6 +69,26 @@ func (s *idShard) add(h uint64, id string, line int) (first int, dup bool) {
 	}
 	s.overflow[id] = line
 	return 0, false
+}
+
+// remove forgets id, of hash h, which add recorded as a first use (Reader.NextFile drops the
+// lines added ahead of their return). If another id of that hash waits in overflow, it takes
+// the index's place, where add looks first.
+func (s *idShard) remove(h uint64, id string, hash func(string) uint64) {
+	if ref, ok := s.index[h]; ok {
+		if _, got := s.load(ref); string(got) == id {
+			delete(s.index, h)
+			for other, line := range s.overflow {
+				if hash(other) == h {
+					delete(s.overflow, other)
+					s.index[h] = s.store(other, line)
+					break
+				}
+			}
+			return
+		}
+	}
+	delete(s.overflow, id)
 }
 
 // store appends a (line, id) record and returns its reference.

@@ -123,8 +123,10 @@ func TestAParallelReaderReadsAsTheSequentialOne(t *testing.T) {
 			"malformed JSON", "custom_id: is required", `duplicate "a-00000004" (first used on one.jsonl line`, "num_samples: ", "from 1 to 16"}, []string{"a-bad-21", "a-refused-17"}, 0},
 		{"an input left before its end", []func() io.Reader{
 			func() io.Reader { return strings.NewReader(big) },
-			func() io.Reader { return strings.NewReader(second) },
-		}, Limits{MaxLineBytes: 2048}, []string{"refused by the check"}, []string{"b-00000000"}, 30},
+			func() io.Reader { // with the id of a line of the first that was left
+				return strings.NewReader(second + "\n" + strings.Replace(genLine(100), "job-", "a-", 1))
+			},
+		}, Limits{MaxLineBytes: 2048}, []string{"refused by the check"}, []string{"b-00000000", "a-00000100"}, 30},
 		{"empty", []func() io.Reader{func() io.Reader { return strings.NewReader("\r\n  \n\t\n") }}, Limits{}, []string{"one.jsonl: file has no job lines"}, nil, 0},
 		{"only a line over the limit", []func() io.Reader{func() io.Reader { return strings.NewReader(strings.Repeat("z", 3000)) }},
 			Limits{MaxLineBytes: 2048}, []string{"longer than the limit"}, nil, 0},

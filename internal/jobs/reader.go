@@ -115,7 +115,8 @@ const fileShift = 40
 
 // NextFile goes on reading from in, named file, as part of the same batch: line numbers start
 // again at 1, and a custom_id already used in an earlier input is a duplicate (the error names
-// that input and line). The limits stay those of NewReader.
+// that input and line). The limits stay those of NewReader. The lines of the current input
+// that Next has not returned are left, as if it ended there.
 func (r *Reader) NextFile(in io.Reader, file string) {
 	r.br.Reset(in)
 	r.err = nil
@@ -123,6 +124,11 @@ func (r *Reader) NextFile(in io.Reader, file string) {
 	r.files = append(r.files, file)
 	r.line = 0
 	r.nonBlank = 0
+	for i := r.pos; i < len(r.group.lines); i++ { // added to the set ahead of their return: forget them
+		if p := &r.group.lines[i]; !p.tooLong && p.fe == nil && !p.dup {
+			r.ids.shards[shardOf(p.idHash)].remove(p.idHash, p.job.CustomID, r.ids.hash)
+		}
+	}
 	r.group.reset()
 	r.queued.reset()
 	r.pos, r.readLines = 0, 0

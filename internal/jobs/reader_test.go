@@ -305,6 +305,24 @@ func TestIDSetCollision(t *testing.T) {
 	if first, dup := shard.add(42, "alpha", 4); !dup || first != 1 {
 		t.Fatalf("second alpha: first=%d dup=%v, want 1 true", first, dup)
 	}
+	// Forgetting an id (Reader.NextFile): the one in the index, whose place the other of its
+	// hash takes, then one in the overflow.
+	hash := func(id string) uint64 { return map[string]uint64{"alpha": 42, "beta": 42, "gamma": 42}[id] }
+	shard.remove(42, "alpha", hash)
+	if first, dup := shard.add(42, "beta", 5); !dup || first != 2 {
+		t.Fatalf("beta after alpha was forgotten: first=%d dup=%v, want 2 true", first, dup)
+	}
+	if _, dup := shard.add(42, "alpha", 6); dup {
+		t.Fatal("alpha was forgotten, but a new alpha is a duplicate")
+	}
+	shard.add(42, "gamma", 7)
+	shard.remove(42, "gamma", hash)
+	if _, dup := shard.add(42, "gamma", 8); dup {
+		t.Fatal("gamma was forgotten, but a new gamma is a duplicate")
+	}
+	if first, dup := shard.add(42, "alpha", 9); !dup || first != 6 {
+		t.Fatalf("alpha again: first=%d dup=%v, want 6 true", first, dup)
+	}
 	s := newIDSet()
 	// Many ids across several arena chunks, including one larger than a chunk.
 	big := strings.Repeat("z", idChunkSize+10)
