@@ -40,6 +40,20 @@ func (o *progressOptions) register(s *envflag.Set) {
 	s.PositiveDuration(&o.interval, "progress-interval", "TINKERFLEET_PROGRESS_INTERVAL", 10*time.Second, "time between progress lines when not on a terminal, and without a result before progress says why")
 }
 
+// style says how progress in mode o shows on env's standard error: not at all (none), or
+// as a line drawn in place (redraw: bar, or auto on a terminal) rather than lines printed.
+func (o progressOptions) style(env *environment) (none, redraw bool) {
+	switch o.mode {
+	case "none":
+		return true, false
+	case "bar":
+		return false, true
+	case "lines":
+		return false, false
+	}
+	return false, isTerminal(env)
+}
+
 // check reports a --progress value that is not one of the four.
 func (o progressOptions) check() error {
 	switch o.mode {

@@ -39,15 +39,7 @@ const (
 // to total (0 if that is not known), in the mode of o.
 func newPassProgress(o progressOptions, env *environment, what, counted string, total int) *passProgress {
 	p := &passProgress{w: env.stderr, interval: o.interval, now: time.Now, what: what, counted: counted, total: total}
-	switch o.mode {
-	case "none":
-		p.none = true
-	case "bar":
-		p.redraw = true
-	case "lines":
-	default:
-		p.redraw = isTerminal(env)
-	}
+	p.none, p.redraw = o.style(env)
 	p.start = p.now()
 	return p
 }

@@ -50,15 +50,7 @@ const (
 func newProgress(o progressOptions, env *environment, total int) *progress {
 	p := &progress{w: env.stderr, interval: o.interval, total: total, now: time.Now}
 	p.lastResult = p.now()
-	switch o.mode {
-	case "none":
-		p.none = true
-	case "bar":
-		p.bar = true
-	case "lines":
-	default:
-		p.bar = isTerminal(env)
-	}
+	p.none, p.bar = o.style(env)
 	return p
 }
 
