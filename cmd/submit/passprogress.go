@@ -21,9 +21,10 @@ type passProgress struct {
 	none     bool
 	interval time.Duration
 	now      func() time.Time
-	what     string // the pass: "validating", "publishing"
-	counted  string // what it counts: "lines", "jobs stored"
-	total    int    // what the count comes to; 0: not known
+	width    func() int // of the terminal drawn on (terminalWidth; 0: not known)
+	what     string     // the pass: "validating", "publishing"
+	counted  string     // what it counts: "lines", "jobs stored"
+	total    int        // what the count comes to; 0: not known
 
 	start time.Time
 	last  time.Time // when a line was last shown; zero: none was
@@ -39,6 +40,7 @@ const (
 // to total (0 if that is not known), in the mode of o.
 func newPassProgress(o progressOptions, env *environment, what, counted string, total int) *passProgress {
 	p := &passProgress{w: env.stderr, interval: o.interval, now: time.Now, what: what, counted: counted, total: total}
+	p.width = func() int { return terminalWidth(p.w) }
 	p.none, p.redraw = o.style(env)
 	p.start = p.now()
 	return p
@@ -54,7 +56,7 @@ func (p *passProgress) update(done int) {
 		if now.Sub(p.start) < passQuiet || now.Sub(p.last) < passRedraw {
 			return
 		}
-		fmt.Fprintf(p.w, "\r\033[K%s", p.line(done, now))
+		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(done, now), p.width()))
 	} else {
 		since := p.last
 		if since.IsZero() {

@@ -17,6 +17,7 @@ type progress struct {
 	interval time.Duration
 	total    int
 	now      func() time.Time
+	width    func() int // of the terminal drawn on (terminalWidth; 0: not known)
 	last     time.Time
 	shown    int // the results done on the last line printed (lines mode)
 
@@ -49,6 +50,7 @@ const (
 
 func newProgress(o progressOptions, env *environment, total int) *progress {
 	p := &progress{w: env.stderr, interval: o.interval, total: total, now: time.Now}
+	p.width = func() int { return terminalWidth(p.w) }
 	p.lastResult = p.now()
 	p.none, p.bar = o.style(env)
 	return p
@@ -87,7 +89,7 @@ func (p *progress) update(s *summary) {
 			return
 		}
 		p.last = now
-		fmt.Fprintf(p.w, "\r\033[K%s", p.line(s, now, true))
+		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(s, now, true), p.width()))
 		return
 	}
 	if now.Sub(p.last) < p.interval {
@@ -112,6 +114,26 @@ func (p *progress) finish(s *summary) {
 		p.shown = s.total()
 		fmt.Fprintln(p.w, p.line(s, p.now(), false))
 	}
+}
+
+// drawn is line as it is drawn in place on a terminal width columns wide (0: not known): cut
+// a column short of the width. A longer line wraps, and "\r\033[K" then clears only its last
+// row, so each drawing left the rows above it behind, ten a second: the results' bar of a
+// batch of 100,000 jobs took about 85 columns, where a terminal opens 80 wide on many
+// systems. That bar narrows first, to keep its figures whole (progress.line); this cuts what
+// is still too long. The lines drawn hold only characters one column wide.
+func drawn(line string, width int) string {
+	if width <= 1 {
+		return line
+	}
+	columns := 0
+	for i := range line {
+		if columns == width-1 {
+			return line[:i]
+		}
+		columns++
+	}
+	return line
 }
 
 // stalled shows why results stopped (explain), on a line of its own above the bar, when the
@@ -162,15 +184,35 @@ func (p *progress) caughtUp() { p.restart = true }
 // quiet is how long no result has come (since newProgress, before the first).
 func (p *progress) quiet() time.Duration { return p.now().Sub(p.lastResult) }
 
-// line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
+// line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s", with the
+// bar if bar (see barWidth).
 func (p *progress) line(s *summary, now time.Time, bar bool) string {
+	text := p.text(s, now)
+	if !bar || p.total <= 0 {
+		return text
+	}
+	width := barWidth
+	if columns := p.width(); columns > 0 {
+		width = min(width, columns-1-len("[] ")-len(text)) // the figures first: a bar fits the rest
+	}
+	if width < minBarWidth {
+		return text
+	}
+	filled := min(width, s.total()*width/p.total)
+	return "[" + strings.Repeat("#", filled) + strings.Repeat("·", width-filled) + "] " + text
+}
+
+// The bar is barWidth columns wide, or narrower on a terminal that has not the room for it
+// and the figures after it, down to minBarWidth; narrower, it is left out.
+const (
+	barWidth    = 24
+	minBarWidth = 8
+)
+
+// text renders the figures of line: e.g. "512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
+func (p *progress) text(s *summary, now time.Time) string {
 	done := s.total()
 	var b strings.Builder
-	if bar && p.total > 0 {
-		const width = 24
-		filled := min(width, done*width/p.total)
-		b.WriteString("[" + strings.Repeat("#", filled) + strings.Repeat("·", width-filled) + "] ")
-	}
 	pct := 100
 	if p.total > 0 {
 		pct = done * 100 / p.total
