@@ -89,14 +89,15 @@ func (p *progress) update(s *summary) {
 			return
 		}
 		p.last = now
-		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(s, now, true), p.width()))
+		columns := p.width()
+		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.barLine(s, now, columns), columns))
 		return
 	}
 	if now.Sub(p.last) < p.interval {
 		return
 	}
 	p.last, p.shown = now, s.total()
-	fmt.Fprintln(p.w, p.line(s, now, false))
+	fmt.Fprintln(p.w, p.text(s, now))
 }
 
 // finish shows the last state: the bar's last drawing, or a last line unless the last one
@@ -107,12 +108,12 @@ func (p *progress) finish(s *summary) {
 		return
 	}
 	if p.bar {
-		fmt.Fprintf(p.w, "\r\033[K%s\n", p.line(s, p.now(), true))
+		fmt.Fprintf(p.w, "\r\033[K%s\n", p.barLine(s, p.now(), p.width()))
 		return
 	}
 	if !p.last.IsZero() && s.total() != p.shown {
 		p.shown = s.total()
-		fmt.Fprintln(p.w, p.line(s, p.now(), false))
+		fmt.Fprintln(p.w, p.text(s, p.now()))
 	}
 }
 
@@ -120,7 +121,7 @@ func (p *progress) finish(s *summary) {
 // a column short of the width. A longer line wraps, and "\r\033[K" then clears only its last
 // row, so each drawing left the rows above it behind, ten a second: the results' bar of a
 // batch of 100,000 jobs took about 85 columns, where a terminal opens 80 wide on many
-// systems. That bar narrows first, to keep its figures whole (progress.line); this cuts what
+// systems. That bar narrows first, to keep its figures whole (progress.barLine); this cuts what
 // is still too long. The lines drawn hold only characters one column wide.
 func drawn(line string, width int) string {
 	if width <= 1 {
@@ -184,15 +185,15 @@ func (p *progress) caughtUp() { p.restart = true }
 // quiet is how long no result has come (since newProgress, before the first).
 func (p *progress) quiet() time.Duration { return p.now().Sub(p.lastResult) }
 
-// line renders e.g. "[#####·····] 512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s", with the
-// bar if bar (see barWidth).
-func (p *progress) line(s *summary, now time.Time, bar bool) string {
+// barLine renders the bar and the figures, e.g. "[#####·····] 512/1000 51% | ok 500 error 12 |
+// 85.3/s | ETA 5s", for a terminal columns wide (0: not known; see barWidth).
+func (p *progress) barLine(s *summary, now time.Time, columns int) string {
 	text := p.text(s, now)
-	if !bar || p.total <= 0 {
+	if p.total <= 0 {
 		return text
 	}
 	width := barWidth
-	if columns := p.width(); columns > 0 {
+	if columns > 0 {
 		width = min(width, columns-1-len("[] ")-len(text)) // the figures first: a bar fits the rest
 	}
 	if width < minBarWidth {
@@ -209,7 +210,7 @@ const (
 	minBarWidth = 8
 )
 
-// text renders the figures of line: e.g. "512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
+// text renders the figures, the line printed where no bar is drawn: e.g. "512/1000 51% | ok 500 error 12 | 85.3/s | ETA 5s".
 func (p *progress) text(s *summary, now time.Time) string {
 	done := s.total()
 	var b strings.Builder

@@ -38,7 +38,7 @@ func TestProgressRateCountsFromTheFirstRead(t *testing.T) {
 	}
 	clock = clock.Add(500 * time.Millisecond)
 	s.ok = 1100
-	if line := p.line(&s, clock, false); strings.Contains(line, "/s") {
+	if line := p.text(&s, clock); strings.Contains(line, "/s") {
 		t.Fatalf("a rate half a second after the first read: %q", line)
 	}
 	// 100 a second since the first read: 1,000 more in 10 s, 5,976 left.
@@ -86,7 +86,7 @@ func TestStalledProgressShowsHowLongNotWhen(t *testing.T) {
 	clock = clock.Add(10 * time.Second)
 	s.ok = 200
 	p.resumed() // the last result, 10 s after the first read
-	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 10.0/s | ETA 1m20s") {
+	if line := p.text(&s, clock); !strings.HasSuffix(line, "| 10.0/s | ETA 1m20s") {
 		t.Fatalf("before the stall: %q", line)
 	}
 
@@ -96,7 +96,7 @@ func TestStalledProgressShowsHowLongNotWhen(t *testing.T) {
 	if n := strings.Count(out.String(), "no worker is taking jobs"); n != 1 {
 		t.Fatalf("the cause was printed %d times, want once:\n%s", n, out.String())
 	}
-	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 2.9/s | no result for 25s") || strings.Contains(line, "ETA") {
+	if line := p.text(&s, clock); !strings.HasSuffix(line, "| 2.9/s | no result for 25s") || strings.Contains(line, "ETA") {
 		t.Fatalf("during the stall: %q", line)
 	}
 	p.stalled(stallPaused, "no result for 35s: the fleet is paused")
@@ -107,7 +107,7 @@ func TestStalledProgressShowsHowLongNotWhen(t *testing.T) {
 	clock = clock.Add(time.Second)
 	s.ok = 201
 	p.resumed()
-	if line := p.line(&s, clock, false); !strings.Contains(line, "ETA") || strings.Contains(line, "no result") {
+	if line := p.text(&s, clock); !strings.Contains(line, "ETA") || strings.Contains(line, "no result") {
 		t.Fatalf("after a result: %q", line)
 	}
 }
@@ -132,14 +132,14 @@ func TestProgressRateFollowsTheLastMinute(t *testing.T) {
 
 	run(10*time.Minute, 100) // one worker
 	run(2*time.Minute, 1000) // ten
-	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 1000.0/s | ETA 13m40s") {
+	if line := p.text(&s, clock); !strings.HasSuffix(line, "| 1000.0/s | ETA 13m40s") {
 		t.Fatalf("two minutes after the fleet grew tenfold: %q; want the rate of ten workers", line)
 	}
 
 	clock = clock.Add(5 * time.Minute) // nothing for five minutes, said
 	p.stalled(stallNoWorker, "no result for 5m0s: no worker is taking jobs")
 	run(10*time.Second, 100)
-	if line := p.line(&s, clock, false); !strings.HasSuffix(line, "| 100.0/s | ETA 2h16m30s") {
+	if line := p.text(&s, clock); !strings.HasSuffix(line, "| 100.0/s | ETA 2h16m30s") {
 		t.Fatalf("ten seconds after results came back at 100/s: %q; want that rate, not one held down by the stall", line)
 	}
 }

@@ -46,7 +46,7 @@ func TestProgressIsDrawnWithinTheTerminal(t *testing.T) {
 	clock = clock.Add(2 * time.Second)
 	s.ok, s.failed = 50190, 10
 	text := p.text(&s, clock)
-	if whole := p.line(&s, clock, true); utf8.RuneCountInString(whole) != 85 || !strings.HasSuffix(whole, "] "+text) || !strings.Contains(text, "ETA") {
+	if whole := p.barLine(&s, clock, 0); utf8.RuneCountInString(whole) != 85 || !strings.HasSuffix(whole, "] "+text) || !strings.Contains(text, "ETA") {
 		t.Fatalf("with the width not known, the bar is %q: the test needs one of 85 columns, with the rate and ETA", whole)
 	}
 	draw := func(cols int) string {
