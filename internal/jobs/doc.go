@@ -1,7 +1,7 @@
 // Package jobs defines tinkerfleet's line formats: the job line a user submits, the Job message
 // that travels through NATS to the workers, and the result line that comes back. It validates
-// jobs and maps OpenAI Batch API lines onto Jobs. It imports only the standard library and does no
-// I/O beyond reading the io.Reader it is given.
+// jobs and maps OpenAI Batch API lines onto Jobs. It imports only the standard library (and
+// internal/ftoa, which writes logprobs) and does no I/O beyond reading the io.Reader it is given.
 //
 // # Job lines
 //
