@@ -1,6 +1,6 @@
 // Package ftoa writes a float32 as the shortest decimal that reads back as the same float32,
-// byte for byte as strconv.AppendFloat(dst, float64(f), 'g', -1, 32) does, in about a third of
-// its time.
+// byte for byte as strconv.AppendFloat(dst, float64(f), 'g', -1, 32) does, in about half its
+// time.
 //
 // Result lines carry a logprob for every sampled token and, when asked, up to 21 for every
 // prompt token: writing them as text is most of the work of writing a long result. strconv
@@ -10,6 +10,6 @@
 // lays out the 'g' form directly.
 //
 // Every one of the 2^32 bit patterns has been checked against strconv (go test -exhaustive,
-// about two minutes on two cores); the default tests check every binary exponent's edges, the
-// subnormals and a million random patterns.
+// about two and a half minutes on two cores); the default tests check every binary exponent's
+// edges, the subnormals and a million random patterns.
 package ftoa
