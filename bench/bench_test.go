@@ -140,6 +140,27 @@ func TestParseOnly(t *testing.T) {
 	}
 }
 
+// TestInstructionPlanKeepsARunAsLong checks that -instructions runs fewer samples as they are
+// longer, in proportion, and never fewer than 500.
+func TestInstructionPlanKeepsARunAsLong(t *testing.T) {
+	for _, c := range []struct{ maxTokens, samples int }{{1, 5000}, {16, 5000}, {64, 1250}, {160, 500}, {512, 500}} {
+		p := instructionPlan(c.maxTokens, true)
+		if p.n != c.samples || p.maxTokens != c.maxTokens || !p.setupOnly || p.warmup != instructionWarmup {
+			t.Errorf("max_tokens %d: %+v, want %d samples", c.maxTokens, p, c.samples)
+		}
+	}
+}
+
+// TestMaxTokensOutOfRangeIsRefused checks -max-tokens against the bounds of a job's max_tokens.
+func TestMaxTokensOutOfRangeIsRefused(t *testing.T) {
+	for _, bad := range []string{"0", "-1", "32769"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"-only=6", "-max-tokens", bad}, &out, io.Discard); err == nil || !strings.Contains(err.Error(), "-max-tokens") {
+			t.Errorf("-max-tokens %s: %v, want it refused", bad, err)
+		}
+	}
+}
+
 // TestVerdicts checks the aim judgements, including NaN for a missing baseline.
 func TestVerdicts(t *testing.T) {
 	if _, v := atLeast(0.95, 0.9); v != verdictPass {

@@ -50,6 +50,7 @@ func runChild(args []string) error {
 	tlsKey := fs.String("tls-key", "", "PEM key of -tls-cert (sim)")
 	side := fs.String("side", "", "client or worker (cost: a side of comparison 2, for -instructions)")
 	setupOnly := fs.Bool("setup-only", false, "set up as for the samples, then stop (cost)")
+	maxTokens := fs.Int("max-tokens", benchMaxTokens, "max_tokens of every sample (cost)")
 	hold := fs.Bool("hold", false, "once ready, wait for the line \"start\" on stdin before running (worker)")
 	profile := fs.String("cpuprofile-prefix", "", "write a CPU profile to `prefix`.<role>.<pid>")
 	if err := fs.Parse(args); err != nil {
@@ -161,7 +162,7 @@ func runChild(args []string) error {
 		}
 		return nil
 	case "cost":
-		return runCostSide(ctx, *side, *setupOnly)
+		return runCostSide(ctx, *side, *setupOnly, *maxTokens)
 	default:
 		return fmt.Errorf("unknown role %q", *role)
 	}

@@ -172,7 +172,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 
 	// One tokenizer for every variant: loading one takes about half a CPU-second.
 	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
-	plan := costPlan{warmup: s.CostWarmup, n: s.CostSamples}
+	plan := costPlan{warmup: s.CostWarmup, n: s.CostSamples, maxTokens: s.CostMaxTokens}
 	// The variants, in the order they run in each round.
 	const (
 		vClient = iota
@@ -316,7 +316,7 @@ func runCost(ctx context.Context, s settings, log io.Writer) (*table, error) {
 		Baseline: fmt.Sprintf("%.1f", base.switches), Ratio: ratio(alone.switches, base.switches), Verdict: verdictInfo})
 	t.add(row{Case: "jobs per pull request (worker, all rounds)", Measured: fmt.Sprintf("%.2f", alone.pulled/max(alone.fetches, 1)),
 		Baseline: "-", Ratio: math.NaN(), Verdict: verdictInfo})
-	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, tokenize, dispatch, asample, poll, decode, publish result, ack (results stored and jobs acked in groups)", costConcurrency)
+	t.note("measured: 1 worker, %d job slots: dequeue, decode+validate, tokenize, dispatch, asample, poll, decode, publish result, ack (results stored and jobs acked in groups); max_tokens %d", costConcurrency, s.CostMaxTokens)
 	t.note("baseline: tinker.Dial + Sampler.Sample in %d goroutines: tokenize the same prompts, asample, poll, decode text", costConcurrency)
 	t.note("the simulators (zero latency unless a row says otherwise) run in child processes, so neither figure includes them: nothing to subtract")
 	t.note("the aim rows are the worker process, its NATS server in a child process (as cmd/worker runs against a server elsewhere); the NATS server's own CPU is shown apart, and the embedded rows count it in")
@@ -347,6 +347,7 @@ func medianOf(xs []float64) float64 {
 // costPlan is how many samples one variant of comparison 2 runs: warmup, then n measured.
 type costPlan struct {
 	warmup, n int
+	maxTokens int // of every sample
 	// setupOnly stops a variant once it is set up, as it would be for warmup+n samples (jobs
 	// published, tokenizer loaded), so that set-up can be subtracted (-instructions).
 	setupOnly bool
@@ -374,9 +375,8 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 	// client's work (fmt.Sprintf, about 2,000 instructions a job).
 	prompts := make([]string, total)
 	for i := range prompts {
-		prompts[i] = benchJob(i).Prompt
+		prompts[i] = benchJob(i, plan.maxTokens).Prompt
 	}
-	maxTokens := benchMaxTokens
 	runtime.GC() // set-up's garbage is not the samples' (and -instructions' two runs match)
 	if plan.setupOnly {
 		return perSample{}, nil
@@ -398,7 +398,7 @@ func clientCost(ctx context.Context, sim simTarget, tokens *tokenizer.Registry, 
 				if i >= total || ctx.Err() != nil {
 					return
 				}
-				mt := maxTokens
+				mt := plan.maxTokens
 				res, err := sampler.Sample(ctx, tinker.SampleRequest{
 					Prompt: tinker.EncodedText(tok.Encode(prompts[i])), NumSamples: 1,
 					Params: tinker.SamplingParams{MaxTokens: &mt},
@@ -461,7 +461,7 @@ func workerCost(ctx context.Context, natsURL string, sim simTarget, tokens *toke
 		return perSample{}, errors.New("results stream info")
 	}
 	warmup, n := plan.warmup+int(earlier), plan.n
-	if err := publishJobs(ctx, q, batch, 0, warmup+n-int(earlier)); err != nil {
+	if err := publishJobs(ctx, q, batch, 0, warmup+n-int(earlier), plan.maxTokens); err != nil {
 		return perSample{}, err
 	}
 	// Loaded here rather than for the worker's first job, so that set-up's garbage (the
@@ -542,7 +542,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 	if err != nil {
 		return perSample{}, err
 	}
-	if err := publishJobs(ctx, q, batch, 0, warmup+n); err != nil {
+	if err := publishJobs(ctx, q, batch, 0, warmup+n, plan.maxTokens); err != nil {
 		return perSample{}, err
 	}
 	puller, err := q.NewJobPuller(ctx)
@@ -560,7 +560,7 @@ func floorCost(ctx context.Context, natsURL, batch string, plan costPlan) (perSa
 		return perSample{}, err
 	}
 	defer results.Close()
-	mt := benchMaxTokens
+	mt := plan.maxTokens
 	res := jobs.Result{CustomID: "job-00000000", BatchID: batch, Status: jobs.StatusOK, Model: benchModel, Attempts: 1,
 		Samples: []jobs.Sample{{Text: "a completion of sixteen tokens or so, as the simulator writes", Tokens: make([]int, mt), StopReason: jobs.StopReasonLength}},
 		Usage:   &jobs.Usage{PromptTokens: 24, CompletionTokens: mt}}

@@ -281,7 +281,7 @@ func windowCalls(ctx context.Context, n int, local bool, window time.Duration, t
 	}
 	perWorker := float64(windowConcurrency) / windowLatency.Seconds()
 	need := int(perWorker*float64(n)*(windowWarmup+window+time.Second).Seconds()) + 500
-	if err := publishJobs(ctx, pub, "win", 0, need); err != nil {
+	if err := publishJobs(ctx, pub, "win", 0, need, benchMaxTokens); err != nil {
 		return 0, err
 	}
 	ws, err := r.openWorkers(ctx, n, windowConcurrency, local)

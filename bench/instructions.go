@@ -23,11 +23,18 @@ import (
 )
 
 // instructionWarmup and instructionSamples are the samples each side runs under valgrind:
-// about a minute a run here.
+// about a minute a run here. Longer samples than benchMaxTokens are fewer (instructionPlan).
 const (
 	instructionWarmup  = 200
 	instructionSamples = 5000
 )
+
+// instructionPlan is what each side runs under valgrind for samples of maxTokens: the samples
+// are fewer as they are longer, down to 500, so that a run takes about as long.
+func instructionPlan(maxTokens int, setupOnly bool) costPlan {
+	n := max(500, instructionSamples*benchMaxTokens/max(maxTokens, benchMaxTokens))
+	return costPlan{warmup: instructionWarmup, n: n, maxTokens: maxTokens, setupOnly: setupOnly}
+}
 
 // runInstructions counts the instructions that comparison 2's client alone and worker execute
 // per sample, with valgrind's cachegrind. Unlike CPU time, a count does not move with what
@@ -37,7 +44,7 @@ const (
 // as for them (jobs published, tokenizer loaded); the difference over the samples is the
 // count per sample. The Go runtime's own instructions are shown apart and not judged: under
 // valgrind the threads take turns, so its spinning and parking differ from a real run.
-func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
+func runInstructions(ctx context.Context, log io.Writer, maxTokens int) (*table, error) {
 	t := &table{ID: 2, Title: "per-sample instructions (cachegrind): worker vs Tinker client alone"}
 	if _, err := exec.LookPath("valgrind"); err != nil {
 		return t, errors.New("-instructions needs valgrind on the PATH (Debian package valgrind)")
@@ -51,17 +58,18 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 	if err != nil {
 		return t, err
 	}
+	plan := instructionPlan(maxTokens, false)
 	per := map[string]map[string]float64{} // side → package → instructions per sample
 	for _, side := range []string{"client", "worker"} {
 		var counts [2]map[string]uint64
 		for i, setupOnly := range []bool{false, true} {
 			fmt.Fprintf(log, "bench:   %s under cachegrind (set-up only: %v)\n", side, setupOnly)
-			counts[i], err = cachegrind(ctx, exe, dir, side, setupOnly)
+			counts[i], err = cachegrind(ctx, exe, dir, side, setupOnly, maxTokens)
 			if err != nil {
 				return t, fmt.Errorf("%s: %w", side, err)
 			}
 		}
-		samples := float64(instructionWarmup + instructionSamples)
+		samples := float64(plan.warmup + plan.n)
 		per[side] = map[string]float64{}
 		for _, pkg := range keysOf(counts[0], counts[1]) { // a package may be in one run only
 			per[side][pkg] = (float64(counts[0][pkg]) - float64(counts[1][pkg])) / samples
@@ -91,7 +99,7 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 	}
 	t.add(row{Case: "Go runtime (not comparable under valgrind)", Measured: kilo(total(worker, true)),
 		Baseline: kilo(total(client, true)), Ratio: math.NaN(), Verdict: verdictInfo})
-	t.note("measured: comparison 2's worker variant (NATS server in a child process); baseline: its client alone; %d warm-up + %d samples each", instructionWarmup, instructionSamples)
+	t.note("measured: comparison 2's worker variant (NATS server in a child process); baseline: its client alone; %d warm-up + %d samples each, max_tokens %d", plan.warmup, plan.n, maxTokens)
 	t.note("per sample: (run with the samples - run set up only) / samples, by the package of each instruction's function (inlined code counts to its caller)")
 	t.note("valgrind --tool=cachegrind --cache-sim=no, GODEBUG=asyncpreemptoff=1; the simulator and the NATS server run natively in child processes")
 	return t, nil
@@ -99,10 +107,11 @@ func runInstructions(ctx context.Context, log io.Writer) (*table, error) {
 
 // cachegrind runs one side of comparison 2 under valgrind and returns its instruction counts
 // by package.
-func cachegrind(ctx context.Context, exe, dir, side string, setupOnly bool) (map[string]uint64, error) {
+func cachegrind(ctx context.Context, exe, dir, side string, setupOnly bool, maxTokens int) (map[string]uint64, error) {
 	out := filepath.Join(dir, fmt.Sprintf("cachegrind.%s.%v", side, setupOnly))
 	args := []string{"--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=" + out,
-		exe, childArg, "-role", "cost", "-side", side, "-setup-only=" + strconv.FormatBool(setupOnly)}
+		exe, childArg, "-role", "cost", "-side", side, "-setup-only=" + strconv.FormatBool(setupOnly),
+		"-max-tokens", strconv.Itoa(maxTokens)}
 	cmd := exec.CommandContext(ctx, "valgrind", args...)
 	// Go's preemption signals trip valgrind up now and then.
 	cmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
@@ -232,7 +241,7 @@ func lastLines(s string, n int) string {
 
 // runCostSide is the helper process of runInstructions: one side of comparison 2 against a
 // simulator (and, for the worker, a NATS server) in child processes of its own.
-func runCostSide(ctx context.Context, side string, setupOnly bool) error {
+func runCostSide(ctx context.Context, side string, setupOnly bool, maxTokens int) error {
 	sim, err := startChild(ctx, "", "-role", "sim")
 	if err != nil {
 		return err
@@ -240,7 +249,7 @@ func runCostSide(ctx context.Context, side string, setupOnly bool) error {
 	defer func() { _ = sim.stop() }()
 	target := simTarget{url: sim.first, pid: sim.cmd.Process.Pid}
 	tokens := tokenizer.NewRegistry(tokenizer.Options{Offline: true})
-	plan := costPlan{warmup: instructionWarmup, n: instructionSamples, setupOnly: setupOnly}
+	plan := instructionPlan(maxTokens, setupOnly)
 	switch side {
 	case "client":
 		_, err := clientCost(ctx, target, tokens, plan)

@@ -28,9 +28,10 @@ type settings struct {
 	CapacityBound    bool // also run the capacity-bound scenario
 
 	// 2. per-sample cost
-	CostWarmup  int
-	CostSamples int
-	CostRounds  int
+	CostWarmup    int
+	CostSamples   int
+	CostRounds    int
+	CostMaxTokens int // max_tokens of every sample (-max-tokens)
 
 	// 3. fleet backoff
 	PropagationTrials int
@@ -63,6 +64,7 @@ func quickSettings() settings {
 		CostWarmup:        200,
 		CostSamples:       1000,
 		CostRounds:        5,
+		CostMaxTokens:     benchMaxTokens,
 		PropagationTrials: 200,
 		Window:            2 * time.Second,
 		SubmitLines:       100_000,
@@ -84,6 +86,7 @@ func fullSettings() settings {
 		CostWarmup:        1000,
 		CostSamples:       10_000,
 		CostRounds:        7,
+		CostMaxTokens:     benchMaxTokens,
 		PropagationTrials: 1000,
 		Window:            5 * time.Second,
 		SubmitLines:       1_000_000,
@@ -143,16 +146,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	verbose := fs.Bool("v", false, "progress lines on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to `file`, and of each helper process to file.<role>.<pid>")
 	instructions := fs.Bool("instructions", false, "instead of the comparisons, count comparison 2's instructions per sample with valgrind (a few minutes)")
+	maxTokens := fs.Int("max-tokens", benchMaxTokens, "max_tokens of comparison 2's samples, and of -instructions' (the aim is judged at 16; the other comparisons keep 16)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *quick && *full {
 		return errors.New("give -quick or -full, not both")
 	}
+	if *maxTokens < 1 || *maxTokens > 32768 {
+		return fmt.Errorf("-max-tokens %d: must be 1 to 32768", *maxTokens)
+	}
 	s := quickSettings()
 	if *full {
 		s = fullSettings()
 	}
+	s.CostMaxTokens = *maxTokens
 	selected, err := parseOnly(*only)
 	if err != nil {
 		return err
@@ -173,7 +181,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	if *instructions {
 		fmt.Fprintf(stdout, "tinkerfleet bench, instruction counts: %s, %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-		t, err := runInstructions(ctx, log)
+		t, err := runInstructions(ctx, log, *maxTokens)
 		t.print(stdout)
 		return err
 	}

@@ -74,7 +74,7 @@ func measureMemory(ctx context.Context, profile string, backlog int, hold time.D
 	}
 	// The hold consumes about slots x (hold/latency + 1) jobs; publish those on top.
 	extra := memConcurrency * (int(hold/memLatency) + 2)
-	if err := publishJobs(ctx, q, "mem", 0, backlog+extra); err != nil {
+	if err := publishJobs(ctx, q, "mem", 0, backlog+extra, benchMaxTokens); err != nil {
 		return memResult{}, err
 	}
 	w, err := startChild(ctx, profile, "-role", "worker", "-nats", r.natsURL, "-sim", r.simURL,

@@ -29,7 +29,8 @@ const benchKey = tinker.APIKey("tml-bench.not-a-real-key")
 const benchModel = "Qwen/Qwen3-8B"
 
 // benchMaxTokens is the max_tokens of every job: small and fixed, so latency does not depend
-// on it when PerTokenLatency is zero.
+// on it when PerTokenLatency is zero. Comparison 2 and -instructions can take others
+// (-max-tokens), to show what a sample's length costs.
 const benchMaxTokens = 16
 
 // rig is one embedded NATS server with the queue set up, and optionally an in-process
@@ -225,8 +226,8 @@ func (r *running) stop() error {
 }
 
 // benchJob is job i of a run: a short text prompt the worker tokenizes, max_tokens fixed.
-func benchJob(i int) jobs.Job {
-	mt := benchMaxTokens
+func benchJob(i, maxTokens int) jobs.Job {
+	mt := maxTokens
 	return jobs.Job{
 		CustomID:   fmt.Sprintf("job-%08d", i),
 		Model:      benchModel,
@@ -236,12 +237,12 @@ func benchJob(i int) jobs.Job {
 	}
 }
 
-// publishJobs publishes jobs [from, from+n) of batch the way cmd/submit does (async, futures
-// settled every 2048) and waits until the stream stored them all.
-func publishJobs(ctx context.Context, q *queue.Queue, batch string, from, n int) error {
+// publishJobs publishes jobs [from, from+n) of batch, with maxTokens, the way cmd/submit does
+// (async, futures settled every 2048) and waits until the stream stored them all.
+func publishJobs(ctx context.Context, q *queue.Queue, batch string, from, n, maxTokens int) error {
 	var pending []jetstream.PubAckFuture
 	for i := from; i < from+n; i++ {
-		j := benchJob(i)
+		j := benchJob(i, maxTokens)
 		data, err := j.Encode()
 		if err != nil {
 			return fmt.Errorf("encode job: %w", err)

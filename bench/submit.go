@@ -150,7 +150,7 @@ func writeJobsFile(path string, n int) (int64, error) {
 	}
 	bw := bufio.NewWriterSize(f, 1<<20)
 	for i := range n {
-		j := benchJob(i)
+		j := benchJob(i, benchMaxTokens)
 		fmt.Fprintf(bw, `{"custom_id": %q, "model": %q, "prompt": %q, "sampling_params": {"max_tokens": %d, "temperature": 0.7}, "metadata": {"row": %d}}`+"\n",
 			j.CustomID, j.Model, j.Prompt, benchMaxTokens, i)
 	}

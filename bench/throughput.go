@@ -114,7 +114,7 @@ func measureThroughput(ctx context.Context, sc scenario, n int, warmup, window t
 	if err != nil {
 		return throughputResult{}, err
 	}
-	if err := publishJobs(ctx, pub, "tput", 0, need); err != nil {
+	if err := publishJobs(ctx, pub, "tput", 0, need, benchMaxTokens); err != nil {
 		return throughputResult{}, err
 	}
 	for range n {
