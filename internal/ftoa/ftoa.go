@@ -61,7 +61,8 @@ type decimal struct {
 // to it, is bounded by the midpoints to its neighbours; it is scaled by 10^-k so that it is
 // about one to ten units wide, and the scaled bounds are computed to within a bit, rounded to
 // odd so that an exact bound stays apart from an inexact one. The decimal is then a multiple
-// of ten in the interval, if there is one, else the nearer of the two integers around v.
+// of ten in the interval, if there is one, else the integer around v that it holds (of two,
+// the nearer).
 //
 // Two departures from the Java code, both to write what strconv writes: Java writes at least
 // two digits, so it scales a subnormal's c below 8 by ten first, where this code tries the
