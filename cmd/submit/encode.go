@@ -61,7 +61,7 @@ func startEncoding(ctx context.Context, files []string, limits jobs.Limits) *enc
 			chunk, size = nil, 0
 			return nil
 		}
-		e.err = eachJob(files, limits, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
+		e.err = eachJob(files, limits, nil, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
 			var le *jobs.LineError
 			switch {
 			case errors.As(err, &le):

@@ -40,7 +40,7 @@ func TestEncodingSendsEveryValidJobInOrder(t *testing.T) {
 	}
 	var want []encodedJob
 	wantRejected := 0
-	err := eachJob(files, jobs.Limits{}, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
+	err := eachJob(files, jobs.Limits{}, nil, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
 		if err != nil {
 			wantRejected++
 			return nil

@@ -49,7 +49,7 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	// The files must be those the batch was made of: the same digest, checked before a line
 	// is written.
 	h := sha256.New()
-	if err := eachJob(m.Files, jobs.Limits{}, h, func(jobs.Job, []byte, lineAt, error) error { return nil }); err != nil {
+	if err := eachJob(m.Files, jobs.Limits{}, h, nil, func(jobs.Job, []byte, lineAt, error) error { return nil }); err != nil {
 		return fmt.Errorf("batch %s's input (run this where it was submitted): %w", batch, err)
 	}
 	if hex.EncodeToString(h.Sum(nil)) != m.Digest {
@@ -73,7 +73,7 @@ func runFailed(ctx context.Context, args []string, env *environment) error {
 	}
 	out := bufio.NewWriter(w)
 	errored, missing := 0, 0
-	err = eachJob(m.Files, jobs.Limits{}, nil, func(j jobs.Job, line []byte, _ lineAt, err error) error {
+	err = eachJob(m.Files, jobs.Limits{}, nil, nil, func(j jobs.Job, line []byte, _ lineAt, err error) error {
 		switch {
 		case err != nil: // never published
 			return nil

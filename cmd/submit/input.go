@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -130,7 +131,7 @@ func samePath(a, b string) bool {
 // openInput opens the input file name: JSONL, or JSONL compressed with gzip or zstd. Lines,
 // line numbers and the batch's digest are those of the decompressed text, so a file
 // compressed again, another way, is the same batch.
-func openInput(name string) (*inputFile, error) {
+func openInput(name string, read *atomic.Int64) (*inputFile, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("open input: %w", err)
@@ -139,12 +140,44 @@ func openInput(name string) (*inputFile, error) {
 		f.Close()
 		return nil, fmt.Errorf("open input: %s is a directory: give the JSONL files in it", name)
 	}
-	r, _, release, err := decompressed(name, bufio.NewReaderSize(f, 64<<10))
+	var raw io.Reader = f
+	if read != nil {
+		raw = countedReader{f, read}
+	}
+	r, _, release, err := decompressed(name, bufio.NewReaderSize(raw, 64<<10))
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return &inputFile{Reader: r, file: f, release: release}, nil
+}
+
+// countedReader adds the bytes read from r to n. Atomic: a parallel jobs.Reader reads ahead
+// on a goroutine of its own while the pass's progress is drawn.
+type countedReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// inputSize is the size of the files as they are stored (compressed or not), which the bytes
+// read from them come to; 0 when it is not known: one is not a regular file (a pipe), or
+// cannot be read.
+func inputSize(files []string) int64 {
+	var total int64
+	for _, name := range files {
+		fi, err := os.Stat(name)
+		if err != nil || !fi.Mode().IsRegular() {
+			return 0
+		}
+		total += fi.Size()
+	}
+	return total
 }
 
 // Close releases the decompressor and closes the file.

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinkerfleet/tinkerfleet/internal/jobs"
 	"github.com/tinkerfleet/tinkerfleet/internal/queue"
 	"github.com/tinkerfleet/tinkerfleet/internal/tinkersim"
 )
@@ -88,6 +89,29 @@ func TestCompressedInputIsTheSameBatch(t *testing.T) {
 	bad := compressed(t, "zstd", jobLine(0)+"\n"+`{"custom_id":"x","model":"Qwen/Qwen3-8B","prompt":"a","colour":"red"}`+"\n")
 	if _, stderr, err := f.submit(ctx, bad); !errors.Is(err, errInvalidInput) || !strings.Contains(stderr, bad+":2: field colour: unknown field") {
 		t.Errorf("a bad line in a zstd file: %v, said %q; want it named by file, line and field", err, stderr)
+	}
+}
+
+// TestTheBytesReadComeToTheInputsSize: the bytes a pass counts as read, from plain and
+// compressed files alike, come to the size inputSize gives them (the files as stored), so
+// that the validation's share read ends at the whole; a pipe's or a device's size is not
+// known.
+func TestTheBytesReadComeToTheInputsSize(t *testing.T) {
+	text := strings.Join(jobLines(3000), "\n") + "\n"
+	files := []string{writeLines(t, jobLines(2000)), compressed(t, "gzip", text), compressed(t, "zstd", text)}
+	var read atomic.Int64
+	lines := 0
+	if err := eachJob(files, jobs.Limits{}, nil, &read, func(jobs.Job, []byte, lineAt, error) error {
+		lines++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if size := inputSize(files); lines != 8000 || read.Load() != size || size == 0 {
+		t.Fatalf("%d lines, %d bytes read, files of %d bytes: want 8000 lines, and every byte read", lines, read.Load(), size)
+	}
+	if size := inputSize(append(files, os.DevNull)); size != 0 {
+		t.Errorf("with a device among the files: size %d, want 0 (not known)", size)
 	}
 }
 

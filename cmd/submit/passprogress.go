@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +26,10 @@ type passProgress struct {
 	what     string     // the pass: "validating", "publishing"
 	counted  string     // what it counts: "lines", "jobs stored"
 	total    int        // what the count comes to; 0: not known
+	// read and size, when size is not 0, tell how far the pass has read its input, where
+	// the count has no total (setRead): the bytes read so far, and those it comes to.
+	read *atomic.Int64
+	size int64
 
 	start time.Time
 	last  time.Time // when a line was last shown; zero: none was
@@ -44,6 +49,12 @@ func newPassProgress(o progressOptions, env *environment, what, counted string, 
 	p.none, p.redraw = o.style(env)
 	p.start = p.now()
 	return p
+}
+
+// setRead has the pass show how far it has read its input: read counts the bytes read,
+// against size (0: not known, when one input is a pipe; then nothing is shown).
+func (p *passProgress) setRead(read *atomic.Int64, size int64) {
+	p.read, p.size = read, size
 }
 
 // update shows done, if it is time to. It may be called often: it reads the clock only.
@@ -96,22 +107,36 @@ func (p *passProgress) end(done int) {
 }
 
 // line renders e.g. "publishing: 430000/1000000 jobs stored 43% | 85000.0/s | ETA 7s", or
-// "validating: 2310000 lines | 812000.0/s" where the total is not known.
+// "validating: 2310000 lines 43% | 812000.0/s | ETA 9s", the share of the input's bytes read,
+// or "validating: 2310000 lines | 812000.0/s" where the input's size is not known either.
 func (p *passProgress) line(done int, now time.Time) string {
+	// The share done, and what is left in proportion to it; past the end (a file that grew
+	// since it was measured), 99 %.
+	share, left := -1.0, 0.0
+	switch {
+	case p.total > 0:
+		share, left = float64(done)/float64(p.total), float64(p.total-done)/float64(max(done, 1))
+	case p.size > 0 && p.read != nil:
+		read := p.read.Load()
+		share, left = min(float64(read)/float64(p.size), 0.99), float64(p.size-read)/float64(max(read, 1))
+	}
 	var b strings.Builder
-	if p.total > 0 {
+	switch {
+	case p.total > 0:
 		fmt.Fprintf(&b, "%s: %d/%d %s %d%%", p.what, done, p.total, p.counted, done*100/p.total)
-	} else {
+	case share >= 0:
+		fmt.Fprintf(&b, "%s: %d %s %d%%", p.what, done, p.counted, int(share*100))
+	default:
 		fmt.Fprintf(&b, "%s: %d %s", p.what, done, p.counted)
 	}
 	elapsed := now.Sub(p.start)
 	if elapsed < time.Second || done == 0 {
 		return b.String()
 	}
-	rate := float64(done) / elapsed.Seconds()
-	fmt.Fprintf(&b, " | %.1f/s", rate)
-	if left := p.total - done; p.total > 0 && left > 0 {
-		fmt.Fprintf(&b, " | ETA %s", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
+	fmt.Fprintf(&b, " | %.1f/s", float64(done)/elapsed.Seconds())
+	if left > 0 {
+		// What is left takes as long as what is done took, in proportion.
+		fmt.Fprintf(&b, " | ETA %s", time.Duration(left*float64(elapsed)).Round(time.Second))
 	}
 	return b.String()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,6 +104,32 @@ func TestAPassWithoutProgressSaysNothing(t *testing.T) {
 	}
 }
 
+// TestAPassShowsHowMuchOfItsInputItHasRead: a pass whose count has no total shows the share
+// of its input's bytes read, and the time left at the rate so far; at most 99 % until it
+// ends (the bytes are read ahead of the lines); nothing of the kind where the input's size is
+// not known.
+func TestAPassShowsHowMuchOfItsInputItHasRead(t *testing.T) {
+	p, out, clock := testPass("lines", 0)
+	p.what, p.counted = "validating", "lines"
+	var read atomic.Int64
+	p.setRead(&read, 4000)
+	*clock = clock.Add(10 * time.Second)
+	read.Store(1000)
+	p.update(2000)
+	*clock = clock.Add(10 * time.Second)
+	read.Store(4000)
+	p.update(7900)
+	p.setRead(&read, 0) // a pipe among the inputs
+	*clock = clock.Add(10 * time.Second)
+	p.update(8000)
+	want := "validating: 2000 lines 25% | 200.0/s | ETA 30s\n" +
+		"validating: 7900 lines 99% | 395.0/s\n" +
+		"validating: 8000 lines | 266.7/s\n"
+	if out.String() != want {
+		t.Fatalf("printed %q, want %q", out, want)
+	}
+}
+
 // TestSubmitShowsHowFarItsPassesAre: a submit run shows how far its validation and its
 // publishing are (here a line each millisecond), and ends the publishing on every job stored.
 func TestSubmitShowsHowFarItsPassesAre(t *testing.T) {
@@ -114,7 +141,7 @@ func TestSubmitShowsHowFarItsPassesAre(t *testing.T) {
 		t.Fatalf("submit: %v\n%s", err, stderr)
 	}
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^validating: [0-9]+ lines`),
+		regexp.MustCompile(`(?m)^validating: [0-9]+ lines [0-9]+%`), // of the file's bytes
 		regexp.MustCompile(`(?m)^publishing: [0-9]+/20000 jobs stored [0-9]+%`),
 		regexp.MustCompile(`(?m)^publishing: 20000/20000 jobs stored 100%.*\nbatch passes: 20000 jobs submitted$`),
 	} {

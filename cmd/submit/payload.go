@@ -22,7 +22,7 @@ func checkJobSizes(ctx context.Context, files []string, limits jobs.Limits, long
 		return nil
 	}
 	over := 0
-	err := eachJob(files, limits, nil, func(j jobs.Job, _ []byte, at lineAt, err error) error {
+	err := eachJob(files, limits, nil, nil, func(j jobs.Job, _ []byte, at lineAt, err error) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w while reading the input, at %s: nothing was published", errInterrupted, at)
 		}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -404,7 +405,9 @@ func validate(ctx context.Context, files []string, limits jobs.Limits, prog *pas
 		enc = json.NewEncoder(rejectsOut)
 	}
 	h := sha256.New()
-	err := eachJob(files, limits, h, func(j jobs.Job, line []byte, at lineAt, err error) error {
+	var read atomic.Int64
+	prog.setRead(&read, inputSize(files))
+	err := eachJob(files, limits, h, &read, func(j jobs.Job, line []byte, at lineAt, err error) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w while reading the input, at %s: nothing was published", errInterrupted, at)
 		}
@@ -464,12 +467,14 @@ func (at lineAt) String() string { return fmt.Sprintf("%s:%d", at.file, at.line)
 // calls fn with each line's job, the line as read (valid until fn returns) and where it is, or
 // its error (*jobs.LineError, or jobs.ErrEmptyFile for a file without job lines); fn's error
 // stops the reading. hash, when not nil, sees every byte read and a zero byte after each
-// file, so that moving a line to another file changes the digest. The lines are parsed on
-// every core (jobs.Reader.SetParallel), a group at a time, and fn is called in order.
-func eachJob(files []string, limits jobs.Limits, hash io.Writer, fn func(j jobs.Job, line []byte, at lineAt, err error) error) error {
+// file, so that moving a line to another file changes the digest. read, when not nil, counts
+// the bytes read from the files as stored (before decompression; ahead of fn's lines by what
+// the reading has buffered). The lines are parsed on every core (jobs.Reader.SetParallel), a
+// group at a time, and fn is called in order.
+func eachJob(files []string, limits jobs.Limits, hash io.Writer, read *atomic.Int64, fn func(j jobs.Job, line []byte, at lineAt, err error) error) error {
 	var r *jobs.Reader
 	for _, name := range files {
-		f, err := openInput(name)
+		f, err := openInput(name, read)
 		if err != nil {
 			return err
 		}

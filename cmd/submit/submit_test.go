@@ -669,7 +669,7 @@ func halfPublish(t *testing.T, q *queue.Queue, batch, in string, n int) {
 		t.Fatal(err)
 	}
 	published := 0
-	err = eachJob([]string{in}, jobs.Limits{}, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
+	err = eachJob([]string{in}, jobs.Limits{}, nil, nil, func(j jobs.Job, _ []byte, _ lineAt, err error) error {
 		if err != nil || published == n {
 			return err
 		}
