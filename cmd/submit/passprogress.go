@@ -28,8 +28,9 @@ type passProgress struct {
 	total    int        // what the count comes to; 0: not known
 	// read and size, when size is not 0, tell how far the pass has read its input, where
 	// the count has no total (setRead): the bytes read so far, and those it comes to.
-	read *atomic.Int64
-	size int64
+	read   *atomic.Int64
+	size   int64
+	ending bool // in end: all of the input is read and parsed
 
 	start time.Time
 	last  time.Time // when a line was last shown; zero: none was
@@ -101,7 +102,9 @@ func (p *passProgress) end(done int) {
 	case p.redraw:
 		fmt.Fprint(p.w, "\r\033[K")
 	case done != p.done:
+		p.ending = true
 		fmt.Fprintln(p.w, p.line(done, p.now()))
+		p.ending = false
 	}
 	p.last = time.Time{}
 }
@@ -110,12 +113,15 @@ func (p *passProgress) end(done int) {
 // "validating: 2310000 lines 43% | 812000.0/s | ETA 9s", the share of the input's bytes read,
 // or "validating: 2310000 lines | 812000.0/s" where the input's size is not known either.
 func (p *passProgress) line(done int, now time.Time) string {
-	// The share done, and what is left in proportion to it; past the end (a file that grew
-	// since it was measured), 99 %.
+	// The share done, and what is left in proportion to it. Of the input's bytes, 99 % at most
+	// until the pass ends: they are read ahead of the lines (and a file may have grown since
+	// it was measured).
 	share, left := -1.0, 0.0
 	switch {
 	case p.total > 0:
 		share, left = float64(done)/float64(p.total), float64(p.total-done)/float64(max(done, 1))
+	case p.size > 0 && p.read != nil && p.ending:
+		share = 1
 	case p.size > 0 && p.read != nil:
 		read := p.read.Load()
 		share, left = min(float64(read)/float64(p.size), 0.99), float64(p.size-read)/float64(max(read, 1))

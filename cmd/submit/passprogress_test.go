@@ -106,8 +106,8 @@ func TestAPassWithoutProgressSaysNothing(t *testing.T) {
 
 // TestAPassShowsHowMuchOfItsInputItHasRead: a pass whose count has no total shows the share
 // of its input's bytes read, and the time left at the rate so far; at most 99 % until it
-// ends (the bytes are read ahead of the lines); nothing of the kind where the input's size is
-// not known.
+// ends (the bytes are read ahead of the lines), 100 % at its end; nothing of the kind where
+// the input's size is not known.
 func TestAPassShowsHowMuchOfItsInputItHasRead(t *testing.T) {
 	p, out, clock := testPass("lines", 0)
 	p.what, p.counted = "validating", "lines"
@@ -119,12 +119,15 @@ func TestAPassShowsHowMuchOfItsInputItHasRead(t *testing.T) {
 	*clock = clock.Add(10 * time.Second)
 	read.Store(4000)
 	p.update(7900)
+	*clock = clock.Add(time.Second)
+	p.end(8000)
 	p.setRead(&read, 0) // a pipe among the inputs
 	*clock = clock.Add(10 * time.Second)
-	p.update(8000)
+	p.update(9000)
 	want := "validating: 2000 lines 25% | 200.0/s | ETA 30s\n" +
 		"validating: 7900 lines 99% | 395.0/s\n" +
-		"validating: 8000 lines | 266.7/s\n"
+		"validating: 8000 lines 100% | 381.0/s\n" +
+		"validating: 9000 lines | 290.3/s\n"
 	if out.String() != want {
 		t.Fatalf("printed %q, want %q", out, want)
 	}
