@@ -28,9 +28,8 @@ type passProgress struct {
 	total    int        // what the count comes to; 0: not known
 	// read and size, when size is not 0, tell how far the pass has read its input, where
 	// the count has no total (setRead): the bytes read so far, and those it comes to.
-	read   *atomic.Int64
-	size   int64
-	ending bool // in end: all of the input is read and parsed
+	read *atomic.Int64
+	size int64
 
 	start time.Time
 	last  time.Time // when a line was last shown; zero: none was
@@ -68,7 +67,7 @@ func (p *passProgress) update(done int) {
 		if now.Sub(p.start) < passQuiet || now.Sub(p.last) < passRedraw {
 			return
 		}
-		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(done, now), p.width()))
+		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(done, now, false), p.width()))
 	} else {
 		since := p.last
 		if since.IsZero() {
@@ -77,7 +76,7 @@ func (p *passProgress) update(done int) {
 		if now.Sub(since) < p.interval {
 			return
 		}
-		fmt.Fprintln(p.w, p.line(done, now))
+		fmt.Fprintln(p.w, p.line(done, now, false))
 	}
 	p.last, p.done = now, done
 }
@@ -102,9 +101,7 @@ func (p *passProgress) end(done int) {
 	case p.redraw:
 		fmt.Fprint(p.w, "\r\033[K")
 	case done != p.done:
-		p.ending = true
-		fmt.Fprintln(p.w, p.line(done, p.now()))
-		p.ending = false
+		fmt.Fprintln(p.w, p.line(done, p.now(), true))
 	}
 	p.last = time.Time{}
 }
@@ -112,7 +109,8 @@ func (p *passProgress) end(done int) {
 // line renders e.g. "publishing: 430000/1000000 jobs stored 43% | 85000.0/s | ETA 7s", or
 // "validating: 2310000 lines 43% | 812000.0/s | ETA 9s", the share of the input's bytes read,
 // or "validating: 2310000 lines | 812000.0/s" where the input's size is not known either.
-func (p *passProgress) line(done int, now time.Time) string {
+// ended says that the pass is over: all of its input read and counted.
+func (p *passProgress) line(done int, now time.Time, ended bool) string {
 	// The share done, and what is left in proportion to it. Of the input's bytes, 99 % at most
 	// until the pass ends: they are read ahead of the lines (and a file may have grown since
 	// it was measured).
@@ -120,7 +118,7 @@ func (p *passProgress) line(done int, now time.Time) string {
 	switch {
 	case p.total > 0:
 		share, left = float64(done)/float64(p.total), float64(p.total-done)/float64(max(done, 1))
-	case p.size > 0 && p.read != nil && p.ending:
+	case p.size > 0 && p.read != nil && ended:
 		share = 1
 	case p.size > 0 && p.read != nil:
 		read := p.read.Load()
