@@ -111,24 +111,21 @@ func (p *passProgress) end(done int) {
 // or "validating: 2310000 lines | 812000.0/s" where the input's size is not known either.
 // ended says that the pass is over: all of its input read and counted.
 func (p *passProgress) line(done int, now time.Time, ended bool) string {
-	// The share done, and what is left in proportion to it. Of the input's bytes, 99 % at most
-	// until the pass ends: they are read ahead of the lines (and a file may have grown since
-	// it was measured).
-	share, left := -1.0, 0.0
-	switch {
-	case p.total > 0:
-		share, left = float64(done)/float64(p.total), float64(p.total-done)/float64(max(done, 1))
-	case p.size > 0 && p.read != nil && ended:
-		share = 1
-	case p.size > 0 && p.read != nil:
-		read := p.read.Load()
-		share, left = min(float64(read)/float64(p.size), 0.99), float64(p.size-read)/float64(max(read, 1))
-	}
 	var b strings.Builder
+	left := 0.0 // what is left of the pass, in proportion to what is done
 	switch {
 	case p.total > 0:
 		fmt.Fprintf(&b, "%s: %d/%d %s %d%%", p.what, done, p.total, p.counted, done*100/p.total)
-	case share >= 0:
+		left = float64(p.total-done) / float64(max(done, 1))
+	case p.size > 0 && p.read != nil:
+		// Of the input's bytes, 99 % at most until the pass ends: they are read ahead of the
+		// lines (and a file may have grown since it was measured).
+		share := 1.0
+		if !ended {
+			read := p.read.Load()
+			share = min(float64(read)/float64(p.size), 0.99)
+			left = float64(p.size-read) / float64(max(read, 1))
+		}
 		fmt.Fprintf(&b, "%s: %d %s %d%%", p.what, done, p.counted, int(share*100))
 	default:
 		fmt.Fprintf(&b, "%s: %d %s", p.what, done, p.counted)
