@@ -152,8 +152,8 @@ func openInput(name string, read *atomic.Int64) (*inputFile, error) {
 	return &inputFile{Reader: r, file: f, release: release}, nil
 }
 
-// countedReader adds the bytes read from r to n. Atomic: a parallel jobs.Reader reads ahead
-// on a goroutine of its own while the pass's progress is drawn.
+// countedReader adds the bytes read from r to n. Atomic: a zstd input is read on its
+// decoder's goroutine, not on the one that draws the pass's progress.
 type countedReader struct {
 	r io.Reader
 	n *atomic.Int64

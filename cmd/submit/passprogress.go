@@ -36,6 +36,15 @@ type passProgress struct {
 	done  int       // as of the last line shown
 }
 
+// passState is where a pass is, for its progress line.
+type passState int
+
+const (
+	passRunning  passState = iota
+	passFinished           // through all of its input
+	passStopped            // by an error or an interrupt
+)
+
 const (
 	passQuiet  = time.Second            // on a terminal, a pass shows nothing before this
 	passRedraw = 100 * time.Millisecond // and is redrawn at most this often
@@ -67,7 +76,7 @@ func (p *passProgress) update(done int) {
 		if now.Sub(p.start) < passQuiet || now.Sub(p.last) < passRedraw {
 			return
 		}
-		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(done, now, false), p.width()))
+		fmt.Fprintf(p.w, "\r\033[K%s", drawn(p.line(done, now, passRunning), p.width()))
 	} else {
 		since := p.last
 		if since.IsZero() {
@@ -76,7 +85,7 @@ func (p *passProgress) update(done int) {
 		if now.Sub(since) < p.interval {
 			return
 		}
-		fmt.Fprintln(p.w, p.line(done, now, false))
+		fmt.Fprintln(p.w, p.line(done, now, passRunning))
 	}
 	p.last, p.done = now, done
 }
@@ -92,16 +101,21 @@ func (p *passProgress) lines() io.Writer {
 }
 
 // end ends the pass at done: it clears the line drawn on a terminal, or prints the last state
-// if a line was printed and did not say it.
-func (p *passProgress) end(done int) {
+// if a line was printed and did not say it. finished says that the pass went through all of
+// its input, rather than stopping on an error or an interrupt: only then is all of it read.
+func (p *passProgress) end(done int, finished bool) {
 	if p.none || p.last.IsZero() {
 		return
 	}
 	switch {
 	case p.redraw:
 		fmt.Fprint(p.w, "\r\033[K")
-	case done != p.done:
-		fmt.Fprintln(p.w, p.line(done, p.now(), true))
+	case done != p.done || finished && p.size > 0: // the last line said 99 % at most
+		state := passStopped
+		if finished {
+			state = passFinished
+		}
+		fmt.Fprintln(p.w, p.line(done, p.now(), state))
 	}
 	p.last = time.Time{}
 }
@@ -109,8 +123,9 @@ func (p *passProgress) end(done int) {
 // line renders e.g. "publishing: 430000/1000000 jobs stored 43% | 85000.0/s | ETA 7s", or
 // "validating: 2310000 lines 43% | 812000.0/s | ETA 9s", the share of the input's bytes read,
 // or "validating: 2310000 lines | 812000.0/s" where the input's size is not known either.
-// ended says that the pass is over: all of its input read and counted.
-func (p *passProgress) line(done int, now time.Time, ended bool) string {
+// state says whether the pass still runs: an ended one shows no time left, and one that
+// finished has read all of its input.
+func (p *passProgress) line(done int, now time.Time, state passState) string {
 	var b strings.Builder
 	left := 0.0 // what is left of the pass, in proportion to what is done
 	switch {
@@ -120,13 +135,13 @@ func (p *passProgress) line(done int, now time.Time, ended bool) string {
 	case p.size > 0 && p.read != nil:
 		// Of the input's bytes, 99 % at most until the pass ends: they are read ahead of the
 		// lines (and a file may have grown since it was measured).
-		share := 1.0
-		if !ended {
+		percent := int64(100)
+		if state != passFinished {
 			read := p.read.Load()
-			share = min(float64(read)/float64(p.size), 0.99)
+			percent = min(read*100/p.size, 99)
 			left = float64(p.size-read) / float64(max(read, 1))
 		}
-		fmt.Fprintf(&b, "%s: %d %s %d%%", p.what, done, p.counted, int(share*100))
+		fmt.Fprintf(&b, "%s: %d %s %d%%", p.what, done, p.counted, percent)
 	default:
 		fmt.Fprintf(&b, "%s: %d %s", p.what, done, p.counted)
 	}
@@ -135,7 +150,7 @@ func (p *passProgress) line(done int, now time.Time, ended bool) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, " | %.1f/s", float64(done)/elapsed.Seconds())
-	if left > 0 {
+	if left > 0 && state == passRunning {
 		// What is left takes as long as what is done took, in proportion.
 		fmt.Fprintf(&b, " | ETA %s", time.Duration(left*float64(elapsed)).Round(time.Second))
 	}

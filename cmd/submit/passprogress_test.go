@@ -40,8 +40,8 @@ func TestAPassShowsALineEveryIntervalAndEndsOnItsLastState(t *testing.T) {
 	*clock = clock.Add(5 * time.Second)
 	p.update(4096) // within the interval after the line
 	*clock = clock.Add(2 * time.Second)
-	p.end(10000)
-	p.end(10000) // once
+	p.end(10000, true)
+	p.end(10000, true) // once
 	want := "publishing: 2048/10000 jobs stored 20% | 204.8/s | ETA 39s\n" +
 		"publishing: 10000/10000 jobs stored 100% | 588.2/s\n"
 	if out.String() != want {
@@ -67,7 +67,7 @@ func TestAPassOnATerminalIsDrawnAfterASecondAndCleared(t *testing.T) {
 	fmt.Fprintln(p.lines(), "in.jsonl:1200: field model: is required")
 	*clock = clock.Add(100 * time.Millisecond)
 	p.update(1300)
-	p.end(1400)
+	p.end(1400, true)
 	want := "\r\033[Kvalidating: 1000 lines | 800.0/s" +
 		"\r\033[Kin.jsonl:1200: field model: is required\n" +
 		"\r\033[Kvalidating: 1300 lines | 928.6/s" +
@@ -84,7 +84,7 @@ func TestAShortPassSaysNothing(t *testing.T) {
 		p, out, clock := testPass(mode, 100)
 		*clock = clock.Add(lasts)
 		p.update(90)
-		p.end(100)
+		p.end(100, true)
 		if out.Len() != 0 {
 			t.Errorf("%s: a pass of %v wrote %q", mode, lasts, out)
 		}
@@ -98,7 +98,7 @@ func TestAPassWithoutProgressSaysNothing(t *testing.T) {
 	*clock = clock.Add(time.Minute)
 	p.update(50)
 	fmt.Fprintln(p.lines(), "a line")
-	p.end(100)
+	p.end(100, true)
 	if out.String() != "a line\n" {
 		t.Fatalf("wrote %q", out)
 	}
@@ -120,16 +120,47 @@ func TestAPassShowsHowMuchOfItsInputItHasRead(t *testing.T) {
 	read.Store(4000)
 	p.update(7900)
 	*clock = clock.Add(time.Second)
-	p.end(8000)
+	p.end(7900, true) // the count shown, but not the whole
 	p.setRead(&read, 0) // a pipe among the inputs
 	*clock = clock.Add(10 * time.Second)
 	p.update(9000)
 	want := "validating: 2000 lines 25% | 200.0/s | ETA 30s\n" +
 		"validating: 7900 lines 99% | 395.0/s\n" +
-		"validating: 8000 lines 100% | 381.0/s\n" +
+		"validating: 7900 lines 100% | 376.2/s\n" +
 		"validating: 9000 lines | 290.3/s\n"
 	if out.String() != want {
 		t.Fatalf("printed %q, want %q", out, want)
+	}
+}
+
+// TestAStoppedPassEndsOnWhatItDid: a pass stopped by an error or an interrupt ends on the share
+// it had read (in whole per cents, not cut short by floating point: 29 of 100 bytes is 29 %),
+// and, as a publishing pass too, shows no time left.
+func TestAStoppedPassEndsOnWhatItDid(t *testing.T) {
+	p, out, clock := testPass("lines", 0)
+	p.what, p.counted = "validating", "lines"
+	var read atomic.Int64
+	p.setRead(&read, 100)
+	*clock = clock.Add(10 * time.Second)
+	read.Store(20)
+	p.update(2000)
+	*clock = clock.Add(5 * time.Second)
+	read.Store(29)
+	p.end(2900, false)
+	publishing, out2, clock2 := testPass("lines", 10000)
+	*clock2 = clock2.Add(10 * time.Second)
+	publishing.update(2048)
+	*clock2 = clock2.Add(2 * time.Second)
+	publishing.end(4096, false)
+	want := "validating: 2000 lines 20% | 200.0/s | ETA 40s\n" +
+		"validating: 2900 lines 29% | 193.3/s\n"
+	if out.String() != want {
+		t.Errorf("printed %q, want %q", out, want)
+	}
+	want = "publishing: 2048/10000 jobs stored 20% | 204.8/s | ETA 39s\n" +
+		"publishing: 4096/10000 jobs stored 40% | 341.3/s\n"
+	if out2.String() != want {
+		t.Errorf("printed %q, want %q", out2, want)
 	}
 }
 

@@ -439,7 +439,7 @@ func validate(ctx context.Context, files []string, limits jobs.Limits, prog *pas
 		}
 		return nil
 	})
-	prog.end(lines)
+	prog.end(lines, err == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -704,7 +704,7 @@ const (
 func publish(ctx context.Context, q *queue.Queue, batch string, files []string, scan *scanResult, limits jobs.Limits, storeWait time.Duration, po progressOptions, env *environment) (m queue.Manifest, again bool, err error) {
 	prog := newPassProgress(po, env, "publishing", "jobs stored", scan.accepted)
 	stored := 0
-	defer func() { prog.end(stored) }()
+	defer func() { prog.end(stored, err == nil) }()
 	waiter := &storeWaiter{q: q, wait: storeWait, stderr: prog.lines()}
 	m, rev, err := q.GetManifest(ctx, batch)
 	republished := err == nil // an earlier publish of this batch was interrupted

@@ -73,7 +73,7 @@ func TestProgressIsDrawnWithinTheTerminal(t *testing.T) {
 	pass.width = func() int { return 30 }
 	*clock2 = clock2.Add(2 * time.Second)
 	pass.update(430000)
-	if got, want := out2.String(), "\r\033[K"+pass.line(430000, *clock2, false)[:29]; got != want {
+	if got, want := out2.String(), "\r\033[K"+pass.line(430000, *clock2, passRunning)[:29]; got != want {
 		t.Fatalf("the pass drew %q, want %q", got, want)
 	}
 }
