@@ -5,9 +5,10 @@ import (
 	"math/bits"
 )
 
-// maxDecimal is the room layOut writes in: the longest layout of a decimal (nine digits, and
-// "0.0000" before them or "." and "e-45" among and after them) and writeDigits' overrun.
-const maxDecimal = 24
+// maxDecimal is the room layOut writes in. The farthest it writes is 14 bytes: "0.000" and
+// nine digits, or nine digits with "." among them and "e-45" after them (writeDigits' store
+// of eight reaches no farther).
+const maxDecimal = 16
 
 // appendDecimal appends d (nonzero; its sign already written) in strconv's shortest 'g'
 // layout. It writes in dst's spare capacity when there is room, not in a buffer to be copied:
@@ -48,7 +49,7 @@ func layOut(out *[maxDecimal]byte, d decimal) int {
 		out[m+2], out[m+3] = pairs[2*exp], pairs[2*exp+1] // a float32's is below 100
 		return m + 4
 	case point <= 0:
-		m := copy(out[:], "0.0000"[:2-point])
+		m := copy(out[:], "0.000"[:2-point]) // point ≥ -3: the exponent is -4 at least
 		writeDigits(out[m:], d.digits, nd)
 		return m + nd
 	case point >= nd:

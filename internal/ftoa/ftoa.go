@@ -18,7 +18,8 @@ const (
 // AppendFloat32 appends f to dst as strconv.AppendFloat(dst, float64(f), 'g', -1, 32) does:
 // the shortest decimal that reads back as f (of two, the nearer; of two as near, the even,
 // or at a power of two the greater), in positional form when its decimal exponent is in
-// [-4, 6), in exponent form otherwise, and "NaN", "+Inf" or "-Inf" for those.
+// [-4, 6), in exponent form otherwise, and "NaN", "+Inf" or "-Inf" for those. Unlike strconv,
+// it may write in up to 16 bytes of dst's spare capacity past what it appends.
 func AppendFloat32(dst []byte, f float32) []byte {
 	b := math.Float32bits(f)
 	fraction := b & fractionMask

@@ -46,9 +46,6 @@ func exactFloorLog2Pow10(e int) int {
 	if e >= 0 {
 		return ten.BitLen() - 1
 	}
-	if e == 0 {
-		return 0
-	}
 	return -ten.BitLen() // 10^|e| is no power of two: ⌊-log2 10^|e|⌋ = -⌈log2 10^|e|⌉
 }
 
