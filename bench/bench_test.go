@@ -151,6 +151,20 @@ func TestInstructionPlanKeepsARunAsLong(t *testing.T) {
 	}
 }
 
+// TestCostAimIsJudgedAtItsOwnSampleLength: comparison 2's aim rows pass or miss at 16 tokens a
+// sample, and are information at any other -max-tokens.
+func TestCostAimIsJudgedAtItsOwnSampleLength(t *testing.T) {
+	if _, v := costVerdict(benchMaxTokens, 1.4); v != verdictMiss {
+		t.Errorf("1.4 at %d tokens: %v, want a miss", benchMaxTokens, v)
+	}
+	if _, v := costVerdict(benchMaxTokens, 1.2); v != verdictPass {
+		t.Errorf("1.2 at %d tokens: %v, want a pass", benchMaxTokens, v)
+	}
+	if aim, v := costVerdict(512, 2.1); v != verdictInfo || aim != "" {
+		t.Errorf("2.1 at 512 tokens: %q %v, want information", aim, v)
+	}
+}
+
 // TestMaxTokensOutOfRangeIsRefused checks -max-tokens against the bounds of a job's max_tokens.
 func TestMaxTokensOutOfRangeIsRefused(t *testing.T) {
 	for _, bad := range []string{"0", "-1", "32769"} {
