@@ -120,7 +120,7 @@ func TestAPassShowsHowMuchOfItsInputItHasRead(t *testing.T) {
 	read.Store(4000)
 	p.update(7900)
 	*clock = clock.Add(time.Second)
-	p.end(7900, true) // the count shown, but not the whole
+	p.end(7900, true)   // the count shown, but not the whole
 	p.setRead(&read, 0) // a pipe among the inputs
 	*clock = clock.Add(10 * time.Second)
 	p.update(9000)
